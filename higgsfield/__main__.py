@@ -1,0 +1,5 @@
+"""``python -m higgsfield`` is the ``higgsfield`` command."""
+
+from higgsfield.cli import main
+
+main()

@@ -1,0 +1,123 @@
+"""``higgsfield invoker ...``: the node-side agent, called by the control side over a transport.
+
+Hidden from ``--help``. Input arrives as JSON on stdin (so secrets never appear in
+argv), output is JSON on stdout (``logs`` prints ``RANK<TAB>LINE`` per line).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from pathlib import Path
+
+import click
+
+from higgsfield import __version__
+
+
+def _state(ctx: click.Context) -> Path:
+    """The state directory, absolute (a relative one is relative to the home directory, as over SSH)."""
+    p = Path(ctx.obj["state_dir"]).expanduser()
+    return p if p.is_absolute() else Path.home() / p
+
+
+def _emit(data: object) -> None:
+    click.echo(json.dumps(data, sort_keys=True))
+
+
+@click.group(hidden=True)
+@click.option("--state-dir", default="~/.higgsfield", show_default=True, help="The node's state directory.")
+@click.pass_context
+def invoker(ctx: click.Context, state_dir: str) -> None:
+    """Node-side agent: start, stop and report runs on this node."""
+    ctx.ensure_object(dict)
+    ctx.obj["state_dir"] = state_dir
+
+
+@invoker.command()
+def version() -> None:
+    """Print this invoker's version."""
+    _emit({"version": __version__, "python": sys.executable})
+
+
+@invoker.command("free-port")
+def free_port() -> None:
+    """Print a TCP port that is free on this node (for the rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        _emit({"port": s.getsockname()[1]})
+
+
+@invoker.command()
+@click.pass_context
+def start(ctx: click.Context) -> None:
+    """Start a run from {"spec": ..., "secrets": {...}} on stdin."""
+    from higgsfield.invoker.process import launch
+
+    payload = json.loads(sys.stdin.read())
+    record = launch(_state(ctx), payload["spec"], payload.get("secrets") or {})
+    _emit(record.to_dict())
+
+
+@invoker.command(hidden=True)
+@click.argument("project")
+@click.argument("run")
+@click.pass_context
+def supervise(ctx: click.Context, project: str, run: str) -> None:
+    """(internal) Own one run until it ends."""
+    from higgsfield.invoker.process import supervise as _supervise
+
+    sys.exit(_supervise(_state(ctx), project, run))
+
+
+@invoker.command()
+@click.option("--project", default=None)
+@click.option("--run", "run_name", default=None)
+@click.pass_context
+def status(ctx: click.Context, project: str | None, run_name: str | None) -> None:
+    """Print the records of this node's runs as a JSON list."""
+    from higgsfield.invoker.process import refresh
+    from higgsfield.invoker.records import list_runs
+
+    out = []
+    for rd in list_runs(_state(ctx), project):
+        if run_name and rd.path.name != run_name:
+            continue
+        out.append(refresh(rd).to_dict())
+    _emit(out)
+
+
+@invoker.command()
+@click.option("--project", required=True)
+@click.option("--run", "run_name", required=True)
+@click.option("--follow", "-f", is_flag=True)
+@click.option("--rank", "ranks", type=int, multiple=True)
+@click.pass_context
+def logs(ctx: click.Context, project: str, run_name: str, follow: bool, ranks: tuple[int, ...]) -> None:
+    """Print RANK<TAB>LINE for every log line of a run (rank -1: the launcher)."""
+    from higgsfield.errors import RunError
+    from higgsfield.invoker.logs import read_lines
+    from higgsfield.invoker.process import refresh
+    from higgsfield.invoker.records import RunDir
+
+    rd = RunDir(_state(ctx), project, run_name)
+    if not rd.exists():
+        raise RunError(f"no run '{run_name}' of project '{project}' on this node")
+    out = sys.stdout
+    for rank, line in read_lines(rd, follow=follow, ranks=set(ranks) or None,
+                                 is_done=lambda: refresh(rd).terminal):
+        out.write(f"{rank}\t{line}\n")
+        out.flush()
+
+
+@invoker.command()
+@click.option("--project", required=True)
+@click.option("--run", "run_name", required=True)
+@click.option("--grace", type=float, default=3.0, show_default=True)
+@click.pass_context
+def kill(ctx: click.Context, project: str, run_name: str, grace: float) -> None:
+    """Stop a run on this node; prints its final record."""
+    from higgsfield.invoker.process import kill as _kill
+
+    _emit(_kill(_state(ctx), project, run_name, grace=grace).to_dict())

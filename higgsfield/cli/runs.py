@@ -1,0 +1,183 @@
+"""``higgsfield run | logs | status | kill``: thin commands over :mod:`higgsfield.orchestrator`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import click
+
+from higgsfield.cli._common import console, get_config
+
+if TYPE_CHECKING:
+    from higgsfield.config import Config
+    from higgsfield.orchestrator import LogLine, RunStatus
+
+_COLORS = ["cyan", "green", "magenta", "yellow", "blue", "bright_cyan", "bright_green", "bright_magenta"]
+_STATE_STYLE = {"succeeded": "green", "failed": "red", "killed": "yellow", "running": "cyan",
+                "starting": "cyan", "queued": "dim"}
+
+
+def _print_lines(lines: object, *, color: bool) -> None:
+    out = sys.stdout
+    for line in lines:  # type: ignore[attr-defined]
+        ln: LogLine = line
+        tag = f"{ln.node}/{'launcher' if ln.rank < 0 else ln.rank}"
+        if color:
+            code = 36 if ln.rank < 0 else 31 + (ln.rank % 6)
+            out.write(f"\x1b[{code}m{tag}\x1b[0m | {ln.text}\n")
+        else:
+            out.write(f"{tag} | {ln.text}\n")
+        out.flush()
+
+
+def _follow(cfg: Config, status: RunStatus, *, follow: bool, node: str | None = None,
+            ranks: tuple[int, ...] = ()) -> None:
+    from higgsfield.orchestrator import iter_logs
+
+    _print_lines(iter_logs(cfg, status, follow=follow, node=node, ranks=ranks), color=sys.stdout.isatty())
+
+
+@click.command()
+@click.argument("experiment")
+@click.option("--param", "-p", "params", multiple=True, metavar="NAME=VALUE", help="A param value (repeatable).")
+@click.option("--run-name", default=None, help="Name of the run; default: EXPERIMENT-DATE-TIME-XXXX. "
+              "Re-using a finished run's name resumes from its checkpoints.")
+@click.option("--nodes", type=int, default=None, help="Use the first K nodes of higgsfield.yml.")
+@click.option("--max-restarts", type=int, default=0, show_default=True,
+              help="torchrun restarts of crashed workers (they resume from the last checkpoint).")
+@click.option("--detach", "-d", is_flag=True, help="Start and return; follow with 'higgsfield logs RUN -f'.")
+@click.pass_context
+def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: str | None, nodes: int | None,
+        max_restarts: int, detach: bool) -> None:
+    """Run EXPERIMENT on the nodes and stream its logs until it ends (exit code = the run's)."""
+    from higgsfield import orchestrator, secrets
+    from higgsfield.params import parse_assignments
+
+    cfg = get_config(ctx)
+    given = parse_assignments(params)
+    values = secrets.collect(cfg)
+    err = console(stderr=True)
+    handle = orchestrator.start_run(cfg, experiment, given, run_name=run_name, nodes=nodes,
+                                    max_restarts=max_restarts, secrets=values)
+    err.print(f"[bold]run[/] {handle.run} started on {', '.join(handle.nodes)}")
+    if detach:
+        err.print(f"follow: higgsfield logs {handle.run} -f    stop: higgsfield kill {handle.run}")
+        click.echo(handle.run)
+        return
+    status = orchestrator.get_run(cfg, handle.run)
+    try:
+        _follow(cfg, status, follow=True)
+    except KeyboardInterrupt:
+        err.print(f"\ndetached; run {handle.run} goes on.\n"
+                  f"follow: higgsfield logs {handle.run} -f    stop: higgsfield kill {handle.run}")
+        sys.exit(130)
+    final = _wait_final(cfg, handle.run)
+    style = _STATE_STYLE.get(final.state, "")
+    extra = ""
+    if final.failed_node:
+        extra = f" (first failure: node {final.failed_node}" + (
+            f", rank {final.failed_rank})" if final.failed_rank is not None else ")")
+    err.print(f"run {handle.run} [{style}]{final.state}[/]{extra}")
+    sys.exit(0 if final.state == "succeeded" else 1)
+
+
+def _wait_final(cfg: Config, run_name: str, timeout: float = 30.0) -> RunStatus:
+    from higgsfield.orchestrator import get_run
+
+    deadline = time.time() + timeout
+    status = get_run(cfg, run_name)
+    while status.state in ("queued", "starting", "running") and time.time() < deadline:
+        time.sleep(0.3)
+        status = get_run(cfg, run_name)
+    return status
+
+
+@click.command()
+@click.argument("target", metavar="EXPERIMENT|RUN")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing until the run ends.")
+@click.option("--node", default=None, help="Only this node.")
+@click.option("--rank", "ranks", type=int, multiple=True, help="Only this global rank (repeatable).")
+@click.pass_context
+def logs(ctx: click.Context, target: str, follow: bool, node: str | None, ranks: tuple[int, ...]) -> None:
+    """Print the merged logs of a run (an experiment name means its latest run)."""
+    from higgsfield.orchestrator import get_run
+
+    cfg = get_config(ctx)
+    status = get_run(cfg, target)
+    try:
+        _follow(cfg, status, follow=follow, node=node, ranks=ranks)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+def _fmt_time(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def _fmt_duration(d: float | None) -> str:
+    if d is None:
+        return "-"
+    d = int(d)
+    return f"{d // 3600}h{d % 3600 // 60:02d}m" if d >= 3600 else f"{d // 60}m{d % 60:02d}s"
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """List runs on every node: state, nodes, start, duration, exit code, first failure."""
+    from rich.table import Table
+
+    from higgsfield.orchestrator import list_runs
+
+    cfg = get_config(ctx)
+    runs, results = list_runs(cfg)
+    unreachable = [r for r in results if not r.ok]
+    if as_json:
+        click.echo(json.dumps({"runs": [r.to_dict() for r in runs],
+                               "unreachable": {r.node: r.reason for r in unreachable}}, indent=2))
+        return
+    out = console()
+    table = Table(box=None, pad_edge=False)
+    for col in ("RUN", "EXPERIMENT", "STATE", "NODES", "STARTED", "DURATION", "EXIT", "FIRST FAILURE"):
+        table.add_column(col)
+    for r in runs:
+        failure = f"{r.failed_node}" + (f" rank {r.failed_rank}" if r.failed_rank is not None else "") \
+            if r.failed_node else ""
+        style = _STATE_STYLE.get(r.state, "")
+        table.add_row(r.run, r.experiment, f"[{style}]{r.state}[/]", ",".join(r.nodes), _fmt_time(r.started_at),
+                      _fmt_duration(r.duration), "" if r.exit_code is None else str(r.exit_code), failure)
+    if runs:
+        out.print(table)
+    else:
+        out.print("no runs yet: start one with 'higgsfield run EXPERIMENT'")
+    for r in unreachable:
+        out.print(f"[red]{r.node}: unreachable: {r.reason}[/]")
+    if unreachable:
+        sys.exit(1)
+
+
+@click.command()
+@click.argument("target", metavar="EXPERIMENT|RUN")
+@click.pass_context
+def kill(ctx: click.Context, target: str) -> None:
+    """Stop a run (or every active run of an experiment) on every node."""
+    from higgsfield.orchestrator import kill as _kill
+
+    cfg = get_config(ctx)
+    for r in _kill(cfg, target):
+        click.echo(f"{r.run}: {r.state}")
+
+
+@click.command()
+@click.option("--dirty", is_flag=True, help="Include uncommitted changes.")
+@click.pass_context
+def deploy(ctx: click.Context, dirty: bool) -> None:
+    """Ship the project's committed code to every node and build its image there."""
+    from higgsfield.orchestrator import deploy as _deploy  # type: ignore[attr-defined]
+
+    cfg = get_config(ctx)
+    _deploy(cfg, dirty=dirty, console=console(stderr=True))

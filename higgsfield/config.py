@@ -1,0 +1,369 @@
+"""The typed model of ``higgsfield.yml`` and its loader.
+
+Every field is typed and documented; unknown keys are refused. Any problem is
+reported as one :class:`~higgsfield.errors.ConfigError` line naming the file, the
+line and the field, for example::
+
+    higgsfield.yml:7: nodes[1].port: must be between 1 and 65535 (got 70000)
+
+Use::
+
+    cfg = load_config()              # ./higgsfield.yml, or the nearest one above
+    cfg.nodes[0].host, cfg.project_dir
+"""
+
+from __future__ import annotations
+
+import getpass
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from higgsfield import __version__
+from higgsfield.errors import ConfigError
+
+CONFIG_FILE = "higgsfield.yml"
+NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+SECRET_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+LOCAL_HOSTS = frozenset({"localhost", "local"})
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+
+def _refuse_root(user: str | None) -> str | None:
+    if user == "root":
+        raise ValueError("'root' is refused: use a non-root user with passwordless sudo")
+    return user
+
+
+class SSHConfig(_Model):
+    """How to reach the nodes over SSH (each field can be overridden per node)."""
+
+    user: str | None = Field(None, description="Login user on the nodes; default: your local user name. Never root.")
+    port: int = Field(22, ge=1, le=65535, description="SSH port.")
+    identity_file: str | None = Field(None, description="Private key file; default: ssh-agent and ~/.ssh/id_*.")
+    known_hosts: str = Field(".higgsfield/known_hosts",
+                             description="Pinned host keys, relative to the project; pinned on first contact.")
+    connect_timeout: float = Field(10.0, gt=0, description="Seconds to connect and authenticate.")
+    command_timeout: float = Field(900.0, gt=0, description="Seconds one remote command may run.")
+    retries: int = Field(2, ge=0, le=10, description="Connection retries (with backoff); commands are never retried.")
+
+    _user = field_validator("user")(classmethod(lambda cls, v: _refuse_root(v)))
+
+
+class NodeConfig(_Model):
+    """One node. Its position in ``nodes`` is its node rank; the first is the master."""
+
+    host: str = Field(..., min_length=1, description="Host name or address; 'localhost' runs without SSH.")
+    name: str | None = Field(None, description="Display name; default: the host (and port when not 22).")
+    port: int | None = Field(None, ge=1, le=65535, description="Overrides ssh.port.")
+    user: str | None = Field(None, description="Overrides ssh.user.")
+    identity_file: str | None = Field(None, description="Overrides ssh.identity_file.")
+    nproc_per_node: int | Literal["auto"] | None = Field(None, description="Overrides nproc_per_node.")
+
+    _user = field_validator("user")(classmethod(lambda cls, v: _refuse_root(v)))
+
+    @field_validator("nproc_per_node")
+    @classmethod
+    def _positive(cls, v: Any) -> Any:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be 'auto' or an integer >= 1")
+        return v
+
+    @property
+    def is_local(self) -> bool:
+        return self.host in LOCAL_HOSTS
+
+
+class DockerConfig(_Model):
+    """The training image built on every node."""
+
+    dockerfile: str = Field("Dockerfile", description="Dockerfile, relative to the project.")
+    base_image: str | None = Field(None, description="Passed as the BASE_IMAGE build argument when set.")
+
+
+class InstallConfig(_Model):
+    """How GitHub Actions jobs install higgsfield (the version that generated them)."""
+
+    source: str = Field(f"higgsfield=={__version__}",
+                        description="A pip requirement: 'higgsfield==X', 'git+https://...', a wheel URL.")
+    index_url: str | None = Field(None, description="Extra pip index for private installs.")
+
+
+class Config(_Model):
+    """Everything in ``higgsfield.yml``."""
+
+    name: str = Field(..., description="Project name: ^[a-zA-Z_][a-zA-Z0-9_]*$")
+    nodes: list[NodeConfig] = Field(..., description="The nodes, in node-rank order; the first is the master.")
+    ssh: SSHConfig = Field(default_factory=SSHConfig)  # type: ignore[arg-type]
+    nproc_per_node: int | Literal["auto"] = Field(
+        "auto", description="Processes per node: 'auto' = the node's GPU count (1 without GPUs).")
+    runtime: Literal["auto", "docker", "process"] = Field(
+        "auto", description="How runs start on a node: docker when available ('auto'), or plain processes.")
+    secrets: list[str] = Field(default_factory=list,
+                               description="Names of secrets; values come from the env file or CI secrets.")
+    state_dir: str = Field("~/.higgsfield", description="Where the invoker keeps code, runs and logs on a node.")
+    docker: DockerConfig = Field(default_factory=DockerConfig)  # type: ignore[arg-type]
+    install: InstallConfig = Field(default_factory=InstallConfig)  # type: ignore[arg-type]
+    default_branch: str = Field("main", description="Pushes to this branch deploy (GitHub Actions).")
+
+    path: Path | None = Field(None, exclude=True, description="Where this config was read from (not a YAML key).")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(f"'{v}' is not a valid name: use letters, digits and _, not starting with a digit")
+        return v
+
+    @field_validator("nproc_per_node")
+    @classmethod
+    def _nproc(cls, v: Any) -> Any:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be 'auto' or an integer >= 1")
+        return v
+
+    @field_validator("secrets")
+    @classmethod
+    def _secrets(cls, v: list[str]) -> list[str]:
+        for s in v:
+            if not SECRET_RE.match(s):
+                raise ValueError(f"'{s}' is not a valid secret name: use UPPER_CASE letters, digits and _")
+        if len(set(v)) != len(v):
+            raise ValueError("a secret is listed twice")
+        return v
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, v: list[NodeConfig]) -> list[NodeConfig]:
+        if not v:
+            raise ValueError("list at least one node")
+        return v
+
+    @model_validator(mode="after")
+    def _unique_nodes(self) -> Config:
+        seen: dict[str, int] = {}
+        for i, node in enumerate(self.nodes):
+            if node.name is None:
+                port = self.node_port(node)
+                node.name = node.host if port == 22 or node.is_local else f"{node.host}:{port}"
+            key = node.name
+            if key in seen:
+                raise _NodeDup(i, f"node '{key}' is listed twice (also nodes[{seen[key]}]); "
+                                  "give each node a distinct host, port or name")
+            seen[key] = i
+        return self
+
+    # -- derived values -------------------------------------------------------
+
+    @property
+    def project_dir(self) -> Path:
+        return self.path.parent if self.path else Path.cwd()
+
+    @property
+    def known_hosts_path(self) -> Path:
+        p = Path(self.ssh.known_hosts).expanduser()
+        return p if p.is_absolute() else self.project_dir / p
+
+    @property
+    def env_file(self) -> Path:
+        return self.project_dir / "env"
+
+    def node_port(self, node: NodeConfig) -> int:
+        return node.port or self.ssh.port
+
+    def node_user(self, node: NodeConfig) -> str:
+        return node.user or self.ssh.user or getpass.getuser()
+
+    def node_identity(self, node: NodeConfig) -> str | None:
+        ident = node.identity_file or self.ssh.identity_file
+        return str(Path(ident).expanduser()) if ident else None
+
+    def node_nproc(self, node: NodeConfig) -> int | Literal["auto"]:
+        return node.nproc_per_node or self.nproc_per_node
+
+    def node(self, name: str) -> NodeConfig:
+        for n in self.nodes:
+            if n.name == name or n.host == name:
+                return n
+        known = ", ".join(str(n.name) for n in self.nodes)
+        raise ConfigError(f"{self.path or CONFIG_FILE}: no node named '{name}' (nodes: {known})")
+
+
+class _NodeDup(ValueError):
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(message)
+        self.index = index
+
+
+# -- loading ------------------------------------------------------------------
+
+def find_config(start: Path | None = None) -> Path:
+    """The nearest ``higgsfield.yml`` at or above ``start`` (default: the working directory)."""
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        candidate = d / CONFIG_FILE
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(f"no {CONFIG_FILE} in {here} or above: run 'higgsfield init NAME' to create a project, "
+                      "or pass --config")
+
+
+def load_config(path: Path | str | None = None) -> Config:
+    """Read, validate and return the config; raises ConfigError with file:line: field: message."""
+    p = Path(path) if path else find_config()
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: file not found") from None
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read: {e.strerror}") from None
+    return parse_config(text, p)
+
+
+def parse_config(text: str, path: Path) -> Config:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        _check_duplicate_keys(root, path)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{line}: invalid YAML: {e.problem or e.context}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    if data is None:
+        raise ConfigError(f"{path}: the file is empty; it needs at least 'name' and 'nodes'")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}:1: the top level must be a mapping of keys (name, nodes, ...)")
+    try:
+        cfg = Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation(e, root, path)) from None
+    cfg.path = path.resolve()
+    return cfg
+
+
+def _check_duplicate_keys(node: yaml.Node | None, path: Path) -> None:
+    if isinstance(node, yaml.MappingNode):
+        seen: set[Any] = set()
+        for k, v in node.value:
+            if k.value in seen:
+                raise ConfigError(f"{path}:{k.start_mark.line + 1}: key '{k.value}' appears twice")
+            seen.add(k.value)
+            _check_duplicate_keys(v, path)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _check_duplicate_keys(item, path)
+
+
+def _line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+    """The 1-based line of the YAML node at ``loc`` (or of its nearest existing parent)."""
+    node = root
+    line = node.start_mark.line + 1 if node is not None else None
+    for part in loc:
+        nxt = None
+        if isinstance(node, yaml.MappingNode) and isinstance(part, str):
+            for k, v in node.value:
+                if k.value == part:
+                    nxt = v if not isinstance(v, (yaml.MappingNode, yaml.SequenceNode)) or v.value else k
+                    line = k.start_mark.line + 1
+                    nxt = v
+                    break
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            nxt = node.value[part]
+            line = nxt.start_mark.line + 1
+        if nxt is None:
+            break
+        node = nxt
+    return line
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+_FRIENDLY = {
+    "int_parsing": "expected an integer",
+    "int_type": "expected an integer",
+    "float_parsing": "expected a number",
+    "float_type": "expected a number",
+    "string_type": "expected a string",
+    "list_type": "expected a list",
+    "model_type": "expected a mapping of keys",
+    "dict_type": "expected a mapping of keys",
+    "bool_parsing": "expected true or false",
+}
+
+
+def _format_validation(err: ValidationError, root: yaml.Node | None, path: Path) -> str:
+    e = err.errors()[0]
+    loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p in ("int", "literal['auto']",
+                                                                         "function-after[_positive(), int]")))
+    kind = e["type"]
+    ctx_err = (e.get("ctx") or {}).get("error")
+    if isinstance(ctx_err, _NodeDup):
+        loc = ("nodes", ctx_err.index)
+    given = e.get("input")
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(loc[:-1])
+        msg = f"unknown key '{loc[-1]}'" + (f" (allowed: {', '.join(allowed)})" if allowed else "")
+    elif kind == "missing":
+        msg = "is required"
+    elif kind in ("greater_than_equal", "less_than_equal") and loc and loc[-1] == "port":
+        msg = f"must be between 1 and 65535 (got {given})"
+    elif kind in _FRIENDLY:
+        msg = f"{_FRIENDLY[kind]} (got {given!r})"
+    elif kind == "literal_error":
+        msg = f"must be {e['ctx']['expected']} (got {given!r})"
+    elif kind == "too_short" and loc == ("nodes",):
+        msg = "list at least one node"
+    elif kind == "value_error":
+        msg = str(ctx_err) if ctx_err else e["msg"]
+    else:
+        msg = e["msg"][0].lower() + e["msg"][1:]
+        if given is not None and not isinstance(given, (dict, list)):
+            msg += f" (got {given!r})"
+    line = _line_of(root, loc)
+    where = f"{path}:{line}" if line else str(path)
+    field = _field_path(loc)
+    more = len(err.errors()) - 1
+    tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+    return f"{where}: {field + ': ' if field else ''}{msg}{tail}"
+
+
+def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
+    model: type[BaseModel] = Config
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        info = model.model_fields.get(part)
+        ann = getattr(info, "annotation", None)
+        inner = getattr(ann, "__args__", (ann,))
+        for cand in (ann, *inner):
+            if isinstance(cand, type) and issubclass(cand, BaseModel):
+                model = cand
+                break
+        else:
+            return []
+    return [k for k in model.model_fields if k != "path"]
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of higgsfield.yml, for editors (yaml-language-server)."""
+    schema = Config.model_json_schema(mode="validation")
+    schema.get("properties", {}).pop("path", None)
+    schema["title"] = "higgsfield.yml"
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    return schema

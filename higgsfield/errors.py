@@ -1,0 +1,79 @@
+"""One error hierarchy for everything a user can get wrong or a node can do wrong.
+
+    HiggsfieldError                 base; ``exit_code`` is what the CLI exits with
+    ├── ConfigError                 higgsfield.yml / env file is invalid (exit 2)
+    ├── ExperimentError             bad @experiment/@param, unknown experiment (exit 2)
+    │   └── ParamError              a param value is missing, mistyped or not an option (exit 2)
+    ├── ScaffoldError               ``higgsfield init`` refused (exit 2)
+    ├── RemoteError                 a node could not be reached or a command failed
+    │   ├── ConnectError            connect/auth failed or timed out
+    │   ├── HostKeyError            the node's host key does not match the pinned one
+    │   └── CommandError            a remote command exited non-zero or timed out
+    ├── GroupError                  a fan-out step failed on some nodes; holds every result
+    └── RunError                    a run is unknown, failed to launch, or failed
+
+The CLI catches ``HiggsfieldError`` and prints ``str(err)`` as one line; ``--debug``
+shows the traceback. Messages name the file, field or node and say what to do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class HiggsfieldError(Exception):
+    """Base of every error higgsfield raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(HiggsfieldError):
+    exit_code = 2
+
+
+class ExperimentError(HiggsfieldError):
+    exit_code = 2
+
+
+class ParamError(ExperimentError):
+    pass
+
+
+class ScaffoldError(HiggsfieldError):
+    exit_code = 2
+
+
+class RemoteError(HiggsfieldError):
+    def __init__(self, node: str, message: str) -> None:
+        super().__init__(f"{node}: {message}")
+        self.node = node
+        self.reason = message
+
+
+class ConnectError(RemoteError):
+    pass
+
+
+class HostKeyError(RemoteError):
+    pass
+
+
+class CommandError(RemoteError):
+    def __init__(self, node: str, message: str, exit_status: int | None = None,
+                 stdout: str = "", stderr: str = "") -> None:
+        super().__init__(node, message)
+        self.exit_status = exit_status
+        self.stdout = stdout
+        self.stderr = stderr
+
+
+class GroupError(HiggsfieldError):
+    """Raised by a fan-out when some nodes failed; ``results`` holds every node's result."""
+
+    def __init__(self, message: str, results: Any) -> None:
+        super().__init__(message)
+        self.results = results
+
+
+class RunError(HiggsfieldError):
+    pass

@@ -1,0 +1,66 @@
+"""Read a run's per-rank log files, once or following them until the run ends.
+
+Each line is yielded as ``(rank, text)``; within a rank, lines keep their order
+and none is lost (partial lines wait for their newline). ``rank`` is -1 for the
+launcher's own log (torchrun's messages: restarts, failures).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from higgsfield.invoker.records import RunDir
+
+_RANK_LOG = re.compile(r"^rank(\d+)\.log$")
+LAUNCHER = -1
+
+
+def _log_files(rd: RunDir) -> dict[int, Path]:
+    files: dict[int, Path] = {}
+    if not rd.logs.is_dir():
+        return files
+    for p in rd.logs.iterdir():
+        m = _RANK_LOG.match(p.name)
+        if m:
+            files[int(m.group(1))] = p
+        elif p.name == "launcher.log":
+            files[LAUNCHER] = p
+    return files
+
+
+def read_lines(rd: RunDir, *, follow: bool = False, ranks: set[int] | None = None,
+               is_done: Callable[[], bool] | None = None, poll: float = 0.2) -> Iterator[tuple[int, str]]:
+    """Yield ``(rank, line)`` from every log; with ``follow``, until ``is_done()`` and drained."""
+    offsets: dict[int, int] = {}
+    partial: dict[int, bytes] = {}
+    while True:
+        done = bool(is_done and is_done()) if follow else True
+        got = False
+        for rank, path in sorted(_log_files(rd).items()):
+            if ranks is not None and rank not in ranks:
+                continue
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offsets.get(rank, 0))
+                    chunk = f.read()
+            except OSError:
+                continue
+            if not chunk:
+                continue
+            got = True
+            offsets[rank] = offsets.get(rank, 0) + len(chunk)
+            data = partial.pop(rank, b"") + chunk
+            *lines, rest = data.split(b"\n")
+            if rest:
+                partial[rank] = rest
+            for line in lines:
+                yield rank, line.decode(errors="replace")
+        if done and not got:
+            for rank, rest in sorted(partial.items()):
+                yield rank, rest.decode(errors="replace")
+            return
+        if not got:
+            time.sleep(poll)

@@ -1,0 +1,15 @@
+"""Reaching nodes: one Transport per node, and a fan-out over all of them.
+
+Use::
+
+    async with open_group(cfg) as group:
+        results = await group.run(lambda t: t.run(["uname", "-a"]))
+        for r in results: print(r.node, r.ok, r.value or r.error)
+"""
+
+from __future__ import annotations
+
+from higgsfield.remote.base import CommandResult, Transport
+from higgsfield.remote.fanout import Group, NodeResult, open_group, transport_for
+
+__all__ = ["CommandResult", "Transport", "Group", "NodeResult", "open_group", "transport_for"]

@@ -1,0 +1,86 @@
+"""The ``Transport`` interface: run a command on one node, stream its output, send a file.
+
+Two implementations: :class:`~higgsfield.remote.local.LocalTransport` (a subprocess,
+for ``host: localhost``) and :class:`~higgsfield.remote.ssh.SSHTransport` (asyncssh).
+Commands are argument lists, never shell strings: a transport that needs a shell
+(SSH) quotes them with :func:`shlex.join`. Secrets travel on stdin (``input=``) or
+as files written with mode 0600 (:meth:`Transport.put_bytes`), never in argv.
+
+Paths on a node are relative to the login user's home directory (``.higgsfield/...``)
+or absolute; ``~`` is not expanded inside quoted arguments, so don't use it.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from higgsfield.errors import CommandError
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one command did on one node."""
+
+    node: str
+    argv: tuple[str, ...]
+    exit_status: int
+    stdout: str = ""
+    stderr: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_status == 0
+
+    def check(self) -> CommandResult:
+        """Raise CommandError (with the tail of stderr) unless the command succeeded."""
+        if not self.ok:
+            tail = (self.stderr.strip() or self.stdout.strip()).splitlines()[-1:] or ["no output"]
+            raise CommandError(self.node, f"'{self.argv[0]}' exited {self.exit_status}: {tail[0]}",
+                               self.exit_status, self.stdout, self.stderr)
+        return self
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds allowed per phase; ``None`` means no limit."""
+
+    connect: float = 10.0
+    command: float | None = 900.0
+    retries: int = 2
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Transport(abc.ABC):
+    """One node. Connections open lazily on first use; :meth:`close` is idempotent."""
+
+    node: str
+
+    @abc.abstractmethod
+    async def run(self, argv: Sequence[str], *, input: str | bytes | None = None,
+                  timeout: float | None = None, env: Mapping[str, str] | None = None,
+                  check: bool = True) -> CommandResult:
+        """Run ``argv`` to completion. ``check`` raises CommandError on a non-zero exit."""
+
+    @abc.abstractmethod
+    def stream(self, argv: Sequence[str], *, input: str | bytes | None = None) -> AsyncIterator[str]:
+        """Run ``argv`` and yield its stdout line by line (without the newline) until it exits."""
+
+    @abc.abstractmethod
+    async def put_bytes(self, data: bytes, path: str, *, mode: int = 0o600) -> None:
+        """Write ``data`` to ``path`` on the node with ``mode``, atomically (temp file + rename)."""
+
+    async def put_file(self, local_path: str, path: str, *, mode: int = 0o644) -> None:
+        with open(local_path, "rb") as f:
+            await self.put_bytes(f.read(), path, mode=mode)
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Close the connection, if any. Safe to call twice."""
+
+    async def __aenter__(self) -> Transport:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,88 @@
+"""``LocalTransport``: the Transport for ``host: localhost``, a plain subprocess.
+
+It behaves like SSH does: commands start in the user's home directory, relative
+paths are relative to it, and the process gets stdin when ``input`` is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+
+from higgsfield.errors import CommandError
+from higgsfield.remote.base import CommandResult, Transport
+
+
+class LocalTransport(Transport):
+    def __init__(self, node: str = "localhost", home: str | None = None) -> None:
+        self.node = node
+        self.home = home or os.path.expanduser("~")
+
+    def _path(self, path: str) -> Path:
+        p = Path(path)
+        return p if p.is_absolute() else Path(self.home) / p
+
+    async def run(self, argv: Sequence[str], *, input: str | bytes | None = None,
+                  timeout: float | None = None, env: Mapping[str, str] | None = None,
+                  check: bool = True) -> CommandResult:
+        data = input.encode() if isinstance(input, str) else input
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, cwd=self.home, env={**os.environ, **(env or {})},
+                stdin=asyncio.subprocess.PIPE if data is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        except FileNotFoundError:
+            raise CommandError(self.node, f"command not found: {argv[0]}", 127) from None
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(data), timeout)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise CommandError(self.node, f"'{argv[0]}' timed out after {timeout:g}s", None) from None
+        result = CommandResult(self.node, tuple(argv), proc.returncode or 0,
+                               out.decode(errors="replace"), err.decode(errors="replace"))
+        return result.check() if check else result
+
+    async def stream(self, argv: Sequence[str], *, input: str | bytes | None = None) -> AsyncIterator[str]:
+        data = input.encode() if isinstance(input, str) else input
+        proc = await asyncio.create_subprocess_exec(
+            *argv, cwd=self.home,
+            stdin=asyncio.subprocess.PIPE if data is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, limit=1 << 20)
+        if data is not None and proc.stdin is not None:
+            proc.stdin.write(data)
+            await proc.stdin.drain()
+            proc.stdin.close()
+        assert proc.stdout is not None
+        try:
+            async for raw in proc.stdout:
+                yield raw.decode(errors="replace").rstrip("\n")
+            await proc.wait()
+        finally:
+            if proc.returncode is None:
+                proc.terminate()
+                await proc.wait()
+        if proc.returncode:
+            err = (await proc.stderr.read()).decode(errors="replace") if proc.stderr else ""
+            tail = err.strip().splitlines()[-1:] or ["no output"]
+            raise CommandError(self.node, f"'{argv[0]}' exited {proc.returncode}: {tail[0]}", proc.returncode,
+                               "", err)
+
+    async def put_bytes(self, data: bytes, path: str, *, mode: int = 0o600) -> None:
+        target = self._path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+        try:
+            os.fchmod(fd, mode)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    async def close(self) -> None:
+        return None

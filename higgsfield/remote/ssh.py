@@ -1,0 +1,263 @@
+"""``SSHTransport``: the Transport for a real node, over asyncssh.
+
+- The connection opens lazily on first use, with ``ssh.connect_timeout`` for TCP,
+  handshake and authentication together; only connection establishment is retried
+  (``ssh.retries`` times, exponential backoff), never a command.
+- Host keys are pinned in the project's known_hosts file on first contact and
+  verified afterwards (:mod:`higgsfield.remote.hostkeys`); a changed key raises
+  :class:`~higgsfield.errors.HostKeyError` before any command runs.
+- Keys: the node's ``identity_file`` (when set), ssh-agent keys, and ``~/.ssh/id_*``.
+  ``~/.ssh/config`` is not read: higgsfield.yml is the one source of truth.
+- Commands are argument lists joined with :func:`shlex.join`; each is bounded by
+  ``ssh.command_timeout`` (or ``timeout=``). ``env`` is put on the command line with
+  ``env K=V``, so secrets go through ``input=`` or :meth:`put_bytes` (SFTP, mode 0600).
+
+Use::
+
+    t = SSHTransport.from_config(cfg, cfg.nodes[1])
+    print((await t.run(["uname", "-r"])).stdout, t.fingerprint)
+    await t.put_bytes(b"secret", ".higgsfield/token")     # mode 0600, atomic
+    await t.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import posixpath
+import secrets
+import shlex
+import socket
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import asyncssh
+
+from higgsfield.errors import CommandError, ConnectError, HostKeyError
+from higgsfield.remote.base import CommandResult, Timeouts, Transport
+from higgsfield.remote.hostkeys import HostKeyPolicy, PinnedHosts
+
+if TYPE_CHECKING:
+    from higgsfield.config import Config, NodeConfig
+
+BACKOFF_S = 0.5
+BACKOFF_MAX_S = 5.0
+
+
+def build_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    """The shell command line for ``argv`` (each argument quoted), with ``env`` set through ``env``."""
+    if not argv:
+        raise ValueError("empty command")
+    prefix = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
+    return shlex.join([*prefix, *argv])
+
+
+class SSHTransport(Transport):
+    def __init__(self, node: str, host: str, *, user: str, port: int = 22,
+                 identity_file: str | None = None, pins: PinnedHosts,
+                 timeouts: Timeouts | None = None) -> None:
+        self.node = node
+        self.host = host
+        self.port = port
+        self.user = user
+        self.identity_file = identity_file
+        self.pins = pins
+        self.timeouts = timeouts or Timeouts()
+        self.fingerprint: str | None = None
+        """The server host key's SHA256 fingerprint, once connected."""
+        self.pinned_now = False
+        """True when this transport pinned the node's key (first contact)."""
+        self._conn: asyncssh.SSHClientConnection | None = None
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    def from_config(cls, cfg: Config, node: NodeConfig, *, pin: bool = True) -> SSHTransport:
+        """The transport for ``node`` with the user, port, key and timeouts of higgsfield.yml.
+
+        ``pin=False`` still verifies pinned keys but does not write new pins (read-only use).
+        """
+        return cls(str(node.name), node.host, user=cfg.node_user(node), port=cfg.node_port(node),
+                   identity_file=cfg.node_identity(node),
+                   pins=PinnedHosts(cfg.known_hosts_path, writable=pin),
+                   timeouts=Timeouts(connect=cfg.ssh.connect_timeout, command=cfg.ssh.command_timeout,
+                                     retries=cfg.ssh.retries))
+
+    @property
+    def target(self) -> str:
+        return f"{self.user}@{self.host}:{self.port}"
+
+    # -- connection -------------------------------------------------------------
+
+    async def connect(self) -> asyncssh.SSHClientConnection:
+        """The open connection, opening it (with retries for connection errors) if needed."""
+        async with self._lock:
+            if self._conn is None:
+                self._conn = await self._connect_with_retries()
+            return self._conn
+
+    async def _connect_with_retries(self) -> asyncssh.SSHClientConnection:
+        attempts = self.timeouts.retries + 1
+        start = time.monotonic()
+        last: BaseException | None = None
+        for attempt in range(attempts):
+            if attempt:
+                await asyncio.sleep(min(BACKOFF_S * 2 ** (attempt - 1), BACKOFF_MAX_S))
+            try:
+                return await self._connect_once()
+            except (HostKeyError, ConnectError):
+                raise
+            except socket.gaierror as e:
+                raise ConnectError(self.node, f"cannot resolve host '{self.host}': {e.strerror}") from None
+            except (OSError, asyncio.TimeoutError, asyncssh.DisconnectError) as e:
+                last = e
+        spent = time.monotonic() - start
+        tries = f"{attempts} attempt{'s' if attempts > 1 else ''} in {spent:.1f}s"
+        if isinstance(last, asyncio.TimeoutError):
+            raise ConnectError(self.node, f"connect timed out after {self.timeouts.connect:g}s "
+                                          f"({self.target}; {tries})")
+        why = getattr(last, "strerror", None) or getattr(last, "reason", None) or str(last)
+        raise ConnectError(self.node, f"cannot connect to {self.target}: {why} "
+                                      f"({tries}; connect timeout {self.timeouts.connect:g}s)")
+
+    async def _connect_once(self) -> asyncssh.SSHClientConnection:
+        policy = HostKeyPolicy(self.pins, self.node, self.host, self.port)
+        keys: list[str] | tuple[()] = [self.identity_file] if self.identity_file else ()
+        if self.identity_file and not Path(self.identity_file).is_file():
+            raise ConnectError(self.node, f"identity_file {self.identity_file} does not exist")
+        try:
+            conn = await asyncio.wait_for(asyncssh.connect(
+                self.host, self.port, username=self.user, client_keys=keys,
+                known_hosts=policy.known_hosts(), client_factory=lambda: policy,
+                config=None, connect_timeout=self.timeouts.connect,
+                keepalive_interval=30, keepalive_count_max=4,
+            ), self.timeouts.connect + 1)
+        except asyncssh.HostKeyNotVerifiable:
+            raise HostKeyError(self.node, policy.refusal_message()) from None
+        except asyncssh.KeyExchangeFailed as e:
+            if policy.pinned:  # the node offers no key of the pinned type: a changed key too
+                raise HostKeyError(self.node, f"{policy.refusal_message()} ({e.reason})") from None
+            raise
+        except asyncssh.PermissionDenied:
+            how = f"identity_file {self.identity_file}" if self.identity_file else "ssh-agent and ~/.ssh/id_*"
+            raise ConnectError(self.node, f"authentication failed as {self.target} (keys tried: {how}); "
+                                          "check ssh.user / identity_file in higgsfield.yml") from None
+        key = conn.get_server_host_key()
+        self.fingerprint = policy.fingerprint or (str(key.get_fingerprint("sha256")) if key else None)
+        self.pinned_now = self.pinned_now or policy.pinned_now
+        return conn
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.wait_closed(), 5)
+
+    async def reconnect(self) -> None:
+        """Close and open a fresh login session (e.g. so a new group membership applies)."""
+        await self.close()
+        await self.connect()
+
+    def _lost(self, argv: Sequence[str], e: BaseException) -> CommandError:
+        self._conn = None
+        return CommandError(self.node, f"connection lost while running '{argv[0]}': {e}")
+
+    # -- commands ---------------------------------------------------------------
+
+    async def run(self, argv: Sequence[str], *, input: str | bytes | None = None,
+                  timeout: float | None = None, env: Mapping[str, str] | None = None,
+                  check: bool = True) -> CommandResult:
+        conn = await self.connect()
+        command = build_command(argv, env)
+        limit = timeout if timeout is not None else self.timeouts.command
+        data = input.encode() if isinstance(input, str) else input
+        try:
+            proc = await conn.create_process(command, encoding=None)
+        except (asyncssh.DisconnectError, asyncssh.ChannelOpenError, OSError) as e:
+            raise self._lost(argv, e) from None
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(data), limit)
+        except asyncio.TimeoutError:
+            with contextlib.suppress(Exception):
+                proc.send_signal("KILL")
+            proc.close()
+            raise CommandError(self.node, f"'{argv[0]}' timed out after {limit:g}s") from None
+        except (asyncssh.DisconnectError, OSError) as e:
+            raise self._lost(argv, e) from None
+        status = proc.exit_status if proc.exit_status is not None else 255
+        result = CommandResult(self.node, tuple(argv), status,
+                               _text(out), _text(err))
+        return result.check() if check else result
+
+    async def stream(self, argv: Sequence[str], *, input: str | bytes | None = None) -> AsyncIterator[str]:
+        conn = await self.connect()
+        try:
+            proc = await conn.create_process(build_command(argv), encoding="utf-8", errors="replace")
+        except (asyncssh.DisconnectError, asyncssh.ChannelOpenError, OSError) as e:
+            raise self._lost(argv, e) from None
+        try:
+            if input is not None:
+                proc.stdin.write(input if isinstance(input, str) else input.decode())
+                proc.stdin.write_eof()
+            async for line in proc.stdout:
+                if not line:  # EOF (a real empty line is "\n")
+                    break
+                yield line.rstrip("\n")
+            await proc.wait()
+            if proc.exit_status:
+                err = (await proc.stderr.read()) or ""
+                tail = err.strip().splitlines()[-1:] or ["no output"]
+                raise CommandError(self.node, f"'{argv[0]}' exited {proc.exit_status}: {tail[0]}",
+                                   proc.exit_status, "", err)
+        finally:
+            if proc.exit_status is None:
+                proc.close()
+
+    # -- files ------------------------------------------------------------------
+
+    async def put_bytes(self, data: bytes, path: str, *, mode: int = 0o600) -> None:
+        await self._put(path, mode, data=data)
+
+    async def put_file(self, local_path: str, path: str, *, mode: int = 0o644) -> None:
+        await self._put(path, mode, local_path=local_path)
+
+    async def _put(self, path: str, mode: int, *, data: bytes | None = None,
+                   local_path: str | None = None) -> None:
+        """Write to a temporary name created with ``mode`` (never wider), then rename over ``path``."""
+        if local_path is not None and not Path(local_path).is_file():
+            raise FileNotFoundError(local_path)
+        conn = await self.connect()
+        parent, name = posixpath.split(path)
+        tmp = posixpath.join(parent, f".{name}.{secrets.token_hex(4)}.tmp")
+        try:
+            async with conn.start_sftp_client() as sftp:
+                if parent:
+                    await sftp.makedirs(parent, exist_ok=True)
+                attrs = asyncssh.SFTPAttrs(permissions=mode)
+                try:
+                    async with sftp.open(tmp, "wb", attrs) as f:
+                        if data is not None:
+                            await f.write(data)
+                        else:
+                            assert local_path is not None
+                            with open(local_path, "rb") as src:
+                                while chunk := src.read(1 << 20):
+                                    await f.write(chunk)
+                    await sftp.chmod(tmp, mode)
+                    await sftp.posix_rename(tmp, path)
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        await sftp.remove(tmp)
+                    raise
+        except asyncssh.SFTPError as e:
+            raise CommandError(self.node, f"cannot write {path}: {e.reason}") from None
+        except (asyncssh.DisconnectError, OSError) as e:
+            raise self._lost(["sftp"], e) from None
+
+
+def _text(data: bytes | str | None) -> str:
+    if data is None:
+        return ""
+    return data.decode(errors="replace") if isinstance(data, bytes) else data

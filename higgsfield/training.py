@@ -1,0 +1,246 @@
+"""Distributed setup, gradient clipping, the fp16 loss scaler and step metrics.
+
+The pieces every training loop needs, each correct with sharded (FSDP2 DTensor)
+parameters::
+
+    from higgsfield.training import clip_grad_norm, StepTimer
+
+    loss = model(batch)
+    model.backward(loss, scaler)                    # scaler: model.grad_scaler() (fp16 only)
+    norm = clip_grad_norm(model, optimizer, 1.0, scaler)
+    model.step(optimizer, scaler)
+    metrics = timer.step(loss=model.last_loss, tokens=batch["num_tokens"])
+
+Why our own scaler: ``torch.amp.GradScaler`` checks for inf/nan only in the
+gradient shard a rank holds, so with sharded gradients one rank can skip a step
+that another takes and the replicas drift apart. :class:`GradScaler` reduces the
+"found inf" flag over all ranks before deciding.
+
+``init_distributed()`` is called by :class:`higgsfield.llama.Llama`; the
+``higgsfield run`` entrypoint does not create the process group.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["init_distributed", "device", "clip_grad_norm", "GradScaler", "StepTimer", "StepMetrics",
+           "is_rank0", "rank", "world_size"]
+
+
+def init_distributed() -> None:
+    """Create the default process group once: nccl on GPU, gloo otherwise.
+
+    Under torchrun (``WORLD_SIZE`` set) it joins the job's rendezvous. Without it
+    (plain ``python train.py``) it makes a one-process group over an in-memory
+    store, so FSDP2 and torch.distributed.checkpoint take the same code path on
+    one process as on many, and no port is opened. A no-op when already done.
+    """
+    if dist.is_initialized():
+        return
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if "WORLD_SIZE" in os.environ:
+        dist.init_process_group(backend)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+
+
+def device() -> torch.device:
+    """This process's device: ``cuda:LOCAL_RANK`` on GPU machines, else CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def is_rank0() -> bool:
+    return rank() == 0
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The shard this rank holds (a DTensor's local tensor), or the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class GradScaler:
+    """Dynamic fp16 loss scaling that is correct with sharded gradients.
+
+    Same use as ``torch.amp.GradScaler`` (``scale``, ``unscale_``, ``step``,
+    ``update``, ``state_dict``), but the overflow check is all-reduced so every
+    rank skips or takes the same steps.
+    """
+
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000) -> None:
+        self.scale_value = float(init_scale)
+        self.growth_factor = growth_factor
+        self.backoff_factor = backoff_factor
+        self.growth_interval = growth_interval
+        self._growth_tracker = 0
+        self._unscaled: set[int] = set()
+        self._found_inf: dict[int, bool] = {}
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self.scale_value
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide gradients by the scale once per step and record overflow on any rank."""
+        if id(optimizer) in self._unscaled:
+            return
+        inv = 1.0 / self.scale_value
+        found = torch.zeros(1, device=device())
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = _local(p.grad)
+                g.mul_(inv)
+                found += (~torch.isfinite(g)).any().to(found.dtype).to(found.device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(found, op=dist.ReduceOp.MAX)
+        self._unscaled.add(id(optimizer))
+        self._found_inf[id(optimizer)] = bool(found.item() > 0)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Step unless some rank saw inf/nan; returns whether the step was taken."""
+        self.unscale_(optimizer)
+        if self._found_inf[id(optimizer)]:
+            return False
+        optimizer.step()
+        return True
+
+    def update(self) -> None:
+        """Back off after an overflow, grow after ``growth_interval`` clean steps."""
+        if any(self._found_inf.values()):
+            self.scale_value *= self.backoff_factor
+            self._growth_tracker = 0
+        else:
+            self._growth_tracker += 1
+            if self._growth_tracker >= self.growth_interval:
+                self.scale_value *= self.growth_factor
+                self._growth_tracker = 0
+        self._unscaled.clear()
+        self._found_inf.clear()
+
+    def get_scale(self) -> float:
+        return self.scale_value
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scale": self.scale_value, "growth_tracker": self._growth_tracker}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scale_value = float(state["scale"])
+        self._growth_tracker = int(state["growth_tracker"])
+
+
+def clip_grad_norm(model: Any, optimizer: torch.optim.Optimizer, max_norm: float,
+                   scaler: GradScaler | None = None) -> torch.Tensor:
+    """Clip the global gradient norm to ``max_norm`` and return the norm before clipping.
+
+    One signature for every engine. With fp16 the gradients are unscaled first
+    (clipping scaled gradients clips at the wrong threshold). With FSDP2 the
+    norm is the global one over all shards. With DeepSpeed the engine clips
+    inside ``model.step`` (it owns the gradient partitions); this sets its
+    threshold and returns the previous step's norm.
+    """
+    if max_norm <= 0:
+        raise ValueError(f"clip_grad_norm: max_norm must be positive, got {max_norm}")
+    engine = getattr(model, "engine", "fsdp")
+    if engine == "deepspeed":
+        model.set_gradient_clipping(max_norm)
+        norm = model.ds_engine.get_global_grad_norm() if model.ds_engine is not None else None
+        return torch.tensor(float("nan") if norm is None else float(norm))
+    if getattr(model, "precision", None) == "fp16" and scaler is None:
+        raise ValueError("clip_grad_norm: precision='fp16' needs its loss scaler to unscale gradients "
+                         "before clipping: pass scaler=model.grad_scaler()")
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    if not params:
+        return torch.tensor(0.0)
+    # torch's clip_grad_norm_ reduces DTensor norms over the mesh: the result is global.
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return norm.detach()
+
+
+@dataclass
+class StepMetrics:
+    """What one optimizer step did. ``mfu`` and ``peak_memory_gib`` are None on CPU."""
+
+    step: int
+    loss: float
+    tokens_per_s: float
+    step_time_s: float
+    mfu: float | None = None
+    peak_memory_gib: float | None = None
+
+    def __str__(self) -> str:
+        s = f"step {self.step:6d} | loss {self.loss:.4f} | {self.tokens_per_s:,.0f} tok/s"
+        if self.mfu is not None:
+            s += f" | mfu {100 * self.mfu:.1f}%"
+        if self.peak_memory_gib is not None:
+            s += f" | mem {self.peak_memory_gib:.1f} GiB"
+        return s
+
+
+#: Peak dense bf16 FLOP/s per GPU, for MFU; matched on the device name.
+_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A10": 125e12, "L40": 181e12, "4090": 165e12}
+
+
+def _peak_flops() -> float | None:
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    for key, flops in _PEAK_FLOPS.items():
+        if key in name:
+            return flops
+    return None
+
+
+class StepTimer:
+    """Tokens/s (over all ranks), MFU and peak memory per step.
+
+    ``flops_per_token`` is ``6 * parameters`` (plus attention) for training;
+    :meth:`higgsfield.llama.Llama.flops_per_token` computes it.
+    """
+
+    def __init__(self, flops_per_token: float | None = None) -> None:
+        self.flops_per_token = flops_per_token
+        self._last = time.perf_counter()
+
+    def step(self, step: int, loss: float | torch.Tensor, tokens: int) -> StepMetrics:
+        """Close the step; ``tokens`` is this rank's token count (multiplied by the world size)."""
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        dt = max(now - self._last, 1e-9)
+        self._last = now
+        total_tokens = tokens * world_size()
+        tps = total_tokens / dt
+        mfu = mem = None
+        peak = _peak_flops()
+        if peak is not None and self.flops_per_token:
+            mfu = self.flops_per_token * tps / (peak * world_size())
+        if torch.cuda.is_available():
+            mem = torch.cuda.max_memory_allocated() / 2**30
+        value = float(loss.item() if isinstance(loss, torch.Tensor) else loss)
+        return StepMetrics(step=step, loss=value if math.isfinite(value) else float("nan"),
+                           tokens_per_s=tps, step_time_s=dt, mfu=mfu, peak_memory_gib=mem)
