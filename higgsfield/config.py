@@ -17,10 +17,18 @@ from __future__ import annotations
 import getpass
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from higgsfield import __version__
 from higgsfield.errors import ConfigError
@@ -35,6 +43,27 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=False)
 
 
+def _no_bool(v: Any) -> Any:
+    # pydantic's lax mode reads YAML's true/false as 1/0; a number field never means a bool.
+    if isinstance(v, bool):
+        raise ValueError(f"expected a number, not {str(v).lower()}")
+    return v
+
+
+def _nproc(v: Any) -> Any:
+    # One check (and one message) instead of pydantic's two union-branch errors.
+    if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+        return v
+    raise ValueError(f"must be 'auto' or an integer >= 1 (got {v!r})")
+
+
+Int = Annotated[int, BeforeValidator(_no_bool)]
+Float = Annotated[float, BeforeValidator(_no_bool)]
+Port = Annotated[int, Field(ge=1, le=65535), BeforeValidator(_no_bool)]
+# Constraints sit inside the Annotated so the JSON Schema says minimum/maximum inside anyOf.
+Nproc = Annotated[Annotated[int, Field(ge=1)] | Literal["auto"], BeforeValidator(_nproc)]
+
+
 def _refuse_root(user: str | None) -> str | None:
     if user == "root":
         raise ValueError("'root' is refused: use a non-root user with passwordless sudo")
@@ -45,13 +74,13 @@ class SSHConfig(_Model):
     """How to reach the nodes over SSH (each field can be overridden per node)."""
 
     user: str | None = Field(None, description="Login user on the nodes; default: your local user name. Never root.")
-    port: int = Field(22, ge=1, le=65535, description="SSH port.")
+    port: Port = Field(22, description="SSH port.")
     identity_file: str | None = Field(None, description="Private key file; default: ssh-agent and ~/.ssh/id_*.")
     known_hosts: str = Field(".higgsfield/known_hosts",
                              description="Pinned host keys, relative to the project; pinned on first contact.")
-    connect_timeout: float = Field(10.0, gt=0, description="Seconds to connect and authenticate.")
-    command_timeout: float = Field(900.0, gt=0, description="Seconds one remote command may run.")
-    retries: int = Field(2, ge=0, le=10, description="Connection retries (with backoff); commands are never retried.")
+    connect_timeout: Float = Field(10.0, gt=0, description="Seconds to connect and authenticate.")
+    command_timeout: Float = Field(900.0, gt=0, description="Seconds one remote command may run.")
+    retries: Int = Field(2, ge=0, le=10, description="Connection retries (with backoff); commands are never retried.")
 
     _user = field_validator("user")(classmethod(lambda cls, v: _refuse_root(v)))
 
@@ -61,19 +90,12 @@ class NodeConfig(_Model):
 
     host: str = Field(..., min_length=1, description="Host name or address; 'localhost' runs without SSH.")
     name: str | None = Field(None, description="Display name; default: the host (and port when not 22).")
-    port: int | None = Field(None, ge=1, le=65535, description="Overrides ssh.port.")
+    port: Port | None = Field(None, description="Overrides ssh.port.")
     user: str | None = Field(None, description="Overrides ssh.user.")
     identity_file: str | None = Field(None, description="Overrides ssh.identity_file.")
-    nproc_per_node: int | Literal["auto"] | None = Field(None, description="Overrides nproc_per_node.")
+    nproc_per_node: Nproc | None = Field(None, description="Overrides nproc_per_node.")
 
     _user = field_validator("user")(classmethod(lambda cls, v: _refuse_root(v)))
-
-    @field_validator("nproc_per_node")
-    @classmethod
-    def _positive(cls, v: Any) -> Any:
-        if isinstance(v, int) and v < 1:
-            raise ValueError("must be 'auto' or an integer >= 1")
-        return v
 
     @property
     def is_local(self) -> bool:
@@ -101,7 +123,7 @@ class Config(_Model):
     name: str = Field(..., description="Project name: ^[a-zA-Z_][a-zA-Z0-9_]*$")
     nodes: list[NodeConfig] = Field(..., description="The nodes, in node-rank order; the first is the master.")
     ssh: SSHConfig = Field(default_factory=SSHConfig)  # type: ignore[arg-type]
-    nproc_per_node: int | Literal["auto"] = Field(
+    nproc_per_node: Nproc = Field(
         "auto", description="Processes per node: 'auto' = the node's GPU count (1 without GPUs).")
     runtime: Literal["auto", "docker", "process"] = Field(
         "auto", description="How runs start on a node: docker when available ('auto'), or plain processes.")
@@ -119,13 +141,6 @@ class Config(_Model):
     def _name(cls, v: str) -> str:
         if not NAME_RE.match(v):
             raise ValueError(f"'{v}' is not a valid name: use letters, digits and _, not starting with a digit")
-        return v
-
-    @field_validator("nproc_per_node")
-    @classmethod
-    def _nproc(cls, v: Any) -> Any:
-        if isinstance(v, int) and v < 1:
-            raise ValueError("must be 'auto' or an integer >= 1")
         return v
 
     @field_validator("secrets")
@@ -178,7 +193,15 @@ class Config(_Model):
         return node.port or self.ssh.port
 
     def node_user(self, node: NodeConfig) -> str:
-        return node.user or self.ssh.user or getpass.getuser()
+        """The login user: the node's, else ssh.user, else the local user name (never root)."""
+        user = node.user or self.ssh.user
+        if user:
+            return user
+        local = getpass.getuser()
+        if local == "root":
+            raise ConfigError(f"{self.path or CONFIG_FILE}: node '{node.name}': no ssh.user is set and your local "
+                              "user is root, which nodes refuse; set ssh.user to a non-root user with sudo")
+        return local
 
     def node_identity(self, node: NodeConfig) -> str | None:
         ident = node.identity_file or self.ssh.identity_file
@@ -234,7 +257,10 @@ def parse_config(text: str, path: Path) -> Config:
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = f":{mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}{line}: invalid YAML: {e.problem or e.context}") from None
+        what = e.problem or e.context
+        if e.problem and e.context and e.problem.startswith("but "):  # "expected X ... but found Y"
+            what = f"{e.context}, {e.problem}"
+        raise ConfigError(f"{path}{line}: invalid YAML: {what}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: invalid YAML: {e}") from None
     if data is None:
@@ -249,10 +275,19 @@ def parse_config(text: str, path: Path) -> Config:
     return cfg
 
 
+_STR_TAG = "tag:yaml.org,2002:str"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 def _check_duplicate_keys(node: yaml.Node | None, path: Path) -> None:
     if isinstance(node, yaml.MappingNode):
         seen: set[Any] = set()
         for k, v in node.value:
+            if not isinstance(k, yaml.ScalarNode):
+                raise ConfigError(f"{path}:{k.start_mark.line + 1}: a key must be a name, not a list or mapping")
+            if k.tag not in (_STR_TAG, _MERGE_TAG):
+                raise ConfigError(f"{path}:{k.start_mark.line + 1}: key '{k.value}' must be a name, not a number "
+                                  "or bool")
             if k.value in seen:
                 raise ConfigError(f"{path}:{k.start_mark.line + 1}: key '{k.value}' appears twice")
             seen.add(k.value)
@@ -271,7 +306,6 @@ def _line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
         if isinstance(node, yaml.MappingNode) and isinstance(part, str):
             for k, v in node.value:
                 if k.value == part:
-                    nxt = v if not isinstance(v, (yaml.MappingNode, yaml.SequenceNode)) or v.value else k
                     line = k.start_mark.line + 1
                     nxt = v
                     break
@@ -297,6 +331,7 @@ def _field_path(loc: tuple[Any, ...]) -> str:
 _FRIENDLY = {
     "int_parsing": "expected an integer",
     "int_type": "expected an integer",
+    "int_from_float": "expected an integer",
     "float_parsing": "expected a number",
     "float_type": "expected a number",
     "string_type": "expected a string",

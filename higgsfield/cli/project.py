@@ -1,7 +1,7 @@
 """Project commands: ``init``, ``config check|schema``, ``show-deploy-key``.
 
 Thin: the work is in :mod:`higgsfield.scaffold`, :mod:`higgsfield.config` and
-:mod:`higgsfield.envfile`; these only parse arguments and print. Library modules
+:mod:`higgsfield.secrets`; these only parse arguments and print. Library modules
 are imported inside the commands so that loading this module (for any of its
 commands) stays cheap.
 """
@@ -57,13 +57,13 @@ def config() -> None:
 @click.pass_context
 def check(ctx: click.Context) -> None:
     """Validate higgsfield.yml and summarise it (nodes, ranks, secrets)."""
-    from higgsfield.envfile import is_private, read_env_file
+    from higgsfield.secrets import load_env_file
 
     cfg = get_config(ctx)
-    env = read_env_file(cfg.env_file)
+    env = load_env_file(cfg.env_file)
     for line in summary(cfg, env):
         click.echo(line)
-    if cfg.env_file.exists() and not is_private(cfg.env_file):
+    if cfg.env_file.is_file() and cfg.env_file.stat().st_mode & 0o077:
         click.echo(f"warning: {cfg.env_file} is readable by others: chmod 600 {cfg.env_file}", err=True)
 
 
@@ -80,7 +80,7 @@ def summary(cfg: Config, env: dict[str, str]) -> list[str]:
     header = ("rank", "host", "port", "user", "name", "")
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
     for r in (header, *rows):
-        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     lines.append(f"nproc_per_node: {cfg.nproc_per_node}")
     lines.append(f"runtime:        {cfg.runtime}")
     if not cfg.secrets:
