@@ -19,6 +19,8 @@ from typing import Any
 from higgsfield.errors import ParamError
 
 NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+#: Run names: safe as a directory name, a container name part and a shell word.
+RUN_NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,63}$")
 MAX_NAME = 64
 TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
 #: Names the runtime or the GitHub form already use; a @param may not take them.

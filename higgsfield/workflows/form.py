@@ -10,6 +10,11 @@ One input per ``@param``, typed the way GitHub's form can show it:
 plus ``run_name`` and ``nodes``. Each input reaches the job through its own
 environment variable (``HIGGSFIELD_PARAM_<name>``), never through the script text.
 
+A form holds at most :data:`MAX_INPUTS` inputs. An experiment with more params than
+fit gets typed inputs for the first ones (required params first) and one
+``more_params`` text input, ``name=value`` pairs, for the rest; the job checks those
+exactly like the typed ones.
+
 Use::
 
     for i in form_inputs(exp):
@@ -24,10 +29,11 @@ from typing import Any
 from higgsfield.discovery import DiscoveredExperiment
 from higgsfield.errors import ExperimentError
 from higgsfield.params import ParamSpec
-from higgsfield.workflows.ci_inputs import ENV_NODES, ENV_PARAM_PREFIX, ENV_RUN_NAME
+from higgsfield.workflows.ci_inputs import ENV_MORE_PARAMS, ENV_NODES, ENV_PARAM_PREFIX, ENV_RUN_NAME
 
-#: GitHub's limit on workflow_dispatch inputs (raised from 10 to 25 in December 2025).
-MAX_INPUTS = 25
+#: Inputs a workflow_dispatch form may have: GitHub's limit as actionlint 1.7.7 checks it.
+MAX_INPUTS = 10
+MORE_PARAMS = "more_params"
 _EXPRESSION = "${{"
 
 
@@ -59,13 +65,36 @@ def form_inputs(exp: DiscoveredExperiment, total_nodes: int | None = None) -> li
         if other is not None:
             # GitHub matches input names case-insensitively, so 'lr' and 'LR' would be one input.
             raise ExperimentError(f"experiment '{exp.name}': @param '{spec.name}' and '{other}' differ only in "
-                                  "case; GitHub form inputs are case-insensitive, rename one")
+                                  "case or clash with a form field; GitHub form inputs are case-insensitive, "
+                                  "rename it")
         seen[spec.name.lower()] = spec.name
-        out.append(_param_input(exp.name, spec))
-    if len(out) > MAX_INPUTS:
-        raise ExperimentError(f"experiment '{exp.name}' has {len(exp.params)} params; a GitHub form holds at most "
-                              f"{MAX_INPUTS} inputs ({MAX_INPUTS - 2} params besides run_name and nodes)")
+    typed, more = split_params(exp)
+    out.extend(_param_input(exp.name, spec) for spec in typed)
+    if more:
+        if MORE_PARAMS in seen:
+            raise ExperimentError(f"experiment '{exp.name}': a @param named '{MORE_PARAMS}' clashes with the form "
+                                  "field that carries the params beyond the form's limit; rename it")
+        listing = " ".join(f"{s.name}=" + ("REQUIRED" if s.required else _shown(s.default)) for s in more)
+        out.append(FormInput(MORE_PARAMS, "string",
+                             "More params as NAME=VALUE, space-separated, quoted like a shell word when needed; "
+                             f"empty: the defaults. Params and defaults: {listing}".replace(_EXPRESSION, "$ {{"),
+                             False, "", None, ENV_MORE_PARAMS))
     return out
+
+
+def split_params(exp: DiscoveredExperiment) -> tuple[list[ParamSpec], list[ParamSpec]]:
+    """(params with their own form field, params carried by ``more_params``); required ones get fields first."""
+    room = MAX_INPUTS - 2
+    if len(exp.params) <= room:
+        return list(exp.params), []
+    room -= 1   # the more_params field
+    ranked = sorted(exp.params, key=lambda s: not s.required)[:room]
+    keep = {s.name for s in ranked}
+    return [s for s in exp.params if s.name in keep], [s for s in exp.params if s.name not in keep]
+
+
+def _shown(value: Any) -> str:
+    return "(none)" if value is None else _text(value)
 
 
 def _param_input(experiment: str, spec: ParamSpec) -> FormInput:

