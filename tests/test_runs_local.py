@@ -1,0 +1,195 @@
+"""`higgsfield run | logs | status | kill` on a localhost node: real torchrun, real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+PROBE = '''
+import os, time
+from higgsfield.experiment import experiment, param
+
+@experiment("probe")
+@param("flag", default=True)
+@param("sleep", default=0.0)
+def probe(params):
+    print(f"rank={params.rank} world={params.world_size} flag={params.flag!r} "
+          f"project={os.environ['PROJECT_NAME']} experiment={os.environ['EXPERIMENT_NAME']} "
+          f"run={os.environ['RUN_NAME']} secret_len={len(os.environ.get('HF_TEST_SECRET', ''))}", flush=True)
+    end = time.time() + params.sleep
+    while time.time() < end:
+        time.sleep(0.05)
+'''
+
+
+@pytest.fixture()
+def project(tmp_path: Path) -> Path:
+    proj = tmp_path / "proj"
+    (proj / "src").mkdir(parents=True)
+    (proj / "src" / "regression.py").write_text((REPO / "src" / "regression.py").read_text())
+    (proj / "src" / "probe.py").write_text(PROBE)
+    (proj / "higgsfield.yml").write_text(
+        "name: localproj\n"
+        "nodes:\n  - host: localhost\n"
+        "nproc_per_node: 2\n"
+        "runtime: process\n"
+        f"state_dir: {tmp_path / 'state'}\n"
+        "secrets: [HF_TEST_SECRET]\n")
+    env = proj / "env"
+    env.write_text("HF_TEST_SECRET=s3cr3t-value-xyz\n")
+    env.chmod(0o600)
+    return proj
+
+
+def hf(project: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "higgsfield", *args], cwd=project, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def run_dirs(project: Path) -> list[Path]:
+    root = project.parent / "state" / "runs" / "localproj"
+    return sorted(root.iterdir()) if root.is_dir() else []
+
+
+def test_bad_params_fail_before_anything_starts(project: Path) -> None:
+    r = hf(project, "run", "regression", "--param", "steps=abc")
+    assert r.returncode == 2
+    assert r.stderr.strip() == "error: experiment 'regression': param 'steps': expected an integer, got 'abc'"
+    r = hf(project, "run", "regression", "-p", "nope=1")
+    assert r.returncode == 2
+    assert "unknown param 'nope'" in r.stderr and "Traceback" not in r.stderr
+    r = hf(project, "run", "no_such_exp")
+    assert r.returncode == 2
+    assert "no experiment named 'no_such_exp'" in r.stderr
+    assert run_dirs(project) == []
+
+
+@pytest.mark.slow
+def test_run_streams_prefixed_logs_and_records_the_run(project: Path) -> None:
+    r = hf(project, "run", "regression", "-p", "steps=30", "--run-name", "r1")
+    assert r.returncode == 0, r.stderr
+    losses: dict[str, list[float]] = {"0": [], "1": []}
+    for line in r.stdout.splitlines():
+        m = re.match(r"^localhost/(\d) \| step \d+ loss ([\d.]+)$", line)
+        if m:
+            losses[m.group(1)].append(float(m.group(2)))
+    assert len(losses["0"]) == 30 and len(losses["1"]) == 30
+    assert losses["0"][-1] < losses["0"][0] / 10          # the loss falls
+    assert "r1 succeeded" in r.stderr
+    (rd,) = run_dirs(project)
+    record = json.loads((rd / "run.json").read_text())
+    assert record["state"] == "succeeded" and record["exit_code"] == 0
+    assert "torch.distributed.run" in record["command"] and "--nproc_per_node" in record["command"]
+    assert record["pids"]["supervisor"] > 0 and record["pids"]["launcher"] > 0
+    assert record["started_at"] <= record["ended_at"]
+    assert (rd / "logs" / "rank0.log").read_text().count("loss") == 30
+    assert (rd / "logs" / "rank1.log").read_text().count("loss") == 30
+    # finished runs keep their logs
+    r = hf(project, "logs", "r1", "--rank", "1")
+    assert r.returncode == 0 and r.stdout.count("localhost/1 | step") == 30 and "localhost/0 |" not in r.stdout
+
+
+@pytest.mark.slow
+def test_params_env_and_secrets_reach_the_run_but_no_file(project: Path) -> None:
+    r = hf(project, "run", "probe", "-p", "flag=FALSE", "--run-name", "p1")
+    assert r.returncode == 0, r.stderr
+    assert "rank=0 world=2 flag=False project=localproj experiment=probe run=p1 secret_len=16" in r.stdout
+    assert "rank=1 world=2 flag=False" in r.stdout
+    (rd,) = run_dirs(project)
+    for f in rd.rglob("*"):
+        if f.is_file():
+            assert "s3cr3t-value-xyz" not in f.read_text(errors="replace"), f
+
+
+@pytest.mark.slow
+def test_failure_names_the_rank_and_exit_code(project: Path) -> None:
+    r = hf(project, "run", "regression", "-p", "fail_on_rank=1", "-p", "steps=6", "--run-name", "boom")
+    assert r.returncode == 1
+    assert "failure drill on rank 1" in r.stdout
+    assert "boom failed (first failure: node localhost, rank 1)" in r.stderr
+    st = json.loads(hf(project, "status", "--json").stdout)
+    (run,) = st["runs"]
+    assert run["state"] == "failed" and run["failed_rank"] == 1 and run["failed_node"] == "localhost"
+    assert run["exit_code"] not in (None, 0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_detach_status_follow_and_kill_within_5s(project: Path) -> None:
+    r = hf(project, "run", "probe", "-p", "sleep=120", "--detach", "--run-name", "long")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "long"
+    (rd,) = run_dirs(project)
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        pids = [int(p.read_text()) for p in (rd / "logs").glob("rank*.pid")]
+        if len(pids) == 2 and "secret_len" in (rd / "logs" / "rank1.log").read_text(errors="replace"):
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the ranks did not start")
+    st = json.loads(hf(project, "status", "--json").stdout)
+    assert [(x["run"], x["state"]) for x in st["runs"]] == [("long", "running")]
+    follower = subprocess.Popen([sys.executable, "-m", "higgsfield", "logs", "probe", "-f"], cwd=project,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    record = json.loads((rd / "run.json").read_text())
+    workers = pids + [record["pids"]["launcher"], record["pids"]["supervisor"]]
+    t0 = time.time()
+    k = hf(project, "kill", "long")
+    assert k.returncode == 0, k.stderr
+    assert k.stdout.strip() == "long: killed"
+    while time.time() - t0 < 30 and any(_alive(p) for p in workers):
+        time.sleep(0.05)
+    gone = time.time()
+    assert not [p for p in workers if _alive(p)], "processes outlived the kill"
+    # Within 5 s of the node receiving the kill (the CLI's own start-up is not part of the promise).
+    asked = (rd / "kill").stat().st_mtime
+    assert gone - asked < 5, f"ranks took {gone - asked:.1f}s to stop"
+    out, _ = follower.communicate(timeout=30)          # follow mode ends by itself when the run ends
+    assert follower.returncode == 0
+    assert "localhost/0 | rank=0" in out and "localhost/1 | rank=1" in out
+    assert json.loads((rd / "run.json").read_text())["state"] == "killed"
+    r = hf(project, "kill", "long")
+    assert r.returncode != 0 and "has no queued or running run" in r.stderr
+
+
+@pytest.mark.slow
+def test_run_name_in_use_is_refused(project: Path) -> None:
+    r = hf(project, "run", "probe", "-p", "sleep=60", "--detach", "--run-name", "dup")
+    assert r.returncode == 0, r.stderr
+    try:
+        r2 = hf(project, "run", "probe", "--detach", "--run-name", "dup")
+        assert r2.returncode == 1
+        assert "run 'dup' is already" in r2.stderr and "kill it first" in r2.stderr
+    finally:
+        hf(project, "kill", "dup")
+
+
+def test_entrypoint_runs_without_torchrun_env(project: Path, tmp_path: Path) -> None:
+    """The entrypoint alone (no torchrun) runs an experiment as rank 0 of 1."""
+    rd = tmp_path / "rd"
+    (rd / "logs").mkdir(parents=True)
+    (rd / "spec.json").write_text(json.dumps({
+        "project": "localproj", "experiment": "probe", "run": "solo", "module": "probe",
+        "code_dir": str(project), "params": {"flag": "yes"}}))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(PROJECT_NAME="localproj", EXPERIMENT_NAME="probe", RUN_NAME="solo")
+    r = subprocess.run([sys.executable, "-m", "higgsfield.entrypoint", str(rd)], env=env, timeout=60)
+    assert r.returncode == 0
+    assert "rank=0 world=1 flag=True project=localproj" in (rd / "logs" / "rank0.log").read_text()
