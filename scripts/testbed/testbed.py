@@ -45,8 +45,8 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 # --------------------------------------------------------------------------
 # constants and configuration
@@ -73,6 +73,8 @@ SUITE = "bookworm"
 DEBOOTSTRAP_INCLUDE = "python3,python3-venv,python3-pip,git,openssh-client,ca-certificates"
 # control-side dependencies of higgsfield (pyproject [project].dependencies)
 CONTROL_DEPS = ["click", "pydantic", "pyyaml", "jinja2", "rich", "asyncssh", "docker"]
+# numpy: without it every `import torch` warns "Failed to initialize NumPy"
+IMAGE_REQUIREMENTS = [f"torch=={TORCH_VERSION}", "numpy", *CONTROL_DEPS]
 IMAGE_VENV = "/opt/venv"
 DOCKER_SOCKET = "/var/run/docker.sock"
 
@@ -93,6 +95,11 @@ def host_count(default: int | None = None) -> int:
 
 def ssh_port() -> int:
     return int(os.environ.get("TESTBED_PORT", DEFAULT_PORT))
+
+
+def exe(name: str) -> str:
+    """Absolute path of a program on PATH (or the bare name, to fail loudly later)."""
+    return shutil.which(name) or name
 
 
 def log(msg: str) -> None:
@@ -169,7 +176,7 @@ def _check_loopback(address: str) -> None:
 # --------------------------------------------------------------------------
 
 
-def run(argv: Sequence[str], *, check: bool = True, capture: bool = False,
+def run(argv: Sequence[object], *, check: bool = True, capture: bool = False,
         input: str | bytes | None = None, env: dict | None = None,
         timeout: float | None = None, quiet: bool = False) -> subprocess.CompletedProcess:
     if not quiet:
@@ -185,6 +192,22 @@ def run(argv: Sequence[str], *, check: bool = True, capture: bool = False,
             detail = f"\nstdout: {p.stdout}\nstderr: {p.stderr}"
         raise TestbedError(f"command failed (rc={p.returncode}): {' '.join(map(str, argv))}{detail}")
     return p
+
+
+def run_timestamped(argv: Sequence[object], env: dict | None = None) -> None:
+    """Run argv, echoing its output to stderr with elapsed-time prefixes."""
+    log("$ " + " ".join(shlex.quote(str(a)) for a in argv))
+    t0 = time.monotonic()
+    p = subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, env=env, text=True, errors="replace")
+    assert p.stdout is not None
+    tail: list[str] = []
+    for line in p.stdout:
+        sys.stderr.write(f"  [{time.monotonic() - t0:6.1f}s] {line}")
+        tail = (tail + [line])[-40:]
+    if p.wait() != 0:
+        raise TestbedError(f"command failed (rc={p.returncode}): {' '.join(map(str, argv))}\n"
+                           + "".join(tail))
 
 
 def require_root() -> None:
@@ -299,13 +322,13 @@ def ssh_banner(address: str, port: int, timeout: float = 2.0) -> bool:
         return False
 
 
-def spawn_daemon(argv: Sequence[str], logfile: Path, env: dict | None = None) -> int:
+def spawn_daemon(argv: Sequence[object], logfile: Path, env: dict | None = None) -> int:
     """Start argv detached (own session, reparented to init); return its pid."""
     logfile.parent.mkdir(parents=True, exist_ok=True)
     script = 'setsid "$@" >>"$TESTBED_LOG" 2>&1 </dev/null & echo $!'
     e = dict(env or os.environ)
     e["TESTBED_LOG"] = str(logfile)
-    out = subprocess.run(["sh", "-c", script, "sh", *map(str, argv)], env=e,
+    out = subprocess.run([exe("sh"), "-c", script, "sh", *map(str, argv)], env=e,
                          stdout=subprocess.PIPE, text=True, check=True).stdout
     return int(out.strip())
 
@@ -329,6 +352,7 @@ class Timings:
 
     def __init__(self) -> None:
         self.phases: list[tuple[str, float, str]] = []
+        self.t0 = time.monotonic()
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[dict]:
@@ -344,8 +368,7 @@ class Timings:
 
     def report(self) -> str:
         lines = [f"  {name:<16} {dt:7.1f}s  {note}".rstrip() for name, dt, note in self.phases]
-        total = sum(dt for _, dt, _ in self.phases)
-        lines.append(f"  {'total':<16} {total:7.1f}s")
+        lines.append(f"  {'total (wall)':<16} {time.monotonic() - self.t0:7.1f}s")
         return "\n".join(lines)
 
     def save(self, sdir: Path) -> None:
@@ -362,7 +385,7 @@ class Timings:
 
 
 def _package_installed(pkg: str) -> bool:
-    p = subprocess.run(["dpkg-query", "-W", "-f=${Status}", pkg], capture_output=True, text=True)
+    p = subprocess.run([exe("dpkg-query"), "-W", "-f=${Status}", pkg], capture_output=True, text=True)
     ok = p.returncode == 0 and p.stdout.strip() == "install ok installed"
     binary = PACKAGE_BINARIES.get(pkg)
     return ok and (binary is None or os.access(binary, os.X_OK))
@@ -450,7 +473,7 @@ def ensure_user(host: Host, client_pub: str) -> None:
     if Path(pw.pw_dir) != host.home:
         raise TestbedError(f"user {user} exists with home {pw.pw_dir}, expected {host.home}")
     # useradd leaves the account locked ('!'); '*' = no password but key login works
-    shadow = subprocess.run(["getent", "shadow", user], capture_output=True, text=True).stdout
+    shadow = subprocess.run([exe("getent"), "shadow", user], capture_output=True, text=True).stdout
     if shadow.split(":")[1:2] != ["*"]:
         run(["usermod", "-p", "*", user])
     if not host.home.is_dir():
@@ -600,6 +623,8 @@ def sshd_pid(host: Host) -> int | None:
     # the pid file may be gone (e.g. wiped) while the daemon still runs
     for entry in os.listdir("/proc"):
         if entry.isdigit() and _is_our_sshd(int(entry), host):
+            with contextlib.suppress(OSError):
+                host.pidfile.write_text(f"{entry}\n")
             return int(entry)
     return None
 
@@ -764,7 +789,7 @@ def ensure_hosts(n: int, sdir: Path, reset_homes: bool = False,
 
 def docker_answers(timeout: float = 10) -> bool:
     try:
-        p = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"],
+        p = subprocess.run([exe("docker"), "info", "--format", "{{.ServerVersion}}"],
                            capture_output=True, text=True, timeout=timeout, env=docker_env())
     except (subprocess.TimeoutExpired, FileNotFoundError):
         return False
@@ -807,6 +832,9 @@ def ensure_dockerd(sdir: Path) -> str:
         if not pid_alive(pid):
             break
         time.sleep(0.5)
+    if docker_answers(timeout=5):  # ours lost a race with an engine someone else started
+        (sdir / "dockerd.pid").unlink(missing_ok=True)
+        return "reusing running dockerd (started concurrently, not by the test bed)"
     tail = (sdir / "dockerd.log").read_text()[-3000:] if (sdir / "dockerd.log").exists() else ""
     raise TestbedError(f"dockerd did not answer (pid {pid}); log tail:\n{tail}")
 
@@ -827,7 +855,7 @@ def stop_dockerd(sdir: Path) -> bool:
 
 
 def image_exists(name: str) -> bool:
-    return subprocess.run(["docker", "image", "inspect", name], capture_output=True,
+    return subprocess.run([exe("docker"), "image", "inspect", name], capture_output=True,
                           env=docker_env()).returncode == 0
 
 
@@ -879,7 +907,7 @@ def build_bootstrap_image(sdir: Path, timings: Timings) -> None:
         (rootfs / "var/lib/apt/lists/partial").mkdir(parents=True, exist_ok=True)
         info["note"] = f"mirror {mirror}"
     with timings.phase("docker import") as info:
-        tar = subprocess.Popen(["tar", "--numeric-owner", "-C", rootfs, "-c", "."],
+        tar = subprocess.Popen([exe("tar"), "--numeric-owner", "-C", rootfs, "-c", "."],
                                stdout=subprocess.PIPE)
         changes = ["ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                    "ENV LANG=C.UTF-8", 'CMD ["/bin/bash"]']
@@ -899,7 +927,7 @@ def build_bootstrap_image(sdir: Path, timings: Timings) -> None:
 
 def download_wheels(wheel_dir: Path) -> str:
     """torch (CPU) plus the control-side deps, as wheels for CPython 3.11 manylinux."""
-    reqs = [f"torch=={TORCH_VERSION}", *CONTROL_DEPS]
+    reqs = list(IMAGE_REQUIREMENTS)
     stamp = wheel_dir / ".complete"
     want = "\n".join(reqs)
     if stamp.exists() and stamp.read_text() == want and list(wheel_dir.glob("torch-*.whl")):
@@ -912,7 +940,8 @@ def download_wheels(wheel_dir: Path) -> str:
         argv += ["--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
                  "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux2014_x86_64",
                  "--platform", "linux_x86_64"]
-    run([*argv, *reqs])
+    # captured: the host's pip config makes it warn about every missing local index dir
+    run([*argv, *reqs], capture=True)
     if list(wheel_dir.glob("nvidia_*.whl")):
         raise TestbedError(f"pip resolved a CUDA torch build into {wheel_dir}; "
                            f"the test bed needs the CPU wheel of torch {TORCH_VERSION}")
@@ -943,23 +972,32 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 DOCKERFILE = f"""\
 FROM {BOOTSTRAP_IMAGE}
-ARG WHEELS_URL
-# wheels come from the host over 127.0.0.1 (no registry, no copy of torch in a layer)
-RUN python3 -m venv {IMAGE_VENV} \\
- && {IMAGE_VENV}/bin/pip install --no-cache-dir --no-index --find-links "$WHEELS_URL" \\
-      torch=={TORCH_VERSION} {' '.join(CONTROL_DEPS)} \\
- && {IMAGE_VENV}/bin/python -c "import torch; assert torch.__version__.startswith('{TORCH_VERSION}')"
+# metadata first: every step after the big layer would cost a container commit
 ENV VIRTUAL_ENV={IMAGE_VENV} \\
     PATH={IMAGE_VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \\
-    LANG=C.UTF-8 \\
-    PYTHONDONTWRITEBYTECODE=1
+    LANG=C.UTF-8
 LABEL org.higgsfield.testbed="1" org.higgsfield.torch="{TORCH_VERSION}"
 CMD ["/bin/bash"]
+ARG WHEELS_URL
+# wheels come from the host over 127.0.0.1 (no registry, no copy of torch in a layer)
+# pip compiles .pyc one file at a time; compileall -j0 uses every core
+RUN /usr/bin/python3 -m venv {IMAGE_VENV} \\
+ && {IMAGE_VENV}/bin/pip install --no-cache-dir --no-compile --no-index --find-links "$WHEELS_URL" \\
+      {' '.join(IMAGE_REQUIREMENTS)} \\
+ && ({IMAGE_VENV}/bin/python -m compileall -q -j 0 {IMAGE_VENV}/lib >/dev/null || true) \\
+ && {IMAGE_VENV}/bin/python -c "import torch; assert torch.__version__.startswith('{TORCH_VERSION}')"
 """
+
+
+def image_id(name: str) -> str | None:
+    p = subprocess.run([exe("docker"), "image", "inspect", "--format", "{{.Id}}", name],
+                       capture_output=True, text=True, env=docker_env())
+    return p.stdout.strip() if p.returncode == 0 else None
 
 
 def build_torch_image(sdir: Path, timings: Timings) -> None:
     wheel_dir = sdir / "wheels"
+    old_id = image_id(BASE_IMAGE)
     with timings.phase("pip download") as info:
         info["note"] = download_wheels(wheel_dir)
     with timings.phase("torch layer") as info:
@@ -968,15 +1006,21 @@ def build_torch_image(sdir: Path, timings: Timings) -> None:
             with serve_directory(wheel_dir) as url:
                 env = docker_env()
                 env["DOCKER_BUILDKIT"] = "0"  # legacy builder: --network host, no buildx
-                run(["docker", "build", "--network", "host", "--build-arg", f"WHEELS_URL={url}",
-                     "--tag", BASE_IMAGE, ctx], env=env)
+                run_timestamped(["docker", "build", "--network", "host",
+                                 "--build-arg", f"WHEELS_URL={url}", "--tag", BASE_IMAGE, ctx],
+                                env=env)
         info["note"] = BASE_IMAGE
+    if old_id and old_id != image_id(BASE_IMAGE):
+        # the image this rebuild replaced is now untagged; drop it (fails if still in use)
+        run(["docker", "image", "rm", old_id], check=False, capture=True, quiet=True)
 
 
 def ensure_image(sdir: Path, timings: Timings, force: bool = False) -> str:
+    """Build the base image unless cached; force rebuilds the torch layer only
+    (`docker rmi higgsfield-testbase:bookworm` to redo debootstrap as well)."""
     if not force and image_exists(BASE_IMAGE):
         return f"{BASE_IMAGE} cached"
-    if force or not image_exists(BOOTSTRAP_IMAGE):
+    if not image_exists(BOOTSTRAP_IMAGE):
         build_bootstrap_image(sdir, timings)
     build_torch_image(sdir, timings)
     return f"built {BASE_IMAGE}"
@@ -1004,7 +1048,7 @@ def up(hosts: int | None = None, docker: bool = True, image: bool = True,
             with timings.phase("dockerd") as info:
                 info["note"] = ensure_dockerd(sdir)
         if image:
-            with timings.phase("image") as info:
+            with timings.phase("image (all)") as info:
                 info["note"] = ensure_image(sdir, timings, force=rebuild_image)
         timings.save(sdir)
     return timings
@@ -1077,8 +1121,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--purge", action="store_true", help="also delete node users and the state dir")
     sub.add_parser("status", help="print the state as JSON")
     sub.add_parser("env", help="print shell exports describing the bed")
-    for name in ("start-host", "stop-host", "rekey-host"):
-        p = sub.add_parser(name)
+    for name, text in (("start-host", "start host I's sshd if it is not running"),
+                       ("stop-host", "stop host I's sshd (fault injection)"),
+                       ("rekey-host", "restart host I's sshd with a new host key")):
+        p = sub.add_parser(name, help=text)
         p.add_argument("index", type=int)
         if name == "stop-host":
             p.add_argument("--kill-sessions", action="store_true")
