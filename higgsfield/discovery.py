@@ -208,7 +208,7 @@ def _call_args(file: Path, call: ast.Call, names: tuple[str, ...], kind: str) ->
         raise ExperimentError(f"{_rel(file)}:{call.lineno}: @{kind} takes at most {len(names)} positional "
                               f"arguments ({', '.join(names)})")
     out: dict[str, Any] = {}
-    for name, arg in zip(names, call.args):
+    for name, arg in zip(names, call.args, strict=False):
         out[name] = _literal(file, call, arg, name)
     for kw in call.keywords:
         assert kw.arg is not None
