@@ -1,20 +1,30 @@
-"""How the control side calls the invoker (the node-side agent) on a node.
+"""Where the invoker (this package, installed on a node) lives and how to call it.
 
-On an SSH node the invoker is this package installed by ``higgsfield setup`` into
-its own venv under the node's state directory; on ``localhost`` it is this very
-interpreter. Paths are home-relative because quoted ``~`` is not expanded.
+Use::
+
+    argv = [*invoker_argv(cfg, node), "version"]
+    await transport.run(argv)
+
+On an SSH node the invoker is ``<state_dir>/venv/bin/higgsfield`` (installed by
+``higgsfield setup``; the path is relative to the login user's home). On a
+``localhost`` node it is this very Python: ``python -m higgsfield``.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
-from higgsfield.config import Config, NodeConfig
+if TYPE_CHECKING:
+    from higgsfield.config import Config, NodeConfig
 
 
-def node_state_dir(cfg: Config, node: NodeConfig) -> str:
-    """The state directory as the node sees it: home-relative unless absolute."""
-    d = cfg.state_dir
+def node_state_dir(cfg: Config, node: NodeConfig | None = None) -> str:
+    """``cfg.state_dir`` as a path a remote command can use: ``~/x`` becomes home-relative ``x``.
+
+    (``node`` is accepted for callers that pass it; the state directory is the same on every node.)
+    """
+    d = cfg.state_dir.rstrip("/") or "/"
     if d == "~":
         return "."
     if d.startswith("~/"):
@@ -22,9 +32,20 @@ def node_state_dir(cfg: Config, node: NodeConfig) -> str:
     return d
 
 
-def invoker_argv(cfg: Config, node: NodeConfig) -> list[str]:
-    """argv prefix that runs ``higgsfield invoker`` on ``node``."""
-    state = node_state_dir(cfg, node)
+def venv_dir(cfg: Config) -> str:
+    return f"{node_state_dir(cfg)}/venv"
+
+
+def invoker_bin(cfg: Config, node: NodeConfig) -> list[str]:
+    """The ``higgsfield`` command on ``node`` (without a subcommand)."""
     if node.is_local:
-        return [sys.executable, "-m", "higgsfield", "invoker", "--state-dir", state]
-    return [f"{state}/venv/bin/higgsfield", "invoker", "--state-dir", state]
+        return [sys.executable, "-m", "higgsfield"]
+    return [f"{venv_dir(cfg)}/bin/higgsfield"]
+
+
+def invoker_argv(cfg: Config, node: NodeConfig) -> list[str]:
+    """The argv prefix of the node agent: append the invoker subcommand and its arguments.
+
+    It names the state directory explicitly, so the invoker and the control side always agree on it.
+    """
+    return [*invoker_bin(cfg, node), "invoker", "--state-dir", node_state_dir(cfg)]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import posixpath
 import secrets
 import shlex
@@ -117,7 +118,8 @@ class SSHTransport(Transport):
         if isinstance(last, asyncio.TimeoutError):
             raise ConnectError(self.node, f"connect timed out after {self.timeouts.connect:g}s "
                                           f"({self.target}; {tries})")
-        why = getattr(last, "strerror", None) or getattr(last, "reason", None) or str(last)
+        errno = getattr(last, "errno", None)
+        why = (os.strerror(errno) if errno else None) or getattr(last, "reason", None) or str(last)
         raise ConnectError(self.node, f"cannot connect to {self.target}: {why} "
                                       f"({tries}; connect timeout {self.timeouts.connect:g}s)")
 

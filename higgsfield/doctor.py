@@ -1,0 +1,325 @@
+"""``higgsfield doctor``: a read-only preflight of every node, in parallel, in seconds.
+
+Per node: reachable over SSH, host key pinned and matching, passwordless sudo, Docker
+usable by the login user, GPUs (count, driver, CUDA) or none, free disk where images
+and checkpoints go, clock skew against this machine, the invoker at this version; and
+across nodes: node 0 reachable from the others on the rendezvous port range (node 0
+listens briefly on a free port there, the others connect).
+
+Nothing on a node is changed and no host key is pinned (an unpinned node is reported,
+``higgsfield setup`` pins it). Every problem comes with the command that fixes it.
+
+Use::
+
+    report = await diagnose(cfg)
+    report.ok, report.problems(), report.to_dict()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import higgsfield
+from higgsfield.errors import ConnectError, HiggsfieldError, HostKeyError
+from higgsfield.remote.base import CommandResult, Transport
+from higgsfield.remote.hostkeys import PinnedHosts
+from higgsfield.remote.invoker import invoker_bin
+
+if TYPE_CHECKING:
+    from higgsfield.config import Config, NodeConfig
+
+RENDEZVOUS_PORTS = (29500, 29599)
+"""Where torchrun's rendezvous may listen on node 0 (inclusive)."""
+MIN_FREE_GIB = 10.0
+MAX_SKEW_S = 2.0
+COMMAND_TIMEOUT_S = 20.0
+
+_LISTEN = """\
+import socket, sys, time
+lo, hi, wait, want = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+for port in range(lo, hi + 1):
+    s = socket.socket()
+    try:
+        s.bind(("", port))
+        break
+    except OSError:
+        s.close()
+else:
+    print("none", flush=True)
+    sys.exit(3)
+s.listen(64)
+s.settimeout(0.2)
+print(port, flush=True)
+end, got = time.monotonic() + wait, 0
+while got < want and time.monotonic() < end:
+    try:
+        c, _ = s.accept()
+        c.close()
+        got += 1
+    except socket.timeout:
+        pass
+print("accepted", got, flush=True)
+"""
+_CONNECT = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), float(sys.argv[3])).close()"
+
+
+@dataclass
+class Probe:
+    """One check on one node."""
+
+    ok: bool
+    summary: str
+    problem: str | None = None
+    fix: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class NodeDiagnosis:
+    node: str
+    rank: int
+    checks: dict[str, Probe] = field(default_factory=dict)
+
+    @property
+    def problems(self) -> list[str]:
+        return [f"{self.node}: {name}: {p.problem}" + (f" -> fix: {p.fix}" if p.fix else "")
+                for name, p in self.checks.items() if not p.ok and p.problem]
+
+
+@dataclass
+class DoctorReport:
+    nodes: list[NodeDiagnosis]
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return all(p.ok for n in self.nodes for p in n.checks.values())
+
+    def problems(self) -> list[str]:
+        return [p for n in self.nodes for p in n.problems]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "seconds": round(self.seconds, 2), "version": higgsfield.__version__,
+                "nodes": [{"node": n.node, "rank": n.rank, "checks": {k: asdict(v) for k, v in n.checks.items()}}
+                          for n in self.nodes],
+                "problems": self.problems()}
+
+
+def _transport(cfg: Config, node: NodeConfig) -> Transport:
+    if node.is_local:
+        from higgsfield.remote.local import LocalTransport
+
+        return LocalTransport(str(node.name))
+    from higgsfield.remote.ssh import SSHTransport
+
+    return SSHTransport.from_config(cfg, node, pin=False)
+
+
+async def diagnose(cfg: Config, nodes: Sequence[str] | None = None) -> DoctorReport:
+    """Check the chosen nodes (default: all) concurrently; never raises for a node's problem."""
+    start = time.monotonic()
+    chosen = [cfg.node(n) for n in nodes] if nodes else list(cfg.nodes)
+    transports = {str(n.name): _transport(cfg, n) for n in chosen}
+    try:
+        diags = await asyncio.gather(*(_diagnose_node(cfg, n, transports[str(n.name)]) for n in chosen))
+        reachable = {d.node for d in diags if "sudo" in d.checks}  # connected, host key accepted
+        await _rendezvous(cfg, chosen, transports, reachable, {d.node: d for d in diags})
+    finally:
+        await asyncio.gather(*(t.close() for t in transports.values()), return_exceptions=True)
+    return DoctorReport(list(diags), time.monotonic() - start)
+
+
+async def _run(t: Transport, argv: Sequence[str]) -> CommandResult:
+    return await t.run(argv, check=False, timeout=COMMAND_TIMEOUT_S)
+
+
+async def _diagnose_node(cfg: Config, node: NodeConfig, t: Transport) -> NodeDiagnosis:
+    d = NodeDiagnosis(str(node.name), cfg.nodes.index(node))
+    if not await _connect(cfg, node, t, d):
+        return d
+    for name, probe in (("sudo", _sudo), ("docker", _docker), ("gpus", _gpus), ("disk", _disk),
+                        ("clock", _clock), ("invoker", _invoker)):
+        try:
+            d.checks[name] = await probe(cfg, node, t)
+        except HiggsfieldError as e:
+            d.checks[name] = Probe(False, "error", str(getattr(e, "reason", e)))
+    return d
+
+
+async def _connect(cfg: Config, node: NodeConfig, t: Transport, d: NodeDiagnosis) -> bool:
+    if node.is_local:
+        d.checks["ssh"] = Probe(True, "local")
+        d.checks["host key"] = Probe(True, "-")
+        return True
+    port = cfg.node_port(node)
+    pinned = PinnedHosts(cfg.known_hosts_path).lookup(node.host, port)
+    start = time.monotonic()
+    try:
+        await t.run(["true"], timeout=COMMAND_TIMEOUT_S)
+    except HostKeyError as e:
+        d.checks["ssh"] = Probe(True, "reachable")
+        d.checks["host key"] = Probe(False, "CHANGED", e.reason)  # the reason names the re-pin command
+        return False
+    except ConnectError as e:
+        d.checks["ssh"] = Probe(False, "unreachable", e.reason,
+                                f"check that the node is up and sshd listens on {node.host}:{port}; "
+                                "ssh.user / identity_file in higgsfield.yml")
+        return False
+    d.checks["ssh"] = Probe(True, f"ok {time.monotonic() - start:.2f}s")
+    fp = getattr(t, "fingerprint", None)
+    if pinned:
+        d.checks["host key"] = Probe(True, "matches", data={"fingerprint": fp})
+    else:
+        d.checks["host key"] = Probe(False, "not pinned", f"host key {fp} is not pinned yet",
+                                     "higgsfield setup (pins it on first contact)", {"fingerprint": fp})
+    return True
+
+
+async def _sudo(cfg: Config, node: NodeConfig, t: Transport) -> Probe:
+    if (await _run(t, ["id", "-u"])).stdout.strip() == "0":
+        return Probe(True, "root")
+    r = await _run(t, ["sudo", "-n", "true"])
+    if r.ok:
+        return Probe(True, "passwordless")
+    why = (r.stderr.strip().splitlines() or ["sudo failed"])[-1]
+    return Probe(False, "asks password" if "password" in why else "no", f"passwordless sudo is required ({why})",
+                 "on the node: echo \"$USER ALL=(ALL) NOPASSWD:ALL\" | sudo tee /etc/sudoers.d/$USER")
+
+
+async def _docker(cfg: Config, node: NodeConfig, t: Transport) -> Probe:
+    r = await _run(t, ["docker", "info", "--format", "{{.ServerVersion}}"])
+    if r.ok:
+        return Probe(True, r.stdout.strip(), data={"version": r.stdout.strip()})
+    err = r.stderr.strip().lower()
+    if r.exit_status == 127:
+        return Probe(False, "missing", "docker is not installed", "higgsfield setup --step docker")
+    if "permission denied" in err:
+        return Probe(False, "no access", "the login user cannot use docker (not in the docker group)",
+                     "higgsfield setup --step docker-group")
+    return Probe(False, "down", f"the docker engine does not answer: {r.stderr.strip()[-200:]}",
+                 "higgsfield setup --step docker (or: sudo systemctl start docker)")
+
+
+async def _gpus(cfg: Config, node: NodeConfig, t: Transport) -> Probe:
+    r = await _run(t, ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
+    if not r.ok:
+        return Probe(True, "none", data={"count": 0})
+    rows = [[c.strip() for c in ln.split(",")] for ln in r.stdout.splitlines() if ln.strip()]
+    if not rows:
+        return Probe(True, "none", data={"count": 0})
+    header = await _run(t, ["nvidia-smi"])
+    m = re.search(r"CUDA Version:\s*([\d.]+)", header.stdout)
+    cuda = m.group(1) if m else None
+    data = {"count": len(rows), "names": [r[0] for r in rows], "driver": rows[0][1] if len(rows[0]) > 1 else None,
+            "cuda": cuda, "memory": [r[2] for r in rows if len(r) > 2]}
+    summary = f"{len(rows)} x {rows[0][0]}, driver {data['driver']}, CUDA {cuda or '?'}"
+    runtimes = await _run(t, ["docker", "info", "--format", "{{json .Runtimes}}"])
+    if runtimes.ok and "nvidia" not in runtimes.stdout:
+        return Probe(False, summary, "docker has no nvidia runtime: containers will not see the GPUs",
+                     "higgsfield setup --step nvidia", data)
+    return Probe(True, summary, data=data)
+
+
+async def _disk(cfg: Config, node: NodeConfig, t: Transport) -> Probe:
+    root = await _run(t, ["docker", "info", "--format", "{{.DockerRootDir}}"])
+    places = {"checkpoints": "."}
+    if root.ok and root.stdout.strip():
+        places["images"] = root.stdout.strip()
+    free: dict[str, float] = {}
+    for what, path in places.items():
+        r = await _run(t, ["df", "-Pk", path])
+        lines = r.stdout.strip().splitlines()
+        if r.ok and len(lines) >= 2:
+            free[what] = int(lines[-1].split()[3]) / 1024 / 1024
+    if not free:
+        return Probe(False, "?", "cannot read free disk space (df failed)")
+    summary = ", ".join(f"{k} {v:.0f} GiB" for k, v in free.items())
+    low = [k for k, v in free.items() if v < MIN_FREE_GIB]
+    if low:
+        return Probe(False, summary, f"less than {MIN_FREE_GIB:g} GiB free for {', '.join(low)}",
+                     "free space (docker system prune; old checkpoints under ~/.cache/higgsfield)",
+                     {"free_gib": free})
+    return Probe(True, summary, data={"free_gib": free})
+
+
+async def _clock(cfg: Config, node: NodeConfig, t: Transport) -> Probe:
+    before = time.time()
+    r = await _run(t, ["date", "+%s.%N"])
+    after = time.time()
+    try:
+        remote = float(r.stdout.strip())
+    except ValueError:
+        return Probe(False, "?", "cannot read the node's clock")
+    skew = remote - (before + after) / 2
+    data = {"skew_s": round(skew, 3), "rtt_s": round(after - before, 3)}
+    if abs(skew) > MAX_SKEW_S + (after - before) / 2:
+        return Probe(False, f"{skew:+.1f}s", f"clock is {skew:+.1f}s off this machine's",
+                     "enable time sync on the node: sudo timedatectl set-ntp true", data)
+    return Probe(True, f"{skew:+.2f}s", data=data)
+
+
+async def _invoker(cfg: Config, node: NodeConfig, t: Transport) -> Probe:
+    r = await _run(t, [*invoker_bin(cfg, node), "--version"])
+    m = re.search(r"version\s+(\S+)", r.stdout) if r.ok else None
+    if m is None:
+        return Probe(False, "missing", "the invoker is not installed", "higgsfield setup --step invoker")
+    if m.group(1) != higgsfield.__version__:
+        return Probe(False, m.group(1), f"invoker {m.group(1)} differs from this higgsfield "
+                     f"{higgsfield.__version__}", "higgsfield setup --step invoker", {"version": m.group(1)})
+    return Probe(True, m.group(1), data={"version": m.group(1)})
+
+
+async def _rendezvous(cfg: Config, chosen: list[NodeConfig], transports: dict[str, Transport],
+                      reachable: set[str], diags: dict[str, NodeDiagnosis]) -> None:
+    master = cfg.nodes[0]
+    mname = str(master.name)
+    others = [n for n in chosen if n is not master and str(n.name) in reachable]
+    lo, hi = RENDEZVOUS_PORTS
+    if not others:
+        return
+    if mname not in reachable or mname not in transports:
+        for n in others:
+            diags[str(n.name)].checks["rendezvous"] = Probe(
+                True, "-" if mname not in transports else "node 0 down")
+        return
+    if master.is_local and any(not n.is_local for n in others):
+        for n in others:
+            diags[str(n.name)].checks["rendezvous"] = Probe(
+                False, "localhost", "node 0 is 'localhost', which other machines cannot reach",
+                "list node 0 by an address the other nodes can reach")
+        return
+    listener = transports[mname].stream(["python3", "-c", _LISTEN, str(lo), str(hi), "10", str(len(others))])
+    try:
+        first = await asyncio.wait_for(listener.__anext__(), COMMAND_TIMEOUT_S)
+        if not first.isdigit():
+            diags[mname].checks["rendezvous"] = Probe(False, "no port", f"no free port in {lo}-{hi} on node 0",
+                                                      "free a port in the range (stale runs?)")
+            return
+        port = int(first)
+
+        async def probe(n: NodeConfig) -> None:
+            t = transports[str(n.name)]
+            try:
+                r = await _run(t, ["python3", "-c", _CONNECT, master.host, str(port), "3"])
+            except HiggsfieldError as e:
+                diags[str(n.name)].checks["rendezvous"] = Probe(False, "error", str(getattr(e, "reason", e)))
+                return
+            if r.ok:
+                diags[str(n.name)].checks["rendezvous"] = Probe(True, f"{master.host}:{port} ok")
+            else:
+                why = (r.stderr.strip().splitlines() or ["failed"])[-1]
+                diags[str(n.name)].checks["rendezvous"] = Probe(
+                    False, "blocked", f"cannot reach node 0 at {master.host}:{port} ({why})",
+                    f"allow TCP {lo}-{hi} from the other nodes to {master.host} (firewall / security group)")
+
+        await asyncio.gather(*(probe(n) for n in others))
+        diags[mname].checks["rendezvous"] = Probe(True, f"listens :{port}")
+    except (HiggsfieldError, asyncio.TimeoutError, StopAsyncIteration) as e:
+        diags[mname].checks["rendezvous"] = Probe(False, "error", f"cannot listen on node 0: {e}")
+    finally:
+        await listener.aclose()  # type: ignore[attr-defined]

@@ -1,0 +1,22 @@
+"""``higgsfield setup``: a declared list of idempotent steps (check, apply, verify), run on every node at once.
+
+Use::
+
+    from higgsfield.provision import provision
+    report = asyncio.run(provision(cfg, dry_run=True))
+    for line in report.failures(): print(line)
+
+Steps, in order: ``os`` (Linux, passwordless sudo), ``docker`` (the distribution's
+docker.io when absent), ``docker-group`` (the user in the docker group, reconnected),
+``nvidia`` (the container toolkit where nvidia-smi finds GPUs), ``invoker`` (this
+package at the control side's build, in ``<state_dir>/venv``, sent over SFTP),
+``deploy-key`` (the GitHub deploy key + a managed ``~/.ssh/config`` block) and
+``base-image`` (``docker.base_image`` pulled once).
+"""
+
+from higgsfield.provision.context import SetupOptions, StepFailed
+from higgsfield.provision.runner import STEPS, NodeReport, SetupReport, StepResult, provision, select_steps
+from higgsfield.provision.step import Check, Outcome, Step
+
+__all__ = ["STEPS", "Check", "NodeReport", "Outcome", "SetupOptions", "SetupReport", "Step", "StepFailed",
+           "StepResult", "provision", "select_steps"]

@@ -1,0 +1,57 @@
+"""One provisioning step: ``check`` (read-only), ``apply`` (make it so), ``verify`` (prove it).
+
+A step is idempotent by construction: the runner calls ``apply`` only when ``check``
+says the node is not there yet, then ``verify`` must pass. ``check`` never changes
+the node, which is what lets ``--dry-run`` run it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import ClassVar
+
+from higgsfield.provision.context import NodeContext, StepFailed
+
+
+class Outcome(str, enum.Enum):
+    DONE = "done"  # already in place: nothing changed
+    APPLIED = "applied"  # changed and verified
+    SKIPPED = "skipped"  # does not apply to this node (reason in detail)
+    WOULD_APPLY = "would apply"  # dry run: check said it is needed
+    FAILED = "failed"
+    NOT_RUN = "not run"  # a step it needs failed, or the node was unreachable
+
+    @property
+    def ok(self) -> bool:
+        return self in (Outcome.DONE, Outcome.APPLIED, Outcome.SKIPPED, Outcome.WOULD_APPLY)
+
+
+@dataclass(frozen=True)
+class Check:
+    """What ``check`` found: ``done``; or ``skip`` (not applicable); else needs ``apply``."""
+
+    done: bool
+    detail: str = ""
+    skip: bool = False
+
+
+class Step:
+    name: ClassVar[str]
+    title: ClassVar[str]
+    needs: ClassVar[tuple[str, ...]] = ()
+    """Steps that must have succeeded on the node first (when they are part of the run)."""
+
+    async def check(self, ctx: NodeContext) -> Check:
+        raise NotImplementedError
+
+    async def apply(self, ctx: NodeContext) -> str:
+        """Make the change; returns a short description of what was done."""
+        raise NotImplementedError
+
+    async def verify(self, ctx: NodeContext) -> str:
+        """Raise StepFailed unless the change took effect; returns the detail to show."""
+        result = await self.check(ctx)
+        if not result.done:
+            raise StepFailed(f"{self.name}: still not in place after applying: {result.detail}")
+        return result.detail

@@ -1,0 +1,94 @@
+"""Doctor probes against canned command output (GPU parsing, docker access, clock skew, invoker version)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+import higgsfield
+from higgsfield import doctor
+from higgsfield.config import Config
+from higgsfield.remote.base import CommandResult, Transport
+
+SMI_CSV = "NVIDIA H200, 550.54.15, 143771 MiB\nNVIDIA H200, 550.54.15, 143771 MiB\n"
+SMI = "| NVIDIA-SMI 550.54.15   Driver Version: 550.54.15   CUDA Version: 12.4     |\n"
+
+
+class Canned(Transport):
+    def __init__(self, answers: dict[str, tuple[int, str, str]]) -> None:
+        self.node = "n"
+        self.answers = answers
+
+    async def run(self, argv: Sequence[str], *, input: str | bytes | None = None, timeout: float | None = None,
+                  env: Mapping[str, str] | None = None, check: bool = True) -> CommandResult:
+        key = " ".join(argv)
+        for prefix, (code, out, err) in self.answers.items():
+            if key.startswith(prefix):
+                return CommandResult("n", tuple(argv), code, out, err)
+        return CommandResult("n", tuple(argv), 127, "", "not found")
+
+    def stream(self, argv: Sequence[str], *, input: str | bytes | None = None) -> AsyncIterator[str]:
+        raise NotImplementedError
+
+    async def put_bytes(self, data: bytes, path: str, *, mode: int = 0o600) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        pass
+
+
+def _cfg() -> Config:
+    return Config.model_validate({"name": "p", "nodes": [{"host": "gpu-1"}]})
+
+
+def test_gpus_parsed_and_missing_runtime_flagged() -> None:
+    cfg = _cfg()
+    t = Canned({"nvidia-smi --query-gpu": (0, SMI_CSV, ""), "nvidia-smi": (0, SMI, ""),
+                "docker info --format {{json .Runtimes}}": (0, '{"runc":{}}', "")})
+    p = asyncio.run(doctor._gpus(cfg, cfg.nodes[0], t))
+    assert p.data["count"] == 2 and p.data["driver"] == "550.54.15" and p.data["cuda"] == "12.4"
+    assert p.summary == "2 x NVIDIA H200, driver 550.54.15, CUDA 12.4"
+    assert not p.ok and p.fix == "higgsfield setup --step nvidia"
+    t.answers["docker info --format {{json .Runtimes}}"] = (0, '{"nvidia":{},"runc":{}}', "")
+    assert asyncio.run(doctor._gpus(cfg, cfg.nodes[0], t)).ok
+    assert asyncio.run(doctor._gpus(cfg, cfg.nodes[0], Canned({}))).summary == "none"
+
+
+def test_docker_access_clock_and_invoker() -> None:
+    cfg = _cfg()
+    denied = Canned({"docker info": (1, "", "permission denied while trying to connect to the Docker daemon socket")})
+    p = asyncio.run(doctor._docker(cfg, cfg.nodes[0], denied))
+    assert not p.ok and p.fix == "higgsfield setup --step docker-group"
+    skewed = Canned({"date": (0, f"{time.time() + 30:.3f}\n", "")})
+    p = asyncio.run(doctor._clock(cfg, cfg.nodes[0], skewed))
+    assert not p.ok and p.summary.startswith("+30") and "timedatectl" in (p.fix or "")
+    old = Canned({".higgsfield/venv/bin/higgsfield --version": (0, "higgsfield, version 0.0.9\n", "")})
+    p = asyncio.run(doctor._invoker(cfg, cfg.nodes[0], old))
+    assert not p.ok and "0.0.9 differs" in (p.problem or "")
+    same = Canned({".higgsfield/venv/bin/higgsfield --version": (0, f"higgsfield, version {higgsfield.__version__}\n", "")})
+    assert asyncio.run(doctor._invoker(cfg, cfg.nodes[0], same)).ok
+    full = Canned({"df -Pk": (0, "Filesystem 1024-blocks Used Available Capacity Mounted on\n/dev/x 100 50 1048576 50% /\n", "")})
+    p = asyncio.run(doctor._disk(cfg, cfg.nodes[0], full))
+    assert not p.ok and p.summary == "checkpoints 1 GiB" and "less than 10 GiB" in (p.problem or "")
+
+
+def test_sudo_asking_for_a_password_is_a_clear_setup_error(tmp_path: Path) -> None:
+    from higgsfield.provision.context import NodeContext, NodeLog, SetupOptions, StepFailed
+    from higgsfield.provision.system import OsStep
+    from higgsfield.provision.wheels import Artifacts
+
+    cfg = _cfg()
+    t = Canned({"uname -sm": (0, "Linux x86_64\n", ""), "cat /etc/os-release": (0, 'PRETTY_NAME="Ubuntu 22.04"\n', ""),
+                "id -un": (0, "alice\n", ""), "id -u": (0, "1000\n", ""),
+                "sudo -n true": (1, "", "sudo: a password is required\n")})
+    log = NodeLog(tmp_path / "n.log")
+    ctx = NodeContext(cfg, cfg.nodes[0], t, log, SetupOptions(), Artifacts(tmp_path))
+    with pytest.raises(StepFailed) as err:
+        asyncio.run(OsStep().check(ctx))
+    log.close()
+    assert "passwordless sudo is required for alice (sudo: a password is required)" in str(err.value)
+    assert "alice ALL=(ALL) NOPASSWD:ALL" in str(err.value) and "/etc/sudoers.d/alice" in str(err.value)

@@ -1,0 +1,140 @@
+"""``higgsfield setup`` end to end on the test bed's real sshd hosts and dockerd.
+
+Run in order (one project for the module): fresh hosts -> re-run changes nothing ->
+one sshd stopped -> one host key changed. ``make test`` runs them; ``make test-fast`` skips them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from testbed import Testbed
+
+import higgsfield
+from higgsfield.config import load_config
+from higgsfield.remote.ssh import SSHTransport
+
+pytestmark = [pytest.mark.slow, pytest.mark.sshd, pytest.mark.docker]
+
+BASE_IMAGE = "higgsfield-testbase:torch2.13"
+
+
+@pytest.fixture(scope="module")
+def project(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A project listing the 4 hosts, made fresh: homes reset, users out of the docker group."""
+    bed = testbed
+    for h in bed.hosts[:4]:
+        bed.reset_home(h)
+        bed.remove_from_docker_group(h)
+    root = tmp_path_factory.mktemp("setup-project")
+    nodes = "".join(f"  - host: {h.address}\n    port: {h.port}\n    user: {h.user}\n    name: {h.name}\n"
+                    for h in bed.hosts[:4])
+    (root / "higgsfield.yml").write_text(
+        f"name: setup_e2e\nnodes:\n{nodes}ssh:\n  identity_file: {bed.client_key}\n"
+        f"  connect_timeout: 3\n  retries: 1\ndocker:\n  base_image: {bed.base_image or BASE_IMAGE}\n")
+    home_config = root / ".home-config"
+    key = home_config / "keys" / "setup_e2e" / "deploy_key"
+    key.parent.mkdir(parents=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)  # noqa: S603,S607
+    return root
+
+
+def _setup(project: Path, *args: str, timeout: float = 900) -> tuple[subprocess.CompletedProcess[str], float]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HIGGSFIELD_")}
+    env["HIGGSFIELD_HOME_CONFIG"] = str(project / ".home-config")
+    env["COLUMNS"] = "250"
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "higgsfield", "setup", *args], cwd=project, env=env,  # noqa: S603
+                          capture_output=True, text=True, timeout=timeout, check=False)
+    spent = time.monotonic() - start
+    print(f"\nhiggsfield setup {' '.join(args)}: exit {proc.returncode} in {spent:.1f}s\n{proc.stdout}{proc.stderr}")
+    return proc, spent
+
+
+async def _on_nodes(project: Path, argv: list[str]) -> list[str]:
+    cfg = load_config(project / "higgsfield.yml")
+    ts = [SSHTransport.from_config(cfg, n) for n in cfg.nodes]
+    try:
+        results = await asyncio.gather(*(t.run(argv, check=False) for t in ts))
+        return [r.stdout.strip() if r.ok else f"FAILED {r.exit_status}: {r.stderr.strip()}" for r in results]
+    finally:
+        await asyncio.gather(*(t.close() for t in ts))
+
+
+def _snapshot(bed: Testbed) -> dict[str, tuple[bytes, int]]:
+    snap = {}
+    for h in bed.hosts[:4]:
+        for rel in (".ssh/config", ".ssh/higgsfield_deploy_key", ".higgsfield/venv/higgsfield-build"):
+            p = Path(h.home) / rel
+            snap[f"{h.name}:{rel}"] = (p.read_bytes(), p.stat().st_mtime_ns)
+    return snap
+
+
+def test_fresh_hosts_get_ready(testbed: Testbed, project: Path) -> None:
+    bed = testbed
+    proc, _ = _setup(project)
+    assert proc.returncode == 0, proc.stderr
+    assert "all 4 node(s) ready" in proc.stdout
+    out = proc.stdout
+    assert "docker-group applied: added hfnode" in out and "invoker applied: installed higgsfield" in out
+    assert out.count("pinned hfnode") == 4
+    # the users can run docker in a new login; the invoker reports the control side's version
+    assert asyncio.run(_on_nodes(project, ["docker", "info", "--format", "{{.ServerVersion}}"]))[0][0].isdigit()
+    versions = asyncio.run(_on_nodes(project, [".higgsfield/venv/bin/higgsfield", "invoker", "version"]))
+    assert all(f'"version": "{higgsfield.__version__}"' in v for v in versions), versions
+    for h in bed.hosts[:4]:
+        key = Path(h.home) / ".ssh" / "higgsfield_deploy_key"
+        assert key.stat().st_mode & 0o777 == 0o600
+        assert (Path(h.home) / ".ssh" / "config").read_text().count("# >>> higgsfield (managed) >>>") == 1
+    pinned = (project / ".higgsfield" / "known_hosts").read_text().splitlines()
+    assert sorted(ln.split()[0] for ln in pinned) == sorted(f"[{h.address}]:{h.port}" for h in bed.hosts[:4])
+
+
+def test_rerun_changes_nothing(testbed: Testbed, project: Path) -> None:
+    bed = testbed
+    before = _snapshot(bed)
+    known_before = (project / ".higgsfield" / "known_hosts").read_bytes()
+    proc, spent = _setup(project)
+    assert proc.returncode == 0, proc.stderr
+    assert "every step was already done, nothing changed" in proc.stdout
+    assert "applied" not in proc.stdout and "pinned" not in proc.stdout
+    assert _snapshot(bed) == before  # byte for byte, not even rewritten
+    assert (project / ".higgsfield" / "known_hosts").read_bytes() == known_before
+    assert spent < 60
+
+
+def test_stopped_sshd_fails_only_that_node_quickly(testbed: Testbed, project: Path) -> None:
+    with testbed.host_stopped(2) as victim:
+        proc, spent = _setup(project)
+    assert proc.returncode == 1
+    assert f"{victim.name}: connect: cannot connect to {victim.user}@{victim.address}:{victim.port}" in proc.stdout
+    assert "connect timeout 3s" in proc.stdout
+    assert f"error: setup failed on 1 of 4 node(s): {victim.name}" in proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("│ hfnode")]
+    assert sum("unreachable" in ln for ln in lines) == 1
+    assert sum(ln.count("done") >= 5 for ln in lines) == 3  # the others finished
+    assert spent < 3 * 2 + 1.5 + 30  # 2 attempts x connect timeout + backoff + the other nodes' checks
+
+
+def test_changed_host_key_is_refused_before_any_command(testbed: Testbed, project: Path) -> None:
+    victim = testbed.host(1)
+    log = Path(victim.logfile)
+    with testbed.host_rekeyed(victim):  # the old key is restored afterwards
+        logged_before = log.read_text().count("Accepted publickey") if log.exists() else 0
+        proc, _ = _setup(project, "--node", victim.name)
+        assert proc.returncode == 1
+        assert f"host key of [{victim.address}]:{victim.port} changed" in proc.stdout
+        assert f"higgsfield setup --repin {victim.name}" in proc.stdout
+        node_log = (project / ".higgsfield" / "logs" / "setup" / f"{victim.name}.log").read_text()
+        assert "$ " not in node_log  # no command ran
+        assert log.read_text().count("Accepted publickey") == logged_before  # never even authenticated
+        # re-pinning deliberately works and shows the new fingerprint
+        proc, _ = _setup(project, "--node", victim.name, "--repin", victim.name)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"pinned {victim.name}'s host key SHA256:" in proc.stdout

@@ -1,0 +1,45 @@
+"""PinnedHosts file handling and the invoker path helpers."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import asyncssh
+
+from higgsfield.config import Config
+from higgsfield.remote.hostkeys import PinnedHosts, entry_name
+from higgsfield.remote.invoker import invoker_argv, node_state_dir
+
+
+def test_pin_lookup_unpin(tmp_path: Path) -> None:
+    pins = PinnedHosts(tmp_path / ".higgsfield" / "known_hosts")
+    k1 = asyncssh.generate_private_key("ssh-ed25519").convert_to_public()
+    k2 = asyncssh.generate_private_key("ssh-ed25519").convert_to_public()
+    assert pins.lookup("10.0.0.1", 22) == []
+    pins.pin("10.0.0.1", 22, k1, comment="higgsfield:a")
+    pins.pin("10.0.0.1", 22, k1)  # already pinned: no second line
+    pins.pin("10.0.0.1", 2222, k2)
+    text = pins.path.read_text()
+    assert text.count("\n") == 2 and text.startswith("10.0.0.1 ssh-ed25519 ")
+    assert "[10.0.0.1]:2222 ssh-ed25519" in text
+    assert pins.lookup("10.0.0.1", 22) == [k1]
+    assert pins.lookup("10.0.0.1", 2222) == [k2]  # exact port: no fallback to the port-less entry
+    assert pins.unpin("10.0.0.1", 2222) == 1
+    assert pins.lookup("10.0.0.1", 2222) == [] and pins.lookup("10.0.0.1", 22) == [k1]
+    # the file is plain OpenSSH format: asyncssh (like ssh) reads it
+    assert asyncssh.read_known_hosts(str(pins.path)).match("10.0.0.1", "", None)[0] == [k1]
+
+
+def test_entry_name() -> None:
+    assert entry_name("h", 22) == "h" and entry_name("h", 2201) == "[h]:2201"
+
+
+def test_invoker_argv_and_state_dir() -> None:
+    cfg = Config.model_validate({"name": "p", "nodes": [{"host": "localhost"}, {"host": "gpu-1"}]})
+    assert invoker_argv(cfg, cfg.nodes[0])[:4] == [sys.executable, "-m", "higgsfield", "invoker"]
+    assert invoker_argv(cfg, cfg.nodes[1])[:2] == [".higgsfield/venv/bin/higgsfield", "invoker"]
+    assert node_state_dir(cfg) == ".higgsfield"
+    cfg2 = Config.model_validate({"name": "p", "nodes": [{"host": "g"}], "state_dir": "/srv/hf/"})
+    assert node_state_dir(cfg2) == "/srv/hf"
+    assert invoker_argv(cfg2, cfg2.nodes[0])[:2] == ["/srv/hf/venv/bin/higgsfield", "invoker"]
