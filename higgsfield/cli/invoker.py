@@ -1,7 +1,10 @@
 """``higgsfield invoker ...``: the node-side agent, called by the control side over a transport.
 
 Hidden from ``--help``. Input arrives as JSON on stdin (so secrets never appear in
-argv), output is JSON on stdout (``logs`` prints ``RANK<TAB>LINE`` per line).
+argv; ``deploy`` reads a tar there), output is JSON on stdout (``logs`` prints
+``RANK<TAB>LINE`` per line, and ``#hb`` lines as a heartbeat with ``--heartbeat``).
+
+    version | free-port | deployed | deploy | build | start | status | logs | kill | queue
 """
 
 from __future__ import annotations
@@ -50,6 +53,53 @@ def free_port() -> None:
 
 
 @invoker.command()
+@click.option("--project", required=True)
+@click.pass_context
+def deployed(ctx: click.Context, project: str) -> None:
+    """Print what is deployed for PROJECT on this node (null if nothing)."""
+    from higgsfield.invoker.deploy import deployed as _deployed
+
+    _emit(_deployed(_state(ctx), project))
+
+
+@invoker.command()
+@click.option("--project", required=True)
+@click.option("--commit", required=True)
+@click.option("--dirty", is_flag=True)
+@click.pass_context
+def deploy(ctx: click.Context, project: str, commit: str, dirty: bool) -> None:
+    """Unpack the project tar on stdin as the new release; prints the verified deployment."""
+    from higgsfield.invoker.deploy import unpack
+
+    _emit(unpack(_state(ctx), project, commit, sys.stdin.buffer, dirty=dirty))
+
+
+@invoker.command()
+@click.option("--project", required=True)
+@click.option("--code-dir", default=None, help="Build from this tree (default: the deployed code).")
+@click.option("--dockerfile", default="Dockerfile", show_default=True)
+@click.option("--base-image", default=None)
+@click.option("--runtime", type=click.Choice(["auto", "docker", "process"]), default="auto", show_default=True)
+@click.pass_context
+def build(ctx: click.Context, project: str, code_dir: str | None, dockerfile: str, base_image: str | None,
+          runtime: str) -> None:
+    """Build the project's image unless its tag exists already."""
+    from higgsfield.invoker.deploy import build as _build
+
+    _emit(_build(_state(ctx), project, code_dir=Path(code_dir) if code_dir else None, dockerfile=dockerfile,
+                 base_image=base_image, runtime=runtime))
+
+
+@invoker.command("queue")
+@click.pass_context
+def queue_cmd(ctx: click.Context) -> None:
+    """Print the node's queue: runs holding slots, then runs waiting (FIFO)."""
+    from higgsfield.invoker import queue
+
+    _emit(queue.describe(queue.snapshot(_state(ctx))))
+
+
+@invoker.command()
 @click.pass_context
 def start(ctx: click.Context) -> None:
     """Start a run from {"spec": ..., "secrets": {...}} on stdin."""
@@ -93,8 +143,10 @@ def status(ctx: click.Context, project: str | None, run_name: str | None) -> Non
 @click.option("--run", "run_name", required=True)
 @click.option("--follow", "-f", is_flag=True)
 @click.option("--rank", "ranks", type=int, multiple=True)
+@click.option("--heartbeat", type=float, default=None, help="With -f: print '#hb' after this many quiet seconds.")
 @click.pass_context
-def logs(ctx: click.Context, project: str, run_name: str, follow: bool, ranks: tuple[int, ...]) -> None:
+def logs(ctx: click.Context, project: str, run_name: str, follow: bool, ranks: tuple[int, ...],
+         heartbeat: float | None) -> None:
     """Print RANK<TAB>LINE for every log line of a run (rank -1: the launcher)."""
     from higgsfield.errors import RunError
     from higgsfield.invoker.logs import read_lines
@@ -106,18 +158,28 @@ def logs(ctx: click.Context, project: str, run_name: str, follow: bool, ranks: t
         raise RunError(f"no run '{run_name}' of project '{project}' on this node")
     out = sys.stdout
     for rank, line in read_lines(rd, follow=follow, ranks=set(ranks) or None,
-                                 is_done=lambda: refresh(rd).terminal):
-        out.write(f"{rank}\t{line}\n")
+                                 is_done=lambda: refresh(rd).terminal, heartbeat=heartbeat):
+        out.write("#hb\n" if rank is None else f"{rank}\t{line}\n")
         out.flush()
 
 
 @invoker.command()
 @click.option("--project", required=True)
-@click.option("--run", "run_name", required=True)
+@click.option("--run", "run_name", default=None, help="Exactly this run.")
+@click.option("--target", default=None, help="A run name, else every active run of this experiment.")
 @click.option("--grace", type=float, default=3.0, show_default=True)
+@click.option("--failed-node", default=None, help="Another node of the run was lost: end it failed, naming it.")
+@click.option("--reason", default=None)
 @click.pass_context
-def kill(ctx: click.Context, project: str, run_name: str, grace: float) -> None:
-    """Stop a run on this node; prints its final record."""
+def kill(ctx: click.Context, project: str, run_name: str | None, target: str | None, grace: float,
+         failed_node: str | None, reason: str | None) -> None:
+    """Stop a run on this node; prints its final record (with --target: {"matched", "killed": [records]})."""
     from higgsfield.invoker.process import kill as _kill
+    from higgsfield.invoker.process import kill_target
 
-    _emit(_kill(_state(ctx), project, run_name, grace=grace).to_dict())
+    if target is not None:
+        _emit(kill_target(_state(ctx), project, target, grace=grace))
+        return
+    if run_name is None:
+        raise click.UsageError("give --run or --target")
+    _emit(_kill(_state(ctx), project, run_name, grace=grace, failed_node=failed_node, reason=reason).to_dict())

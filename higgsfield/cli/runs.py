@@ -48,11 +48,16 @@ def _follow(cfg: Config, status: RunStatus, *, follow: bool, node: str | None = 
 @click.option("--nodes", type=int, default=None, help="Use the first K nodes of higgsfield.yml.")
 @click.option("--max-restarts", type=int, default=0, show_default=True,
               help="torchrun restarts of crashed workers (they resume from the last checkpoint).")
+@click.option("--exclusive", is_flag=True, help="Take whole nodes (every GPU/slot), queueing until they are free.")
 @click.option("--detach", "-d", is_flag=True, help="Start and return; follow with 'higgsfield logs RUN -f'.")
 @click.pass_context
 def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: str | None, nodes: int | None,
-        max_restarts: int, detach: bool) -> None:
-    """Run EXPERIMENT on the nodes and stream its logs until it ends (exit code = the run's)."""
+        max_restarts: int, exclusive: bool, detach: bool) -> None:
+    """Run EXPERIMENT on the nodes and stream its logs until it ends (exit code = the run's).
+
+    A node that loses contact while the run is followed fails the run: it is stopped on
+    the other nodes and marked failed, naming the node.
+    """
     from higgsfield import orchestrator, secrets
     from higgsfield.params import parse_assignments
 
@@ -61,7 +66,7 @@ def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: 
     values = secrets.collect(cfg)
     err = console(stderr=True)
     handle = orchestrator.start_run(cfg, experiment, given, run_name=run_name, nodes=nodes,
-                                    max_restarts=max_restarts, secrets=values)
+                                    max_restarts=max_restarts, secrets=values, exclusive=exclusive)
     err.print(f"[bold]run[/] {handle.run} started on {', '.join(handle.nodes)}")
     if detach:
         err.print(f"follow: higgsfield logs {handle.run} -f    stop: higgsfield kill {handle.run}")
@@ -69,7 +74,9 @@ def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: 
         return
     status = orchestrator.get_run(cfg, handle.run)
     try:
-        _follow(cfg, status, follow=True)
+        _print_lines(orchestrator.follow_run(cfg, status), color=sys.stdout.isatty())
+    except orchestrator.NodeLost as lost:
+        err.print(f"[red]{lost}[/]; stopped the run on the other nodes")
     except KeyboardInterrupt:
         err.print(f"\ndetached; run {handle.run} goes on.\n"
                   f"follow: higgsfield logs {handle.run} -f    stop: higgsfield kill {handle.run}")
@@ -154,8 +161,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
         out.print(table)
     else:
         out.print("no runs yet: start one with 'higgsfield run EXPERIMENT'")
-    for r in unreachable:
-        out.print(f"[red]{r.node}: unreachable: {r.reason}[/]")
+    for u in unreachable:
+        out.print(f"[red]{u.node}: unreachable: {u.reason}[/]")
     if unreachable:
         sys.exit(1)
 
@@ -173,11 +180,12 @@ def kill(ctx: click.Context, target: str) -> None:
 
 
 @click.command()
-@click.option("--dirty", is_flag=True, help="Include uncommitted changes.")
+@click.option("--dirty", is_flag=True, help="Include uncommitted changes (tracked and untracked, not ignored).")
 @click.pass_context
 def deploy(ctx: click.Context, dirty: bool) -> None:
     """Ship the project's committed code to every node and build its image there."""
-    from higgsfield.orchestrator import deploy as _deploy  # type: ignore[attr-defined]
+    from higgsfield.orchestrator import deploy as _deploy
 
     cfg = get_config(ctx)
-    _deploy(cfg, dirty=dirty, console=console(stderr=True))
+    result = _deploy(cfg, dirty=dirty, console=console(stderr=True))
+    click.echo(f"deployed {result.commit[:12]} to {len(result.nodes)} node(s) in {result.seconds:.1f}s")

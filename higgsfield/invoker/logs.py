@@ -32,10 +32,17 @@ def _log_files(rd: RunDir) -> dict[int, Path]:
 
 
 def read_lines(rd: RunDir, *, follow: bool = False, ranks: set[int] | None = None,
-               is_done: Callable[[], bool] | None = None, poll: float = 0.2) -> Iterator[tuple[int, str]]:
-    """Yield ``(rank, line)`` from every log; with ``follow``, until ``is_done()`` and drained."""
+               is_done: Callable[[], bool] | None = None, poll: float = 0.2,
+               heartbeat: float | None = None) -> Iterator[tuple[int | None, str]]:
+    """Yield ``(rank, line)`` from every log; with ``follow``, until ``is_done()`` and drained.
+
+    With ``heartbeat``, a ``(None, "")`` comes whenever that many seconds passed
+    without a line, so a reader at the other end of a connection can tell a quiet
+    run from a dead node.
+    """
     offsets: dict[int, int] = {}
     partial: dict[int, bytes] = {}
+    last = time.monotonic()
     while True:
         done = bool(is_done and is_done()) if follow else True
         got = False
@@ -58,9 +65,13 @@ def read_lines(rd: RunDir, *, follow: bool = False, ranks: set[int] | None = Non
                 partial[rank] = rest
             for line in lines:
                 yield rank, line.decode(errors="replace")
+            last = time.monotonic()
         if done and not got:
             for rank, rest in sorted(partial.items()):
                 yield rank, rest.decode(errors="replace")
             return
         if not got:
+            if heartbeat and time.monotonic() - last >= heartbeat:
+                last = time.monotonic()
+                yield None, ""
             time.sleep(poll)

@@ -4,8 +4,10 @@
 
     <state>/runs/<project>/<run>/
         spec.json        what to run (no secrets)
-        run.json         the record: state, command, pids, exit code, times
+        run.json         the record: state, command, pids, container, slots, exit code, times
         kill             present once a kill was requested
+        peer_lost.json   the control side lost another node of the run (the run ends failed, naming it)
+        secrets.json     (docker runtime, mode 0600) the run's secrets, removed when it ends
         logs/launcher.log, logs/rank<N>.log, logs/rank<N>.error.json
 
 The record outlives the processes, so a finished run can be inspected later.
@@ -16,18 +18,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from higgsfield.params import RUN_NAME_RE  # noqa: F401 - re-exported for the orchestrator
+
 QUEUED, STARTING, RUNNING = "queued", "starting", "running"
 SUCCEEDED, FAILED, KILLED = "succeeded", "failed", "killed"
 TERMINAL = frozenset({SUCCEEDED, FAILED, KILLED})
 ACTIVE = frozenset({QUEUED, STARTING, RUNNING})
-RUN_NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,63}$")
 
 
 def write_json(path: Path, data: Any, mode: int = 0o644) -> None:
@@ -60,6 +62,9 @@ class RunRecord:
     command: list[str] = field(default_factory=list)
     pids: dict[str, int] = field(default_factory=dict)
     container: str | None = None
+    image: str | None = None
+    slots: list[int] = field(default_factory=list)     # GPU indices (or CPU slots) held while running
+    exclusive: bool = False
     exit_code: int | None = None
     reason: str | None = None
     created_at: float = field(default_factory=time.time)
@@ -67,6 +72,7 @@ class RunRecord:
     ended_at: float | None = None
     failed_rank: int | None = None
     failed_at: float | None = None
+    failed_node: str | None = None     # set when another node of the run was lost (by the control side)
 
     @property
     def terminal(self) -> bool:
@@ -102,6 +108,15 @@ class RunDir:
     @property
     def kill_marker(self) -> Path:
         return self.path / "kill"
+
+    @property
+    def secrets_path(self) -> Path:
+        return self.path / "secrets.json"
+
+    @property
+    def peer_lost_path(self) -> Path:
+        """Written by a kill from the control side when another node of the run was lost."""
+        return self.path / "peer_lost.json"
 
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank{rank}.log"

@@ -5,11 +5,16 @@ Transport, all nodes at once. Params are validated before anything starts; node
 ranks follow the order of ``nodes`` in higgsfield.yml; if any node fails to launch,
 the nodes that did start are stopped and the error names the failed node.
 
+Following a run (``follow_run``) watches every node's log stream: the node's
+invoker sends a heartbeat line every few seconds, so a node whose stream breaks
+(SSH down) or goes silent for ``LOST_AFTER_S`` is *lost*: the run is stopped on the
+other nodes and marked failed there, naming the lost node (:class:`NodeLost`).
+
 Use::
 
     handle = start_run(cfg, "tiny_llama", {"steps": "50"})
-    for line in iter_logs(cfg, handle.run, follow=True): print(line.node, line.rank, line.text)
-    runs = list_runs(cfg); kill(cfg, handle.run)
+    for line in follow_run(cfg, handle.run): print(line.node, line.rank, line.text)
+    runs, _ = list_runs(cfg); kill(cfg, handle.run)
 """
 
 from __future__ import annotations
@@ -25,10 +30,22 @@ from typing import Any
 from higgsfield.config import Config, NodeConfig
 from higgsfield.discovery import find_experiment
 from higgsfield.errors import RunError
-from higgsfield.invoker.records import ACTIVE, FAILED, KILLED, QUEUED, RUN_NAME_RE, RUNNING, STARTING, SUCCEEDED
+from higgsfield.invoker.records import (
+    ACTIVE,
+    FAILED,
+    KILLED,
+    QUEUED,
+    RUN_NAME_RE,
+    RUNNING,
+    STARTING,
+    SUCCEEDED,
+)
 from higgsfield.params import resolve
 from higgsfield.remote import Group, NodeResult, Transport, open_group
 from higgsfield.remote.invoker import invoker_argv, node_state_dir
+
+HEARTBEAT_S = 5.0
+LOST_AFTER_S = 30.0
 
 
 @dataclass
@@ -57,6 +74,7 @@ class RunStatus:
     exit_code: int | None = None
     failed_node: str | None = None
     failed_rank: int | None = None
+    reason: str | None = None
 
     @property
     def duration(self) -> float | None:
@@ -68,7 +86,18 @@ class RunStatus:
         return {"project": self.project, "experiment": self.experiment, "run": self.run, "state": self.state,
                 "nodes": list(self.nodes), "created_at": self.created_at, "started_at": self.started_at,
                 "ended_at": self.ended_at, "duration": self.duration, "exit_code": self.exit_code,
-                "failed_node": self.failed_node, "failed_rank": self.failed_rank}
+                "failed_node": self.failed_node, "failed_rank": self.failed_rank, "reason": self.reason,
+                "node_states": {n: r.get("state") for n, r in self.nodes.items()}}
+
+
+class NodeLost(RunError):
+    """A node of a followed run stopped answering; the run was stopped on the others."""
+
+    def __init__(self, node: str, reason: str, run: str = "") -> None:
+        super().__init__(f"node {node} was lost{f' during run {run!r}' if run else ''}: {reason}")
+        self.node = node
+        self.reason = reason
+        self.run = run
 
 
 @dataclass(frozen=True)
@@ -93,7 +122,7 @@ def _select_nodes(cfg: Config, count: int | None) -> list[NodeConfig]:
 def _code_dir(cfg: Config, node: NodeConfig) -> str:
     if node.is_local:
         return str(cfg.project_dir)
-    return f"{node_state_dir(cfg, node)}/projects/{cfg.name}/code"
+    return f"{node_state_dir(cfg)}/projects/{cfg.name}/code"
 
 
 async def _invoke(t: Transport, cfg: Config, node: NodeConfig, args: list[str], *,
@@ -105,15 +134,20 @@ async def _invoke(t: Transport, cfg: Config, node: NodeConfig, args: list[str], 
 
 def start_run(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: str | None = None,
               nodes: int | None = None, max_restarts: int = 0, secrets: dict[str, str] | None = None,
-              detach: bool = True) -> RunHandle:
-    """Validate, then launch ``experiment`` on the selected nodes at once; returns when all started."""
+              detach: bool = True, exclusive: bool = False) -> RunHandle:
+    """Validate, then launch ``experiment`` on the selected nodes at once; returns when all started.
+
+    A node whose slots are busy queues the run there (state ``queued``); it starts by
+    itself. ``detach`` is accepted for symmetry with the CLI: this call never follows
+    the run (see :func:`follow_run`).
+    """
     return asyncio.run(start_run_async(cfg, experiment, params, run_name=run_name, nodes=nodes,
-                                       max_restarts=max_restarts, secrets=secrets))
+                                       max_restarts=max_restarts, secrets=secrets, exclusive=exclusive))
 
 
 async def start_run_async(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: str | None = None,
                           nodes: int | None = None, max_restarts: int = 0,
-                          secrets: dict[str, str] | None = None) -> RunHandle:
+                          secrets: dict[str, str] | None = None, exclusive: bool = False) -> RunHandle:
     exp = find_experiment(cfg.project_dir / "src", experiment)
     values = resolve(exp.params, params, experiment)
     if run_name is not None and not RUN_NAME_RE.match(run_name):
@@ -124,6 +158,7 @@ async def start_run_async(cfg: Config, experiment: str, params: dict[str, Any], 
     run = run_name or new_run_name(experiment)
     selected = _select_nodes(cfg, nodes)
     module = exp.module
+    submitted_at = time.time()  # the FIFO order of every node's queue
     async with open_group(cfg, selected) as group:
         master = selected[0]
         port = (await _invoke(group.transports[0], cfg, master, ["free-port"]))["port"]
@@ -138,11 +173,12 @@ async def start_run_async(cfg: Config, experiment: str, params: dict[str, Any], 
                 "node": str(node.name), "node_rank": rank, "nnodes": len(selected),
                 "nproc": cfg.node_nproc(node), "master_addr": master_addr, "master_port": port,
                 "max_restarts": max_restarts, "runtime": cfg.runtime,
+                "exclusive": exclusive, "submitted_at": submitted_at,
             }
             payload = json.dumps({"spec": spec, "secrets": secrets or {}})
             return dict(await _invoke(t, cfg, node, ["start"], input=payload))
 
-        results = await group.run(launch)
+        results = await group.run(launch, timeout=cfg.ssh.connect_timeout + 120)
         failed = [r for r in results if not r.ok]
         if failed:
             started = [r for r in results if r.ok]
@@ -154,15 +190,19 @@ async def start_run_async(cfg: Config, experiment: str, params: dict[str, Any], 
                      [r.value for r in results if r.value is not None])
 
 
-async def _kill_on(group: Group, cfg: Config, nodes: list[NodeConfig], names: list[str], run: str) -> None:
+async def _kill_on(group: Group, cfg: Config, nodes: list[NodeConfig], names: list[str], run: str, *,
+                   failed_node: str | None = None, reason: str | None = None) -> list[NodeResult[Any]]:
     by_name = {str(n.name): n for n in nodes}
+    extra = ["--failed-node", failed_node, "--reason", reason or f"node {failed_node} was lost"] \
+        if failed_node else []
 
     async def one(t: Transport) -> Any:
         if t.node not in names:
             return None
-        return await _invoke(t, cfg, by_name[t.node], ["kill", "--project", cfg.name, "--run", run])
+        return await _invoke(t, cfg, by_name[t.node], ["kill", "--project", cfg.name, "--run", run, *extra],
+                             timeout=60)
 
-    await group.run(one)
+    return await group.run(one, timeout=cfg.ssh.connect_timeout + 60)
 
 
 # -- status -------------------------------------------------------------------
@@ -193,12 +233,13 @@ def _merge(records: list[dict[str, Any]]) -> list[RunStatus]:
             state = KILLED
         elif states == {SUCCEEDED}:
             state = SUCCEEDED
+        elif QUEUED in states:  # the run cannot make progress until every node started it
+            state = QUEUED
         elif RUNNING in states or STARTING in states:
             state = RUNNING if RUNNING in states else STARTING
-        elif QUEUED in states:
-            state = QUEUED
         else:
             state = sorted(states)[0]
+        lost = next((r for r in recs if r.get("failed_node")), None)
         failures = [r for r in recs if r.get("failed_rank") is not None]
         first = min(failures, key=lambda r: r.get("failed_at") or 0) if failures else None
         if first is None:
@@ -212,8 +253,9 @@ def _merge(records: list[dict[str, Any]]) -> list[RunStatus]:
             started_at=min(starts) if starts else None,
             ended_at=max(ends) if ends and state not in ACTIVE else None,
             exit_code=codes[0] if codes else (0 if state == SUCCEEDED else None),
-            failed_node=first["node"] if first else None,
-            failed_rank=first.get("failed_rank") if first else None))
+            failed_node=lost["failed_node"] if lost else (first["node"] if first else None),
+            failed_rank=None if lost else (first.get("failed_rank") if first else None),
+            reason=(lost or first or {}).get("reason")))
     return sorted(out, key=lambda s: s.created_at)
 
 
@@ -227,7 +269,7 @@ def resolve_target(runs: list[RunStatus], target: str, *, active_only: bool = Fa
     """Runs named by ``target``: a run name, or an experiment (its latest run, or all active ones)."""
     exact = [r for r in runs if r.run == target]
     if exact:
-        return exact
+        return [r for r in exact if r.state in ACTIVE] if active_only else exact
     of_exp = [r for r in runs if r.experiment == target]
     if not of_exp:
         raise RunError(f"no run or experiment named '{target}' (see 'higgsfield status')")
@@ -244,55 +286,90 @@ def get_run(cfg: Config, target: str) -> RunStatus:
 # -- logs ---------------------------------------------------------------------
 
 async def stream_logs(cfg: Config, status: RunStatus, *, follow: bool = False, node: str | None = None,
-                      ranks: tuple[int, ...] = ()) -> AsyncIterator[LogLine]:
-    """Merge every node's per-rank lines as they arrive; ends when every node's stream ends."""
+                      ranks: tuple[int, ...] = (), lost_after: float | None = None) -> AsyncIterator[LogLine]:
+    """Merge every node's per-rank lines as they arrive; ends when every node's stream ends.
+
+    Within a rank lines keep their order. A node whose logs cannot be read is
+    reported after the other nodes' lines (RunError naming it). With ``lost_after``
+    (following only), a node whose stream breaks or sends nothing, not even a
+    heartbeat, for that many seconds raises :class:`NodeLost` at once.
+    """
     nodes = [cfg.node(n) for n in status.nodes if node is None or n == node or cfg.node(n).host == node]
     if not nodes:
         raise RunError(f"run '{status.run}' does not run on node '{node}' (nodes: {', '.join(status.nodes)})")
-    queue: asyncio.Queue[LogLine | BaseException | None] = asyncio.Queue(maxsize=10000)
+    watch = bool(follow and lost_after)
+    queue: asyncio.Queue[LogLine | tuple[str, BaseException | None]] = asyncio.Queue(maxsize=10000)
+    last_seen: dict[str, float] = {}
     async with open_group(cfg, nodes) as group:
         async def pump(t: Transport) -> None:
             n = cfg.node(t.node)
             args = ["logs", "--project", cfg.name, "--run", status.run]
             args += ["--follow"] if follow else []
+            args += ["--heartbeat", str(HEARTBEAT_S)] if watch else []
             for r in ranks:
                 args += ["--rank", str(r)]
+            error: BaseException | None = None
             try:
+                last_seen[t.node] = time.monotonic()
                 async for raw in t.stream([*invoker_argv(cfg, n), *args]):
+                    last_seen[t.node] = time.monotonic()
+                    if raw == "#hb":
+                        continue
                     rank, _, text = raw.partition("\t")
                     await queue.put(LogLine(t.node, int(rank) if rank.lstrip("-").isdigit() else -1, text))
             except Exception as e:  # noqa: BLE001 - surfaced to the reader
-                await queue.put(e)
+                error = e
             finally:
-                await queue.put(None)
+                await queue.put((t.node, error))
 
         tasks = [asyncio.create_task(pump(t)) for t in group.transports]
-        remaining = len(tasks)
+        open_nodes = {t.node for t in group.transports}
+        errors: dict[str, BaseException] = {}
         try:
-            while remaining:
-                item = await queue.get()
-                if item is None:
-                    remaining -= 1
-                elif isinstance(item, BaseException):
-                    raise item
-                else:
+            while open_nodes:
+                try:
+                    item = await asyncio.wait_for(queue.get(), 1.0) if watch else await queue.get()
+                except asyncio.TimeoutError:
+                    item = None
+                if isinstance(item, LogLine):
                     yield item
+                elif item is not None:
+                    name, err = item
+                    open_nodes.discard(name)
+                    if err is not None:
+                        if watch:
+                            raise NodeLost(name, _why(err), status.run)
+                        errors[name] = err
+                if watch:
+                    now = time.monotonic()
+                    for name in sorted(open_nodes):
+                        if now - last_seen.get(name, now) > float(lost_after or 0):
+                            raise NodeLost(name, f"no answer for {now - last_seen[name]:.0f}s", status.run)
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        if errors:
+            detail = "; ".join(f"{n}: {_why(e)}" for n, e in errors.items())
+            raise RunError(f"could not read the logs of run '{status.run}' on {len(errors)} node(s): {detail}")
 
 
-def iter_logs(cfg: Config, status: RunStatus, **kw: Any) -> Iterator[LogLine]:
-    """Synchronous wrapper around :func:`stream_logs` (runs its own event loop in a thread)."""
+def _why(e: BaseException) -> str:
+    reason = getattr(e, "reason", None)
+    return str(reason or e) or type(e).__name__
+
+
+def _sync(make: Any) -> Iterator[Any]:
+    """Drive the async iterator ``make()`` in its own event loop in a thread, yielding its items here."""
     import queue as _queue
     import threading
 
-    q: _queue.Queue[LogLine | BaseException | None] = _queue.Queue(maxsize=10000)
+    q: _queue.Queue[Any] = _queue.Queue(maxsize=10000)
+    done = object()
 
     async def consume() -> None:
-        async for line in stream_logs(cfg, status, **kw):
-            q.put(line)
+        async for item in make():
+            q.put(item)
 
     def worker() -> None:
         try:
@@ -300,37 +377,71 @@ def iter_logs(cfg: Config, status: RunStatus, **kw: Any) -> Iterator[LogLine]:
         except BaseException as e:  # noqa: BLE001
             q.put(e)
         finally:
-            q.put(None)
+            q.put(done)
 
     threading.Thread(target=worker, daemon=True).start()
     while True:
         item = q.get()
-        if item is None:
+        if item is done:
             return
         if isinstance(item, BaseException):
             raise item
         yield item
 
 
+def iter_logs(cfg: Config, status: RunStatus, **kw: Any) -> Iterator[LogLine]:
+    """Synchronous wrapper around :func:`stream_logs` (runs its own event loop in a thread)."""
+    return _sync(lambda: stream_logs(cfg, status, **kw))
+
+
+async def follow_run_async(cfg: Config, status: RunStatus, *, lost_after: float = LOST_AFTER_S,
+                           **kw: Any) -> AsyncIterator[LogLine]:
+    """Follow a run's logs to its end; if a node is lost, stop the run on the others and raise NodeLost."""
+    try:
+        async for line in stream_logs(cfg, status, follow=True, lost_after=lost_after, **kw):
+            yield line
+    except NodeLost as lost:
+        survivors = [cfg.node(n) for n in status.nodes if n != lost.node]
+        async with open_group(cfg, survivors) as group:
+            await _kill_on(group, cfg, survivors, [str(n.name) for n in survivors], status.run,
+                           failed_node=lost.node, reason=f"node {lost.node} was lost: {lost.reason}")
+        raise
+
+
+def follow_run(cfg: Config, target: str | RunStatus, **kw: Any) -> Iterator[LogLine]:
+    """Synchronous :func:`follow_run_async` for a run name (or status): lines until the run ends."""
+    status = target if isinstance(target, RunStatus) else get_run(cfg, target)
+    return _sync(lambda: follow_run_async(cfg, status, **kw))
+
+
 # -- kill ---------------------------------------------------------------------
 
 def kill(cfg: Config, target: str) -> list[RunStatus]:
-    """Stop every active run named by ``target`` on every node; returns their final status."""
-    runs, _ = list_runs(cfg)
-    chosen = resolve_target(runs, target, active_only=True)
-    if not chosen:
-        raise RunError(f"'{target}' has no queued or running run (see 'higgsfield status')")
+    """Stop every active run named by ``target`` (a run, else an experiment's active runs) on every node.
 
-    async def go() -> None:
-        for st in chosen:
-            nodes = [cfg.node(n) for n in st.nodes]
-            async with open_group(cfg, nodes) as group:
-                res = await group.run(lambda t, st=st: _invoke(
-                    t, cfg, cfg.node(t.node), ["kill", "--project", cfg.name, "--run", st.run]),
-                    timeout=cfg.ssh.connect_timeout + 30)
-                Group.check(res, f"kill {st.run}")
+    One call per node, all nodes at once: each node finds the matching runs itself and
+    stops them within a few seconds (SIGTERM, then SIGKILL; ``docker stop`` for
+    containers); a queued run leaves the queue. Kill takes no lock that a run, deploy
+    or another kill holds, so it never waits behind one. Returns the killed runs'
+    final status; raises GroupError (after stopping the rest) if a node can't be reached.
+    """
+    async def go() -> list[NodeResult[Any]]:
+        async with open_group(cfg) as group:
+            return await group.run(lambda t: _invoke(t, cfg, cfg.node(t.node),
+                                                     ["kill", "--project", cfg.name, "--target", target],
+                                                     timeout=60),
+                                   timeout=cfg.ssh.connect_timeout + 60)
 
-    asyncio.run(go())
-    after, _ = list_runs(cfg)
-    names = {r.run for r in chosen}
-    return [r for r in after if r.run in names]
+    results = asyncio.run(go())
+    records = [rec for r in results if r.ok and r.value for rec in r.value.get("killed", [])]
+    matched = sum(int(r.value.get("matched", 0)) for r in results if r.ok and r.value)
+    failed = [r for r in results if not r.ok]
+    if not records:
+        if failed:
+            Group.check(results, f"kill {target}")
+        if matched:
+            raise RunError(f"'{target}' has no queued or running run (see 'higgsfield status')")
+        raise RunError(f"no run or experiment named '{target}' (see 'higgsfield status')")
+    if failed:
+        Group.check(results, f"kill {target} (stopped on {len(results) - len(failed)} node(s))")
+    return _merge(records)

@@ -1,0 +1,276 @@
+"""The Docker runtime and image builds, through the docker SDK (node side).
+
+A run's container runs the very command the process runtime runs::
+
+    python -m torch.distributed.run --nnodes N --node_rank i ... -m higgsfield.entrypoint RUN_DIR
+
+with host network and IPC (NCCL and gloo find their peers as on the host), the node
+user's uid:gid (files it writes belong to the user), ``--init`` (signals reach
+torchrun, zombies are reaped), GPUs through device requests when the node has any,
+and these bind mounts, each at the same path as on the host so the run's spec and
+records read the same inside and out:
+
+- the deployed code (read-only),
+- the run directory (spec, per-rank logs, pid and error files),
+- the project's checkpoint/cache directory ``~/.cache/higgsfield/<project>``,
+- this invoker's own ``higgsfield`` package at ``/opt/higgsfield-invoker`` (read-only,
+  first on ``PYTHONPATH``).
+
+That last mount is how the image gets the invoker's exact version of the launcher
+(``higgsfield.entrypoint``) and the experiment API without a rebuild whenever
+higgsfield is upgraded: the image only has to provide Python, torch and the
+project's requirements (the scaffolded Dockerfile also pip-installs ``higgsfield``
+for the training library's dependencies; the mount shadows its code).
+
+The supervisor (a host process, see :mod:`higgsfield.invoker.process`) creates the
+container, waits on it and records how it ended, so records, logs and kill work as in
+the process runtime. Containers carry labels (project, run, node, run dir), so a
+kill or a status check finds them even when a record lacks the container's name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+from higgsfield.errors import RunError
+from higgsfield.invoker.records import RunDir
+
+INVOKER_MOUNT = "/opt/higgsfield-invoker"
+LABEL = "org.higgsfield"
+_NAME_BAD = re.compile(r"[^a-zA-Z0-9_.-]+")
+
+
+def _sdk() -> Any:
+    try:
+        import docker
+    except ImportError:  # pragma: no cover - docker is a dependency of higgsfield
+        raise RunError("the docker Python SDK is not installed in the invoker's environment") from None
+    return docker
+
+
+def client(timeout: float | None = 60) -> Any:
+    """A docker client from the environment (DOCKER_HOST or the default socket)."""
+    docker = _sdk()
+    try:
+        return docker.from_env(timeout=timeout)
+    except docker.errors.DockerException as e:
+        raise RunError(f"cannot reach the Docker engine: {e}") from None
+
+
+def available(timeout: float = 5) -> bool:
+    """True when a Docker engine answers to this user."""
+    try:
+        cl = client(timeout=timeout)
+        cl.ping()
+        cl.close()
+        return True
+    except Exception:  # noqa: BLE001 - any failure means "no docker here"
+        return False
+
+
+def container_name(project: str, experiment: str, run: str, node: str) -> str:
+    """``hf-<project>-<experiment>-<run>-<node>``, sanitised for Docker (nodes may share an engine)."""
+    raw = f"hf-{project}-{experiment}-{run}-{node}"
+    name = _NAME_BAD.sub("_", raw).strip("_.-")
+    if len(name) > 200:
+        name = name[:187] + "-" + hashlib.sha256(raw.encode()).hexdigest()[:12]
+    return name
+
+
+def image_tag(project: str, code_dir: Path, dockerfile: str = "Dockerfile", base_image: str | None = None) -> str:
+    """``hf-<project>:<sha256(Dockerfile + requirements.txt + base image)[:12]>``.
+
+    The code is not part of the tag: runs mount the deployed code, so a code change
+    never rebuilds the image; only a change of the Dockerfile, requirements.txt or the
+    base image does.
+    """
+    h = hashlib.sha256()
+    for name in (dockerfile, "requirements.txt"):
+        p = code_dir / name
+        h.update(name.encode() + b"\0")
+        h.update(p.read_bytes() if p.is_file() else b"<none>")
+        h.update(b"\0")
+    h.update((base_image or "").encode())
+    repo = re.sub(r"[^a-z0-9_.-]", "_", f"hf-{project}".lower())
+    return f"{repo}:{h.hexdigest()[:12]}"
+
+
+def image_exists(tag: str) -> bool:
+    docker = _sdk()
+    cl = client()
+    try:
+        cl.images.get(tag)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+    finally:
+        cl.close()
+
+
+def build_image(code_dir: Path, tag: str, *, dockerfile: str = "Dockerfile", buildargs: dict[str, str] | None = None,
+                log_path: Path | None = None, timeout: float | None = None) -> None:
+    """``docker build`` of ``code_dir`` as ``tag``; the output goes to ``log_path``; raises RunError on failure."""
+    if not (code_dir / dockerfile).is_file():
+        raise RunError(f"no {dockerfile} in the deployed code ({code_dir})")
+    cl = client(timeout=timeout)
+    tail: list[str] = []
+    log = open(log_path, "w") if log_path else None  # noqa: SIM115
+    try:
+        stream = cl.api.build(path=str(code_dir), dockerfile=dockerfile, tag=tag, buildargs=buildargs or {},
+                              network_mode="host", rm=True, forcerm=True, pull=False, decode=True,
+                              labels={f"{LABEL}.image": "1"})
+        for chunk in stream:
+            text = chunk.get("stream") or chunk.get("status") or ""
+            if chunk.get("error"):
+                text = f"ERROR: {chunk['error']}\n"
+                tail.append(chunk["error"].strip())
+            if text:
+                if log:
+                    log.write(text)
+                    log.flush()
+                tail.extend(t for t in text.strip().splitlines() if t.strip())
+                del tail[:-20]
+            if chunk.get("error"):
+                raise RunError(f"docker build of {tag} failed: {chunk['error'].strip()}"
+                               + (f" (log: {log_path})" if log_path else ""))
+    except _sdk().errors.APIError as e:
+        raise RunError(f"docker build of {tag} failed: {e.explanation or e}") from None
+    finally:
+        if log:
+            log.close()
+        cl.close()
+    if not image_exists(tag):
+        raise RunError(f"docker build of {tag} produced no image: {' | '.join(tail[-3:])}")
+
+
+def _invoker_package_dir() -> Path:
+    import higgsfield
+
+    return Path(higgsfield.__file__).resolve().parent
+
+
+def run_container(spec: dict[str, Any], rd: RunDir, argv: list[str], env: dict[str, str],
+                  on_started: Any = None) -> int:
+    """Create and start the run's container, wait for it, remove it; returns its exit code.
+
+    SIGTERM/SIGINT to the calling process (the supervisor) stop the container
+    (SIGTERM to torchrun, SIGKILL after ``spec['stop_grace']`` seconds).
+    """
+    docker = _sdk()
+    cl = client(timeout=120)
+    name = spec["container"]
+    _remove_stale(cl, name)
+    code_dir = str(spec["code_dir"])
+    volumes: dict[str, dict[str, str]] = {
+        code_dir: {"bind": code_dir, "mode": "ro"},
+        str(rd.path): {"bind": str(rd.path), "mode": "rw"},
+        str(_invoker_package_dir()): {"bind": f"{INVOKER_MOUNT}/higgsfield", "mode": "ro"},
+    }
+    cache = spec.get("cache_dir")
+    if cache:
+        Path(cache).mkdir(parents=True, exist_ok=True)
+        volumes[str(cache)] = {"bind": str(cache), "mode": "rw"}
+    device_requests = None
+    slots = spec.get("gpu_ids") or []
+    if slots:
+        device_requests = [docker.types.DeviceRequest(device_ids=[str(i) for i in slots],
+                                                      capabilities=[["gpu"]])]
+    launcher_log = str(rd.logs / "launcher.log")
+    command = ["/bin/sh", "-c", 'exec "$@" >>"$0" 2>&1', launcher_log, *argv]
+    labels = {f"{LABEL}.project": spec["project"], f"{LABEL}.run": spec["run"],
+              f"{LABEL}.node": str(spec["node"]), f"{LABEL}.run_dir": str(rd.path)}
+    try:
+        container = cl.containers.create(
+            spec["image"], command=command, name=name, detach=True, environment=env,
+            network_mode="host", ipc_mode="host", user=f"{os.getuid()}:{os.getgid()}",
+            working_dir=code_dir, volumes=volumes, labels=labels, init=True,
+            device_requests=device_requests,
+            # NCCL over InfiniBand pins memory; only asked for with GPUs (some engines refuse it)
+            ulimits=[docker.types.Ulimit(name="memlock", soft=-1, hard=-1)] if slots else None,
+        )
+    except docker.errors.APIError as e:
+        raise RunError(f"cannot create container {name}: {e.explanation or e}") from None
+    grace = float(spec.get("stop_grace", 3))
+
+    def stop(signum: int, _frame: Any) -> None:
+        try:
+            client(timeout=grace + 30).containers.get(name).stop(timeout=int(max(1, grace)))
+        except Exception:  # noqa: BLE001, S110 - already gone
+            pass
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        container.start()
+        if on_started:
+            on_started(container)
+        result = container.wait(timeout=None)
+        code = int(result.get("StatusCode", 1))
+    except docker.errors.APIError as e:
+        print(f"higgsfield: docker error while running {name}: {e.explanation or e}", flush=True)
+        code = 1
+    finally:
+        try:
+            container.remove(force=True)
+        except Exception:  # noqa: BLE001, S110 - already gone or the engine is down
+            pass
+        cl.close()
+    return code
+
+
+def _remove_stale(cl: Any, name: str) -> None:
+    docker = _sdk()
+    try:
+        cl.containers.get(name).remove(force=True)
+    except docker.errors.NotFound:
+        pass
+
+
+def stop_run_containers(rd: RunDir, name: str | None, grace: float = 3.0) -> int:
+    """Stop and remove the run's containers (by name and by run-dir label); returns how many."""
+    docker = _sdk()
+    try:
+        cl = client(timeout=grace + 30)
+    except RunError:
+        return 0
+    found: dict[str, Any] = {}
+    try:
+        if name:
+            try:
+                c = cl.containers.get(name)
+                found[c.id] = c
+            except docker.errors.NotFound:
+                pass
+        for c in cl.containers.list(all=True, filters={"label": f"{LABEL}.run_dir={rd.path}"}):
+            found[c.id] = c
+        for c in found.values():
+            try:
+                c.stop(timeout=int(max(1, grace)))
+            except docker.errors.APIError:
+                pass
+            try:
+                c.remove(force=True)
+            except docker.errors.APIError:
+                pass
+        return len(found)
+    finally:
+        cl.close()
+
+
+def running_containers(rd: RunDir) -> list[str]:
+    """Names of the run's containers that still exist."""
+    try:
+        cl = client(timeout=20)
+    except RunError:
+        return []
+    try:
+        return [c.name for c in cl.containers.list(all=True, filters={"label": f"{LABEL}.run_dir={rd.path}"})]
+    except Exception:  # noqa: BLE001
+        return []
+    finally:
+        cl.close()

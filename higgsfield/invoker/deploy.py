@@ -1,0 +1,195 @@
+"""Deployed code and the project's image on one node (node side of ``higgsfield deploy``).
+
+::
+
+    <state>/projects/<project>/
+        releases/<commit12>-<time>/   one unpacked tree per deploy, with .higgsfield-commit
+        code -> releases/...          a symlink, swapped atomically (rename) by each deploy
+        deployed.json                 {commit, dirty, release, deployed_at}
+        image.json                    {tag, dockerfile, base_image, built_at}
+        build.log                     the last docker build's output
+
+A deploy unpacks the tar it is sent into a fresh directory and only then swaps the
+``code`` link, so a reader (a starting run) sees the old tree or the new one, never a
+half-written one. A run pins the release it started with (``launch`` resolves the
+link), and pruning keeps the releases of active runs.
+
+The image tag is a hash of the Dockerfile, requirements.txt and the base image
+(:func:`higgsfield.invoker.containers.image_tag`): an unchanged image is never rebuilt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import tarfile
+import time
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
+
+from higgsfield.errors import RunError
+from higgsfield.invoker.records import ACTIVE, list_runs, write_json
+
+COMMIT_FILE = ".higgsfield-commit"
+KEEP_RELEASES = 3
+
+
+def project_root(state_dir: Path, project: str) -> Path:
+    return Path(state_dir) / "projects" / project
+
+
+def deployed(state_dir: Path, project: str) -> dict[str, Any] | None:
+    """What is deployed (commit, release, code dir), verified against the tree's commit file; None if nothing."""
+    root = project_root(state_dir, project)
+    try:
+        info = json.loads((root / "deployed.json").read_text())
+    except (OSError, ValueError):
+        return None
+    code = root / "code"
+    try:
+        on_disk = (code / COMMIT_FILE).read_text().strip()
+    except OSError:
+        return None
+    if on_disk != info.get("commit"):
+        return None
+    return {**info, "code_dir": str(code.resolve()), "image": current_image(state_dir, project)}
+
+
+def _safe_members(tar: tarfile.TarFile, dest: Path) -> Any:
+    root = dest.resolve()
+    for m in tar:
+        name = PurePosixPath(m.name)
+        if name.is_absolute() or ".." in name.parts:
+            raise RunError(f"refusing unsafe path in the code archive: {m.name}")
+        if not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
+            continue  # devices, fifos: never part of a project
+        if m.issym() or m.islnk():
+            target = (root / name.parent / m.linkname) if m.issym() else (root / m.linkname)
+            if not os.path.normpath(target).startswith(str(root) + os.sep):
+                raise RunError(f"refusing link out of the project in the code archive: {m.name} -> {m.linkname}")
+        m.mode = (m.mode | 0o600) & 0o755 if not m.isdir() else 0o755
+        m.uid = m.gid = os.getuid()
+        m.uname = m.gname = ""
+        yield m
+
+
+def unpack(state_dir: Path, project: str, commit: str, stream: IO[bytes], *, dirty: bool = False) -> dict[str, Any]:
+    """Unpack a tar of the project (read from ``stream``) as the new release, then swap ``code`` to it."""
+    root = project_root(state_dir, project)
+    releases = root / "releases"
+    releases.mkdir(parents=True, exist_ok=True)
+    name = f"{commit[:12]}-{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(2)}"
+    tmp = releases / f".incoming-{name}"
+    tmp.mkdir()
+    try:
+        with tarfile.open(fileobj=stream, mode="r|*") as tar:
+            for m in _safe_members(tar, tmp):
+                tar.extract(m, tmp, set_attrs=not m.issym())
+        (tmp / COMMIT_FILE).write_text(commit + "\n")
+        release = releases / name
+        os.rename(tmp, release)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    link_tmp = root / f".code-{secrets.token_hex(4)}"
+    os.symlink(Path("releases") / name, link_tmp)
+    os.replace(link_tmp, root / "code")
+    write_json(root / "deployed.json", {"commit": commit, "dirty": dirty, "release": name,
+                                        "deployed_at": time.time()})
+    prune(state_dir, project)
+    info = deployed(state_dir, project)
+    if info is None or info["commit"] != commit:
+        raise RunError(f"deploy of {commit[:12]} did not verify on this node")
+    return info
+
+
+def prune(state_dir: Path, project: str, keep: int = KEEP_RELEASES) -> list[str]:
+    """Remove old releases: all but the newest ``keep``, the current one and those of active runs."""
+    root = project_root(state_dir, project)
+    releases = root / "releases"
+    if not releases.is_dir():
+        return []
+    current = (root / "code").resolve() if (root / "code").exists() else None
+    in_use = {current}
+    for rd in list_runs(state_dir, project):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            if rd.read().state in ACTIVE:
+                in_use.add(Path(rd.spec()["code_dir"]).resolve())
+    dirs = sorted((d for d in releases.iterdir() if d.is_dir() and not d.name.startswith(".")),
+                  key=lambda d: d.stat().st_mtime, reverse=True)
+    removed = []
+    for d in dirs[keep:]:
+        if d.resolve() not in in_use:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d.name)
+    for d in releases.glob(".incoming-*"):  # left by an interrupted deploy
+        if time.time() - d.stat().st_mtime > 3600:
+            shutil.rmtree(d, ignore_errors=True)
+    return removed
+
+
+def _stage_wheel(state_dir: Path, code: Path) -> str | None:
+    """Copy the invoker's wheel (left by ``higgsfield setup`` in ``<state>/wheels``) into the build context.
+
+    A Dockerfile may install ``.higgsfield-wheel/*.whl`` so the image carries the
+    nodes' exact higgsfield; the wheel's name (version + source hash) joins the image
+    tag, so an upgrade rebuilds. Runs mount the invoker's package anyway
+    (:mod:`higgsfield.invoker.containers`), so an image without it works too.
+    """
+    wheels = sorted((Path(state_dir) / "wheels").glob("higgsfield-*.whl"), key=lambda p: p.stat().st_mtime)
+    dest = code / ".higgsfield-wheel"
+    if not wheels:
+        return None
+    if code.parent.name != "releases":  # never write into a user's working tree (a localhost node)
+        return None
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir()
+    shutil.copy2(wheels[-1], dest / wheels[-1].name)
+    return wheels[-1].name
+
+
+def current_image(state_dir: Path, project: str) -> str | None:
+    try:
+        return str(json.loads((project_root(state_dir, project) / "image.json").read_text())["tag"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def build(state_dir: Path, project: str, *, code_dir: Path | None = None, dockerfile: str = "Dockerfile",
+          base_image: str | None = None, runtime: str = "auto") -> dict[str, Any]:
+    """Build the project's image unless an image with its tag exists; returns what happened.
+
+    ``runtime: process`` skips; ``auto`` skips when Docker or the Dockerfile is missing.
+    """
+    from higgsfield.invoker import containers
+
+    root = project_root(state_dir, project)
+    code = Path(code_dir) if code_dir else root / "code"
+    if runtime == "process":
+        return {"skipped": "runtime: process"}
+    if not code.is_dir():
+        raise RunError(f"project '{project}' is not deployed on this node ({code} is missing)")
+    if not (code / dockerfile).is_file():
+        if runtime == "auto":
+            return {"skipped": f"no {dockerfile}: runs use the process runtime"}
+        raise RunError(f"runtime 'docker' needs {dockerfile} in the project")
+    if not containers.available():
+        if runtime == "auto":
+            return {"skipped": "no Docker engine answers: runs use the process runtime"}
+        raise RunError("no Docker engine answers on this node (is the user in the docker group? "
+                       "run 'higgsfield setup')")
+    wheel = _stage_wheel(state_dir, code.resolve())
+    tag = containers.image_tag(project, code.resolve(), dockerfile, (base_image or "") + (wheel or ""))
+    t0 = time.monotonic()
+    built = False
+    if not containers.image_exists(tag):
+        args = {"BASE_IMAGE": base_image} if base_image else {}
+        containers.build_image(code.resolve(), tag, dockerfile=dockerfile, buildargs=args,
+                               log_path=root / "build.log")
+        built = True
+    write_json(root / "image.json", {"tag": tag, "dockerfile": dockerfile, "base_image": base_image,
+                                     "built_at": time.time() if built else None})
+    return {"tag": tag, "built": built, "seconds": round(time.monotonic() - t0, 3)}

@@ -1,0 +1,175 @@
+"""``higgsfield deploy``: ship the project's code to every node at once, verify it, build the image there.
+
+1. The code: ``git archive HEAD`` (the committed tree), or with ``dirty=True`` a tar of
+   every tracked and untracked-but-not-ignored file as it is on disk (labelled
+   ``<HEAD>-dirty-<hash>``, so two different dirty trees never look alike).
+2. Every node, concurrently: ask what is deployed; send the tar over the invoker's
+   stdin only when the commit differs (a re-deploy of the same commit ships nothing);
+   the node unpacks it into a new release and swaps its ``code`` link atomically, then
+   reports the commit it finds on disk, which must be ours.
+3. Every node builds the image from the deployed Dockerfile with a tag hashed from the
+   Dockerfile, requirements.txt and the base image; a tag that exists is not rebuilt.
+   (``runtime: process`` skips the build; ``auto`` skips it where Docker is absent.)
+
+A ``localhost`` node runs from the working tree itself: nothing is shipped, only the
+image is built (from the project directory).
+
+Use::
+
+    result = deploy(cfg)                       # raises GroupError naming failed nodes
+    for n in result.nodes: print(n.node, n.shipped, n.image, n.built)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import json
+import shutil
+import subprocess
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from higgsfield.config import Config
+from higgsfield.errors import HiggsfieldError
+from higgsfield.remote import Group, Transport, open_group
+from higgsfield.remote.invoker import invoker_argv
+
+
+class DeployError(HiggsfieldError):
+    pass
+
+
+@dataclass
+class NodeDeploy:
+    """What deploy did on one node."""
+
+    node: str
+    commit: str | None = None
+    shipped: bool = False
+    image: str | None = None
+    built: bool = False
+    skipped_build: str | None = None
+    seconds: float = 0.0
+    build_seconds: float = 0.0
+
+
+@dataclass
+class DeployResult:
+    commit: str
+    dirty: bool
+    archive_bytes: int
+    nodes: list[NodeDeploy] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _git(project_dir: Path, *args: str) -> bytes:
+    git = shutil.which("git")
+    if git is None:
+        raise DeployError("git is not installed: deploy ships the project's git tree")
+    p = subprocess.run([git, *args], cwd=project_dir, capture_output=True, check=False)  # noqa: S603
+    if p.returncode != 0:
+        err = p.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
+        raise DeployError(f"git {args[0]} failed in {project_dir}: {err[0]}")
+    return p.stdout
+
+
+def make_archive(project_dir: Path, *, dirty: bool = False) -> tuple[bytes, str]:
+    """(tar bytes, commit label) of the project: HEAD, or the working tree with ``dirty``."""
+    try:
+        head = _git(project_dir, "rev-parse", "--verify", "HEAD").decode().strip()
+    except DeployError:
+        raise DeployError(f"{project_dir} has no commit to deploy: commit your code first "
+                          "(or deploy uncommitted changes with --dirty once there is a first commit)") from None
+    if not dirty:
+        return _git(project_dir, "archive", "--format=tar", "HEAD"), head
+    names = [n for n in _git(project_dir, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+             .decode().split("\0") if n]
+    buf = io.BytesIO()
+    digest = hashlib.sha256()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name in sorted(set(names)):
+            path = project_dir / name
+            if not path.exists() and not path.is_symlink():
+                continue  # deleted in the working tree
+            info = tar.gettarinfo(str(path), arcname=name)
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.mtime = 0
+            digest.update(name.encode() + b"\0")
+            if info.isfile():
+                data = path.read_bytes()
+                digest.update(data)
+                tar.addfile(info, io.BytesIO(data))
+            else:
+                digest.update(info.linkname.encode())
+                tar.addfile(info)
+    return buf.getvalue(), f"{head}-dirty-{digest.hexdigest()[:8]}"
+
+
+async def _invoke(t: Transport, cfg: Config, args: list[str], *, input: bytes | str | None = None,
+                  timeout: float | None = None) -> Any:
+    node = cfg.node(t.node)
+    res = await t.run([*invoker_argv(cfg, node), *args], input=input, timeout=timeout or cfg.ssh.command_timeout)
+    return json.loads(res.stdout)
+
+
+async def deploy_async(cfg: Config, *, dirty: bool = False, console: Any = None) -> DeployResult:
+    t0 = time.monotonic()
+    archive, commit = make_archive(cfg.project_dir, dirty=dirty)
+    result = DeployResult(commit=commit, dirty=dirty, archive_bytes=len(archive))
+
+    def say(msg: str) -> None:
+        if console is not None:
+            console.print(msg)
+
+    say(f"deploying {commit[:12]}{' (with uncommitted changes)' if dirty else ''} "
+        f"({len(archive) / 1024:.0f} KiB) to {len(cfg.nodes)} node(s)")
+
+    async def one(t: Transport) -> NodeDeploy:
+        started = time.monotonic()
+        node = cfg.node(t.node)
+        nd = NodeDeploy(node=t.node)
+        build_args = ["build", "--project", cfg.name, "--dockerfile", cfg.docker.dockerfile,
+                      "--runtime", cfg.runtime]
+        if cfg.docker.base_image:
+            build_args += ["--base-image", cfg.docker.base_image]
+        if node.is_local:
+            nd.commit = commit
+            build_args += ["--code-dir", str(cfg.project_dir)]
+        else:
+            have = await _invoke(t, cfg, ["deployed", "--project", cfg.name], timeout=60)
+            if not have or have.get("commit") != commit:
+                got = await _invoke(t, cfg, ["deploy", "--project", cfg.name, "--commit", commit]
+                                    + (["--dirty"] if dirty else []), input=archive)
+                nd.shipped = True
+                have = got
+            if not have or have.get("commit") != commit:
+                raise DeployError(f"{t.node}: deployed commit is {have and have.get('commit')}, expected {commit}")
+            nd.commit = have["commit"]
+        b0 = time.monotonic()
+        built = await _invoke(t, cfg, build_args, timeout=max(cfg.ssh.command_timeout, 3600))
+        nd.build_seconds = time.monotonic() - b0
+        nd.image, nd.built, nd.skipped_build = built.get("tag"), bool(built.get("built")), built.get("skipped")
+        nd.seconds = time.monotonic() - started
+        what = "shipped" if nd.shipped else ("local tree" if node.is_local else "up to date")
+        img = (f"image {nd.image} {'built' if nd.built else 'unchanged'}" if nd.image
+               else f"no image ({nd.skipped_build})")
+        say(f"  {t.node}: {what}, {img} ({nd.seconds:.1f}s)")
+        return nd
+
+    async with open_group(cfg) as group:
+        results = await group.run(one)
+    result.seconds = time.monotonic() - t0
+    result.nodes = [r.value for r in results if r.ok and r.value is not None]
+    Group.check(results, "deploy")
+    return result
+
+
+def deploy(cfg: Config, *, dirty: bool = False, console: Any = None) -> DeployResult:
+    """Ship, verify and build on every node (see the module doc); raises GroupError naming failed nodes."""
+    return asyncio.run(deploy_async(cfg, dirty=dirty, console=console))

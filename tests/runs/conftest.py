@@ -1,0 +1,155 @@
+"""Fixtures for multi-node runs on the real test bed (sshd hosts hfnode0..2, dockerd, the base image).
+
+- ``bed``: the test bed (``scripts/testbed/testbed.py``), skipped when it is not up.
+- ``cluster``: a git project with 3 nodes, ``runtime: docker``, the base image as
+  ``BASE_IMAGE``, its own state dir ``~/.hfrt`` on each node, and the invoker installed
+  for every node user: one shared venv (editable install of this repo, torch and the
+  control deps from the bed's wheel cache, nothing downloaded) linked as
+  ``~/.hfrt/venv`` (what ``higgsfield setup`` will do with a wheel). Each node user is
+  put in the docker group, as setup does.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from runs_helpers import STATE, Cluster, exe
+
+REPO = Path(__file__).resolve().parents[2]
+NODES = 3
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def _load_bed():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("_hf_testbed_impl", REPO / "scripts" / "testbed" / "testbed.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="session")
+def bed():  # type: ignore[no-untyped-def]
+    if os.geteuid() != 0:
+        pytest.skip("the test bed needs root")
+    tb = _load_bed()
+    st = tb.status()
+    up = [h for h in st["hosts"] if h["up"]]
+    if len(up) < NODES or not st["dockerd"]["answers"] or not st["images"].get(tb.BASE_IMAGE):
+        pytest.skip("test bed not up: python3 scripts/testbed/testbed.py up")
+    return tb
+
+
+def _node_venv(tb) -> Path:  # type: ignore[no-untyped-def]
+    """One venv for every node user: editable higgsfield + deps + torch from the bed's wheels."""
+    venv = tb.state_dir() / "runs-invoker-venv"
+    stamp = venv / ".ready"
+    if stamp.exists() and (venv / "bin" / "higgsfield").exists():
+        return venv
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([SYSTEM_PYTHON, "-m", "venv", str(venv)], check=True)
+    wheels = tb.state_dir() / "wheels"
+    pip = [str(venv / "bin" / "pip"), "install", "--quiet", "--no-index", "--find-links", str(wheels)]
+    subprocess.run([*pip, "--upgrade", "setuptools>=64"], check=True)  # PEP 660 editable installs, offline
+    subprocess.run([*pip, "--no-build-isolation", "-e", str(REPO), "torch==2.13.0"], check=True)
+    stamp.write_text("ok\n")
+    for p in [venv, *venv.rglob("*")]:
+        if p.is_dir():
+            p.chmod(p.stat().st_mode | 0o755)
+    return venv
+
+
+def _install_invoker(tb, venv: Path, i: int) -> None:  # type: ignore[no-untyped-def]
+    host = tb.make_host(i)
+    pw = pwd.getpwnam(host.user)
+    state = host.home / STATE
+    state.mkdir(exist_ok=True)
+    os.chown(state, pw.pw_uid, pw.pw_gid)
+    link = state / "venv"
+    if not link.is_symlink() or os.readlink(link) != str(venv):
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(venv)
+    tb.add_to_docker_group(host)
+
+
+DOCKERFILE = """\
+# The test project's training image: the bed's offline base image (python, torch, deps).
+ARG BASE_IMAGE=higgsfield-testbase:torch2.13
+FROM ${BASE_IMAGE}
+COPY requirements.txt /tmp/requirements.txt
+ENV PYTHONUNBUFFERED=1
+"""
+
+
+def _git(d: Path, *args: str) -> None:
+    subprocess.run([exe("git"), *args], cwd=d, check=True, capture_output=True,
+                   env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+                        "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"})
+
+
+@pytest.fixture(scope="session")
+def cluster(bed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
+    venv = _node_venv(bed)
+    for i in range(NODES):
+        _install_invoker(bed, venv, i)
+    d = tmp_path_factory.mktemp("cluster") / "hfrt"
+    (d / "src").mkdir(parents=True)
+    (d / "src" / "regression.py").write_text((REPO / "src" / "regression.py").read_text())
+    key = bed.state_dir() / "client" / "id_ed25519"
+    nodes = "".join(f"  - host: 127.0.0.{i + 2}\n    name: hfnode{i}\n    user: hfnode{i}\n" for i in range(NODES))
+    (d / "higgsfield.yml").write_text(
+        "name: hfrt\n"
+        f"nodes:\n{nodes}"
+        "ssh:\n"
+        "  port: 2222\n"
+        f"  identity_file: {key}\n"
+        "  known_hosts: .higgsfield/known_hosts\n"
+        "  connect_timeout: 5\n"
+        "  retries: 1\n"
+        "nproc_per_node: 1\n"
+        "runtime: docker\n"
+        f"state_dir: ~/{STATE}\n"
+        "docker:\n"
+        f"  base_image: {bed.BASE_IMAGE}\n")
+    (d / "Dockerfile").write_text(DOCKERFILE)
+    (d / "requirements.txt").write_text("# nothing beyond the base image\n")
+    (d / ".gitignore").write_text("env\n.higgsfield/\n")
+    _git(d, "init", "-q", "-b", "main")
+    _git(d, "add", "-A")
+    _git(d, "commit", "-q", "-m", "test project")
+    c = Cluster(d, bed, [f"hfnode{i}" for i in range(NODES)])
+    yield c
+    for i in range(NODES):  # a host a test stopped comes back for the next session
+        with_host = bed.make_host(i)
+        if not bed.host_running(with_host):
+            bed.start_host(with_host)
+    # each session builds its own tag (see the deploy test): drop them, the base image stays cached
+    tags = subprocess.run([exe("docker"), "images", "--format", "{{.Repository}}:{{.Tag}}", "hf-hfrt"],
+                          capture_output=True, text=True).stdout.split()
+    if tags:
+        subprocess.run([exe("docker"), "image", "rm", "-f", *tags], capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def deployed(cluster: Cluster) -> Cluster:
+    cluster.hf("deploy", check=True, timeout=900)
+    return cluster
+
+
+@pytest.fixture(autouse=True)
+def _docker_group(request: pytest.FixtureRequest) -> None:
+    """Other tests share the bed and may take node users out of the docker group (setup's job): put them back."""
+    if "cluster" in request.fixturenames or "deployed" in request.fixturenames:
+        tb = request.getfixturevalue("bed")
+        for i in range(NODES):
+            tb.add_to_docker_group(tb.make_host(i))

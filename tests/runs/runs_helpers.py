@@ -1,0 +1,72 @@
+"""Helpers of the multi-node tests (the fixtures are in conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+STATE = ".hfrt"
+
+
+def exe(name: str) -> str:
+    """The full path of a program (commands are never looked up through a shell)."""
+    return shutil.which(name) or name
+
+
+@dataclass
+class Cluster:
+    dir: Path
+    bed: object
+    nodes: list[str]
+
+    def hf(self, *args: str, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop("HIGGSFIELD_DEBUG", None)
+        r = subprocess.run([sys.executable, "-m", "higgsfield", *args], cwd=self.dir, env=env,
+                           capture_output=True, text=True, timeout=timeout)
+        if check and r.returncode != 0:
+            raise AssertionError(f"higgsfield {' '.join(args)} exited {r.returncode}\n"
+                                 f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}")
+        return r
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "higgsfield", *args], cwd=self.dir,  # noqa: S603
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def home(self, i: int) -> Path:
+        return Path(f"/home/hfnode{i}")
+
+    def run_dir(self, i: int, run: str) -> Path:
+        return self.home(i) / STATE / "runs" / "hfrt" / run
+
+
+def wait_for(pred, timeout: float, what: str, poll: float = 0.3):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def run_processes(run_dir: Path) -> list[int]:
+    """Host pids (any namespace) whose environment belongs to ``run_dir`` (needs root)."""
+    needle = f"HIGGSFIELD_RUN_DIR={run_dir}".encode()
+    out = []
+    for e in os.listdir("/proc"):
+        if not e.isdigit():
+            continue
+        try:
+            with open(f"/proc/{e}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    out.append(int(e))
+        except OSError:
+            continue
+    return out
