@@ -25,6 +25,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -37,6 +38,7 @@ CONFIG_FILE = "higgsfield.yml"
 NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 SECRET_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 LOCAL_HOSTS = frozenset({"localhost", "local"})
+BRANCH_RE = re.compile(r"^[A-Za-z0-9._/-]+$")
 
 
 class _Model(BaseModel):
@@ -135,6 +137,33 @@ class Config(_Model):
     default_branch: str = Field("main", description="Pushes to this branch deploy (GitHub Actions).")
 
     path: Path | None = Field(None, exclude=True, description="Where this config was read from (not a YAML key).")
+
+    _trust_new_hosts: bool = PrivateAttr(default=True)
+
+    @property
+    def trust_new_hosts(self) -> bool:
+        """Whether a node with no pinned host key is trusted (and pinned) on first contact.
+
+        True on a laptop (``higgsfield setup`` shows the fingerprint it pins); False for
+        the copy :meth:`refusing_new_hosts` makes, which CI uses.
+        """
+        return self._trust_new_hosts
+
+    def refusing_new_hosts(self) -> Config:
+        """A deep copy whose transports refuse a node that is not pinned in known_hosts."""
+        out = self.model_copy(deep=True)
+        out._trust_new_hosts = False
+        return out
+
+    @field_validator("default_branch")
+    @classmethod
+    def _default_branch(cls, v: str) -> str:
+        # It is written into the generated workflows (on.push.branches): a git branch name, nothing else.
+        if (not BRANCH_RE.match(v) or ".." in v or v.startswith(("-", "/")) or v.endswith(("/", ".", ".lock"))
+                or "//" in v or "/." in v or v.startswith(".")):
+            raise ValueError(f"{v!r} is not a valid git branch name: use letters, digits and . _ / - "
+                             "(no '..', not starting with '-', '/' or '.')")
+        return v
 
     @field_validator("name")
     @classmethod

@@ -6,8 +6,9 @@ and checkpoints go, clock skew against this machine, the invoker at this version
 across nodes: node 0 reachable from the others on the rendezvous port range (node 0
 listens briefly on a free port there, the others connect).
 
-Nothing on a node is changed and no host key is pinned (an unpinned node is reported,
-``higgsfield setup`` pins it). Every problem comes with the command that fixes it.
+Nothing on a node is changed and no host key is pinned: an unpinned node is refused
+before authentication and reported (``higgsfield setup`` pins it), and no check runs
+there, since its identity is unverified. Every problem comes with the command that fixes it.
 
 Use::
 
@@ -25,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import higgsfield
-from higgsfield.errors import ConnectError, HiggsfieldError, HostKeyError
+from higgsfield.errors import ConnectError, HiggsfieldError, HostKeyError, HostNotPinnedError
 from higgsfield.remote.base import CommandResult, Transport
 from higgsfield.remote.hostkeys import PinnedHosts
 from higgsfield.remote.invoker import invoker_bin
@@ -117,7 +118,7 @@ def _transport(cfg: Config, node: NodeConfig) -> Transport:
         return LocalTransport(str(node.name))
     from higgsfield.remote.ssh import SSHTransport
 
-    return SSHTransport.from_config(cfg, node, pin=False)
+    return SSHTransport.from_config(cfg, node, pin=False, tofu=False)  # never runs a check on an unpinned host
 
 
 async def diagnose(cfg: Config, nodes: Sequence[str] | None = None) -> DoctorReport:
@@ -161,6 +162,12 @@ async def _connect(cfg: Config, node: NodeConfig, t: Transport, d: NodeDiagnosis
     start = time.monotonic()
     try:
         await t.run(["true"], timeout=COMMAND_TIMEOUT_S)
+    except HostNotPinnedError as e:
+        d.checks["ssh"] = Probe(True, "reachable")
+        d.checks["host key"] = Probe(False, "not pinned", e.reason,
+                                     "higgsfield setup (pins it on first contact, showing the fingerprint), "
+                                     "then commit the known_hosts file")
+        return False
     except HostKeyError as e:
         d.checks["ssh"] = Probe(True, "reachable")
         d.checks["host key"] = Probe(False, "CHANGED", e.reason)  # the reason names the re-pin command

@@ -8,6 +8,7 @@
     ├── RemoteError                 a node could not be reached or a command failed
     │   ├── ConnectError            connect/auth failed or timed out
     │   ├── HostKeyError            the node's host key does not match the pinned one
+    │   │   └── HostNotPinnedError  the node has no pinned key and first contact is not trusted
     │   └── CommandError            a remote command exited non-zero or timed out
     ├── GroupError                  a fan-out step failed on some nodes; holds every result
     └── RunError                    a run is unknown, failed to launch, or failed
@@ -56,6 +57,10 @@ class ConnectError(RemoteError):
 
 class HostKeyError(RemoteError):
     pass
+
+
+class HostNotPinnedError(HostKeyError):
+    """No key is pinned for the node, and this use (CI, doctor) does not trust on first contact."""
 
 
 class CommandError(RemoteError):

@@ -293,3 +293,18 @@ def test_default_user_is_never_root(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         cfg.node_user(cfg.nodes[0])
     monkeypatch.setattr(getpass, "getuser", lambda: "alice")
     assert cfg.node_user(cfg.nodes[0]) == "alice"
+
+
+@pytest.mark.parametrize("branch", ['main\n"on": {push: {}}\n#', "-x", "/main", "a..b", "a b", "main:x", "a//b",
+                                    "release/", ".hidden", "x.lock", "$(id)", ""])
+def test_default_branch_must_be_a_git_branch_name(branch: str) -> None:
+    text = "name: a\nnodes:\n  - host: h\ndefault_branch: " + json.dumps(branch) + "\n"
+    with pytest.raises(ConfigError, match="default_branch") as err:
+        parse_config(text, Path("higgsfield.yml"))
+    assert "\n" not in str(err.value) and "is not a valid git branch name" in str(err.value)
+
+
+@pytest.mark.parametrize("branch", ["main", "trunk", "release/1.2", "feature_x-y.z"])
+def test_default_branch_accepts_branch_names(branch: str) -> None:
+    cfg = parse_config(f"name: a\nnodes:\n  - host: h\ndefault_branch: {branch}\n", Path("higgsfield.yml"))
+    assert cfg.default_branch == branch

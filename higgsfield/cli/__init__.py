@@ -4,7 +4,9 @@ Commands live in small modules and are imported only when invoked, so
 ``higgsfield --help`` imports neither pydantic, rich, asyncssh nor torch.
 Every command raises :class:`~higgsfield.errors.HiggsfieldError` for user mistakes;
 :func:`main` prints it as one line and exits with its ``exit_code`` (``--debug``
-shows the traceback).
+shows the traceback). Anything else is a bug: one "internal error" line, exit 1
+(``--debug`` shows the traceback). Output into a closed pipe (``higgsfield logs RUN |
+head``) ends quietly with exit 141, as a shell tool killed by SIGPIPE does.
 """
 
 from __future__ import annotations
@@ -63,7 +65,17 @@ def _listing(ctx: click.Context) -> bool:
     return bool(ctx.meta.get("higgsfield.listing"))
 
 
+class _ClosedPipe(Exception):
+    """stdout was closed by the reader; carried past click, which would turn it into exit 1."""
+
+
 class _Root(LazyGroup):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as e:
+            raise _ClosedPipe() from e
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         ctx.meta["higgsfield.listing"] = True
         try:
@@ -116,3 +128,21 @@ def main(argv: list[str] | None = None) -> Any:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
+    except (BrokenPipeError, _ClosedPipe):
+        _silence_stdout()
+        sys.exit(141)
+    except Exception as e:
+        if debug:
+            raise
+        click.echo(f"error: internal error: {type(e).__name__}: {e} (re-run with --debug for the traceback)",
+                   err=True)
+        sys.exit(1)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot fail on the closed pipe again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

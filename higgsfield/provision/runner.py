@@ -8,14 +8,17 @@ Use::
 
 Per node: connect (pinning the host key on first contact, refusing a changed one),
 then each step in order: ``check``; if needed ``apply`` then ``verify``. A step whose
-prerequisite failed is ``not run``; a failed node never stops the others. With
-``dry_run`` only the read-only checks run. ``on_event(node, step, state, detail)``
+prerequisite failed is ``not run``; a failed node never stops the others (even an
+unexpected exception is that node's result). With ``dry_run`` only the read-only
+checks run and nothing changes here either: no key is unpinned (``repin`` is ignored)
+and none is pinned. ``on_event(node, step, state, detail)``
 reports progress for a live view (``state`` is "running" or an :class:`Outcome` value).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 import traceback
@@ -130,23 +133,41 @@ async def provision(cfg: Config, *, nodes: Sequence[str] | None = None, steps: S
     chosen_nodes = select_nodes(cfg, nodes)
     pins = PinnedHosts(cfg.known_hosts_path)
     for name in repin:
-        node = cfg.node(name)
-        if not node.is_local:
+        node = cfg.node(name)  # an unknown name is a ConfigError, dry run or not
+        if not node.is_local and not dry_run:
             pins.unpin(node.host, cfg.node_port(node))
     log_dir = opts.log_dir or cfg.project_dir / ".higgsfield" / "logs" / "setup"
     artifacts = Artifacts(opts.cache_dir or cfg.project_dir / ".higgsfield" / "cache")
     emit = on_event or (lambda *_: None)
 
     # built up front: a config problem (e.g. no ssh.user) is one error before anything connects
-    transports = {id(n): transport_for(cfg, n) for n in chosen_nodes}
+    transports = {id(n): transport_for(cfg, n, pin=not dry_run) for n in chosen_nodes}
 
     async def one(node: NodeConfig) -> NodeReport:
         rank = cfg.nodes.index(node)
-        return await _provision_node(cfg, node, rank, transports[id(node)], chosen_steps, dry_run, opts,
-                                     artifacts, log_file(log_dir, str(node.name)), emit)
+        log_path = log_file(log_dir, str(node.name))
+        try:
+            return await _provision_node(cfg, node, rank, transports[id(node)], chosen_steps, dry_run, opts,
+                                         artifacts, log_path, emit)
+        except Exception as e:  # noqa: BLE001 - a bug or an unexpected error on one node must not stop the others
+            return _crashed(node, rank, chosen_steps, log_path, e, emit)
 
     reports = await asyncio.gather(*(one(n) for n in chosen_nodes))
     return SetupReport(list(reports), [s.name for s in chosen_steps], dry_run, time.monotonic() - start)
+
+
+def _crashed(node: NodeConfig, rank: int, steps: list[Step], log_path: Path, e: Exception,
+             emit: Event) -> NodeReport:
+    """The report of a node whose setup raised an unexpected exception (its traceback goes to its log)."""
+    name = str(node.name)
+    error = f"unexpected error: {type(e).__name__}: {e}"
+    with contextlib.suppress(OSError):
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a") as f:
+            f.write(f"# {error}\n{traceback.format_exc()}")
+    with contextlib.suppress(Exception):
+        emit(name, CONNECT, Outcome.FAILED.value, error)
+    return NodeReport(name, rank, [StepResult(s.name, Outcome.NOT_RUN, error) for s in steps], log_path, error=error)
 
 
 async def _provision_node(cfg: Config, node: NodeConfig, rank: int, transport: Transport, steps: list[Step],

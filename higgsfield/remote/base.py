@@ -4,7 +4,9 @@ Two implementations: :class:`~higgsfield.remote.local.LocalTransport` (a subproc
 for ``host: localhost``) and :class:`~higgsfield.remote.ssh.SSHTransport` (asyncssh).
 Commands are argument lists, never shell strings: a transport that needs a shell
 (SSH) quotes them with :func:`shlex.join`. Secrets travel on stdin (``input=``) or
-as files written with mode 0600 (:meth:`Transport.put_bytes`), never in argv.
+as files written with mode 0600 (:meth:`Transport.put_bytes`), never in argv; for
+that reason ``run`` takes no ``env=`` (over SSH it could only be ``env K=V`` on the
+command line, visible in the node's process list).
 
 Paths on a node are relative to the login user's home directory (``.higgsfield/...``)
 or absolute; ``~`` is not expanded inside quoted arguments, so don't use it.
@@ -13,7 +15,7 @@ or absolute; ``~`` is not expanded inside quoted arguments, so don't use it.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from higgsfield.errors import CommandError
@@ -59,8 +61,7 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     async def run(self, argv: Sequence[str], *, input: str | bytes | None = None,
-                  timeout: float | None = None, env: Mapping[str, str] | None = None,
-                  check: bool = True) -> CommandResult:
+                  timeout: float | None = None, check: bool = True) -> CommandResult:
         """Run ``argv`` to completion. ``check`` raises CommandError on a non-zero exit."""
 
     @abc.abstractmethod

@@ -52,15 +52,19 @@ class NodeResult(Generic[T]):
         return f"{type(self.error).__name__}: {self.error}"
 
 
-def transport_for(cfg: Config, node: NodeConfig) -> Transport:
-    """LocalTransport for ``localhost``, SSHTransport otherwise."""
+def transport_for(cfg: Config, node: NodeConfig, *, pin: bool = True) -> Transport:
+    """LocalTransport for ``localhost``, SSHTransport otherwise, with ``ssh.command_timeout``.
+
+    ``pin=False`` writes no new host-key pins; whether an unpinned node is trusted at
+    all is ``cfg.trust_new_hosts`` (False in CI).
+    """
     if node.is_local:
         from higgsfield.remote.local import LocalTransport
 
-        return LocalTransport(str(node.name))
+        return LocalTransport(str(node.name), command_timeout=cfg.ssh.command_timeout)
     from higgsfield.remote.ssh import SSHTransport
 
-    return SSHTransport.from_config(cfg, node)
+    return SSHTransport.from_config(cfg, node, pin=pin)
 
 
 class Group:
@@ -79,9 +83,8 @@ class Group:
             try:
                 value = await asyncio.wait_for(step(t), timeout) if timeout else await step(t)
                 return NodeResult(t.node, rank, value=value)
-            except asyncio.CancelledError:
-                raise
-            except BaseException as e:  # noqa: BLE001 - every failure becomes that node's result
+            except Exception as e:  # noqa: BLE001 - every failure becomes that node's result
+                # (KeyboardInterrupt, SystemExit and cancellation are not a node's failure: they propagate)
                 return NodeResult(t.node, rank, error=e)
 
         return list(await asyncio.gather(*(one(i, t) for i, t in enumerate(self.transports))))

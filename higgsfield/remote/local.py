@@ -2,14 +2,18 @@
 
 It behaves like SSH does: commands start in the user's home directory, relative
 paths are relative to it, and the process gets stdin when ``input`` is given.
+A command is bounded by ``timeout=`` or else the transport's ``command_timeout``
+(``ssh.command_timeout`` through :func:`~higgsfield.remote.fanout.transport_for`);
+a timed-out or cancelled command is killed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import tempfile
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from higgsfield.errors import CommandError
@@ -17,31 +21,36 @@ from higgsfield.remote.base import CommandResult, Transport
 
 
 class LocalTransport(Transport):
-    def __init__(self, node: str = "localhost", home: str | None = None) -> None:
+    def __init__(self, node: str = "localhost", home: str | None = None,
+                 command_timeout: float | None = None) -> None:
         self.node = node
         self.home = home or os.path.expanduser("~")
+        self.command_timeout = command_timeout
+        """Seconds a command may run when ``run`` gets no ``timeout=``; None: no limit."""
 
     def _path(self, path: str) -> Path:
         p = Path(path)
         return p if p.is_absolute() else Path(self.home) / p
 
     async def run(self, argv: Sequence[str], *, input: str | bytes | None = None,
-                  timeout: float | None = None, env: Mapping[str, str] | None = None,
-                  check: bool = True) -> CommandResult:
+                  timeout: float | None = None, check: bool = True) -> CommandResult:
         data = input.encode() if isinstance(input, str) else input
+        limit = timeout if timeout is not None else self.command_timeout
         try:
             proc = await asyncio.create_subprocess_exec(
-                *argv, cwd=self.home, env={**os.environ, **(env or {})},
+                *argv, cwd=self.home,
                 stdin=asyncio.subprocess.PIPE if data is not None else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         except FileNotFoundError:
             raise CommandError(self.node, f"command not found: {argv[0]}", 127) from None
         try:
-            out, err = await asyncio.wait_for(proc.communicate(data), timeout)
+            out, err = await asyncio.wait_for(proc.communicate(data), limit)
         except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
-            raise CommandError(self.node, f"'{argv[0]}' timed out after {timeout:g}s", None) from None
+            await _kill(proc)
+            raise CommandError(self.node, f"'{argv[0]}' timed out after {limit:g}s", None) from None
+        except asyncio.CancelledError:
+            await _kill(proc)
+            raise
         result = CommandResult(self.node, tuple(argv), proc.returncode or 0,
                                out.decode(errors="replace"), err.decode(errors="replace"))
         return result.check() if check else result
@@ -86,3 +95,10 @@ class LocalTransport(Transport):
 
     async def close(self) -> None:
         return None
+
+
+async def _kill(proc: asyncio.subprocess.Process) -> None:
+    """Kill ``proc`` (if it still runs) and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    await proc.wait()

@@ -5,12 +5,16 @@
   (``ssh.retries`` times, exponential backoff), never a command.
 - Host keys are pinned in the project's known_hosts file on first contact and
   verified afterwards (:mod:`higgsfield.remote.hostkeys`); a changed key raises
-  :class:`~higgsfield.errors.HostKeyError` before any command runs.
+  :class:`~higgsfield.errors.HostKeyError` before any command runs. Where first
+  contact is not trusted (``cfg.trust_new_hosts`` is False in CI, ``tofu=False``),
+  an unpinned node raises :class:`~higgsfield.errors.HostNotPinnedError`.
 - Keys: the node's ``identity_file`` (when set), ssh-agent keys, and ``~/.ssh/id_*``.
   ``~/.ssh/config`` is not read: higgsfield.yml is the one source of truth.
 - Commands are argument lists joined with :func:`shlex.join`; each is bounded by
-  ``ssh.command_timeout`` (or ``timeout=``). ``env`` is put on the command line with
-  ``env K=V``, so secrets go through ``input=`` or :meth:`put_bytes` (SFTP, mode 0600).
+  ``ssh.command_timeout`` (or ``timeout=``); on a timeout or cancellation the remote
+  process is signalled and its channel closed. There is no ``env=``: anything on the
+  command line is visible in the node's process list, so secrets go through ``input=``
+  or :meth:`put_bytes` (SFTP, mode 0600).
 
 Use::
 
@@ -30,13 +34,13 @@ import secrets
 import shlex
 import socket
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import asyncssh
 
-from higgsfield.errors import CommandError, ConnectError, HostKeyError
+from higgsfield.errors import CommandError, ConnectError, HostKeyError, HostNotPinnedError
 from higgsfield.remote.base import CommandResult, Timeouts, Transport
 from higgsfield.remote.hostkeys import HostKeyPolicy, PinnedHosts
 
@@ -47,12 +51,11 @@ BACKOFF_S = 0.5
 BACKOFF_MAX_S = 5.0
 
 
-def build_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
-    """The shell command line for ``argv`` (each argument quoted), with ``env`` set through ``env``."""
+def build_command(argv: Sequence[str]) -> str:
+    """The shell command line for ``argv`` (each argument quoted)."""
     if not argv:
         raise ValueError("empty command")
-    prefix = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
-    return shlex.join([*prefix, *argv])
+    return shlex.join(argv)
 
 
 class SSHTransport(Transport):
@@ -74,14 +77,18 @@ class SSHTransport(Transport):
         self._lock = asyncio.Lock()
 
     @classmethod
-    def from_config(cls, cfg: Config, node: NodeConfig, *, pin: bool = True) -> SSHTransport:
+    def from_config(cls, cfg: Config, node: NodeConfig, *, pin: bool = True,
+                    tofu: bool | None = None) -> SSHTransport:
         """The transport for ``node`` with the user, port, key and timeouts of higgsfield.yml.
 
         ``pin=False`` still verifies pinned keys but does not write new pins (read-only use).
+        ``tofu=False`` refuses a node with no pinned key; the default is ``cfg.trust_new_hosts``
+        (False in CI, see :func:`~higgsfield.workflows.ci_inputs.ci_config`).
         """
+        trust = cfg.trust_new_hosts if tofu is None else tofu
         return cls(str(node.name), node.host, user=cfg.node_user(node), port=cfg.node_port(node),
                    identity_file=cfg.node_identity(node),
-                   pins=PinnedHosts(cfg.known_hosts_path, writable=pin),
+                   pins=PinnedHosts(cfg.known_hosts_path, writable=pin, tofu=trust),
                    timeouts=Timeouts(connect=cfg.ssh.connect_timeout, command=cfg.ssh.command_timeout,
                                      retries=cfg.ssh.retries))
 
@@ -136,7 +143,12 @@ class SSHTransport(Transport):
                 keepalive_interval=30, keepalive_count_max=4,
             ), self.timeouts.connect + 1)
         except asyncssh.HostKeyNotVerifiable:
+            if policy.unpinned:
+                raise HostNotPinnedError(self.node, policy.refusal_message()) from None
             raise HostKeyError(self.node, policy.refusal_message()) from None
+        except (asyncssh.KeyImportError, asyncssh.KeyEncryptionError) as e:
+            raise ConnectError(self.node, f"cannot load identity_file {self.identity_file}: {e}; add the key to "
+                                          "ssh-agent and omit identity_file, or use an unencrypted key") from None
         except asyncssh.KeyExchangeFailed as e:
             if policy.pinned:  # the node offers no key of the pinned type: a changed key too
                 raise HostKeyError(self.node, f"{policy.refusal_message()} ({e.reason})") from None
@@ -163,16 +175,18 @@ class SSHTransport(Transport):
         await self.connect()
 
     def _lost(self, argv: Sequence[str], e: BaseException) -> CommandError:
-        self._conn = None
+        conn, self._conn = self._conn, None
+        if conn is not None:  # dropped, but closed too: no half-open connection (or its tasks) left behind
+            with contextlib.suppress(Exception):
+                conn.abort()
         return CommandError(self.node, f"connection lost while running '{argv[0]}': {e}")
 
     # -- commands ---------------------------------------------------------------
 
     async def run(self, argv: Sequence[str], *, input: str | bytes | None = None,
-                  timeout: float | None = None, env: Mapping[str, str] | None = None,
-                  check: bool = True) -> CommandResult:
+                  timeout: float | None = None, check: bool = True) -> CommandResult:
         conn = await self.connect()
-        command = build_command(argv, env)
+        command = build_command(argv)
         limit = timeout if timeout is not None else self.timeouts.command
         data = input.encode() if isinstance(input, str) else input
         try:
@@ -182,10 +196,11 @@ class SSHTransport(Transport):
         try:
             out, err = await asyncio.wait_for(proc.communicate(data), limit)
         except asyncio.TimeoutError:
-            with contextlib.suppress(Exception):
-                proc.send_signal("KILL")
-            proc.close()
+            _stop(proc, "KILL")
             raise CommandError(self.node, f"'{argv[0]}' timed out after {limit:g}s") from None
+        except asyncio.CancelledError:
+            _stop(proc, "TERM")
+            raise
         except (asyncssh.DisconnectError, OSError) as e:
             raise self._lost(argv, e) from None
         status = proc.exit_status if proc.exit_status is not None else 255
@@ -214,8 +229,8 @@ class SSHTransport(Transport):
                 raise CommandError(self.node, f"'{argv[0]}' exited {proc.exit_status}: {tail[0]}",
                                    proc.exit_status, "", err)
         finally:
-            if proc.exit_status is None:
-                proc.close()
+            if proc.exit_status is None:  # abandoned (break, cancellation): stop the remote command
+                _stop(proc, "TERM")
 
     # -- files ------------------------------------------------------------------
 
@@ -257,6 +272,18 @@ class SSHTransport(Transport):
             raise CommandError(self.node, f"cannot write {path}: {e.reason}") from None
         except (asyncssh.DisconnectError, OSError) as e:
             raise self._lost(["sftp"], e) from None
+
+
+def _stop(proc: asyncssh.SSHClientProcess[Any], signal: str) -> None:
+    """Stop a remote command that is still running: signal it, then close its channel.
+
+    sshd delivers the signal (OpenSSH >= 7.9) and closing the channel hangs up a
+    command that ignores it; neither waits, so this is safe while being cancelled.
+    """
+    with contextlib.suppress(Exception):
+        proc.send_signal(signal)
+    with contextlib.suppress(Exception):
+        proc.close()
 
 
 def _text(data: bytes | str | None) -> str:

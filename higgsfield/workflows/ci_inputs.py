@@ -155,12 +155,14 @@ def ci_config(cfg: Config, environ: Mapping[str, str]) -> Config:
     The job writes the ``SSH_KEY`` secret to ``$HIGGSFIELD_SSH_KEY_FILE`` (mode 0600);
     that key replaces every ``identity_file`` in higgsfield.yml, which name files on a
     laptop. Host keys are verified against the committed known_hosts, so the runner
-    refuses a node whose key changed exactly as a laptop does.
+    refuses a node whose key changed exactly as a laptop does; a node that is not
+    pinned there is refused too (no trust on first use: a pin made on a throwaway
+    runner would protect nothing).
     """
     remote = [n for n in cfg.nodes if not n.is_local]
     key_file = environ.get(ENV_SSH_KEY_FILE, "").strip()
     if not remote:
-        return cfg
+        return cfg  # no SSH: no host keys to trust or refuse
     if not key_file:
         raise ConfigError(f"{ENV_SSH_KEY_FILE} is not set: the job must write the SSH_KEY secret to a file "
                           f"and name it there; {_REGENERATE}")
@@ -178,7 +180,7 @@ def ci_config(cfg: Config, environ: Mapping[str, str]) -> Config:
     if not known_hosts.is_file():
         raise ConfigError(f"{_rel(known_hosts, cfg)} is not in the repository: the runner verifies the nodes' host "
                           "keys against it; run 'higgsfield setup' on a laptop (it pins them) and commit the file")
-    out = cfg.model_copy(deep=True)
+    out = cfg.refusing_new_hosts()
     out.ssh.identity_file = str(path)
     for node in out.nodes:
         node.identity_file = None

@@ -1,11 +1,13 @@
 """Render ``templates/workflows/*.j2`` into workflow files (text only; :mod:`.build` writes them).
 
 Every value from the project (names, descriptions, defaults, the install source)
-enters the YAML through one of three filters, so no template splices raw text:
+enters the YAML through one of four filters, so no template splices raw text:
 
-    yaml   a double-quoted YAML scalar (or a bare number / true / false)
-    key    a mapping key, quoted when YAML would read it as a bool or null ("on", "no")
-    sh     a single-quoted shell word, for the few constants a ``run:`` script prints
+    yaml     a double-quoted YAML scalar (or a bare number / true / false)
+    key      a mapping key, quoted when YAML would read it as a bool or null ("on", "no")
+    sh       a single-quoted shell word, for the few constants a ``run:`` script prints
+    comment  text inside a ``# ...`` comment, on one line (a line break would end the
+             comment and make the rest live YAML)
 
 Form values never enter a script at all: they are ``${{ inputs.x }}`` in ``env:``,
 and the script reads ``"$HIGGSFIELD_PARAM_x"``.
@@ -80,6 +82,7 @@ def _environment() -> jinja2.Environment:
     env.filters["key"] = yaml_key
     env.filters["sh"] = shlex.quote
     env.filters["ident"] = _ident
+    env.filters["comment"] = yaml_comment
     env.globals["expr"] = expr
     return env
 
@@ -125,6 +128,14 @@ def yaml_scalar(value: Any) -> str:
             out.append(ch)
     out.append('"')
     return "".join(out)
+
+
+_LINE_BREAKS = str.maketrans({ch: " " for ch in "\r\n\v\f\x85\u2028\u2029"})
+
+
+def yaml_comment(value: Any) -> str:
+    """``value`` for the inside of a ``#`` comment: every line break (YAML 1.1 or 1.2) becomes a space."""
+    return str(value).translate(_LINE_BREAKS)
 
 
 def yaml_key(name: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -24,7 +24,7 @@ class Canned(Transport):
         self.answers = answers
 
     async def run(self, argv: Sequence[str], *, input: str | bytes | None = None, timeout: float | None = None,
-                  env: Mapping[str, str] | None = None, check: bool = True) -> CommandResult:
+                  check: bool = True) -> CommandResult:
         key = " ".join(argv)
         for prefix, (code, out, err) in self.answers.items():
             if key.startswith(prefix):
@@ -92,3 +92,27 @@ def test_sudo_asking_for_a_password_is_a_clear_setup_error(tmp_path: Path) -> No
     log.close()
     assert "passwordless sudo is required for alice (sudo: a password is required)" in str(err.value)
     assert "alice ALL=(ALL) NOPASSWD:ALL" in str(err.value) and "/etc/sudoers.d/alice" in str(err.value)
+
+
+def test_doctor_refuses_an_unpinned_node_and_runs_nothing_there(tmp_path: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote"))
+    from sshserver import fake_server
+
+    async def main() -> None:
+        async with fake_server(tmp_path) as srv:
+            cfg = Config.model_validate({"name": "p", "nodes": [{"host": "127.0.0.1", "port": srv.port, "name": "n1"}],
+                                         "ssh": {"user": "tester", "identity_file": str(srv.client_key_path),
+                                                 "retries": 0}})
+            cfg.path = tmp_path / "higgsfield.yml"
+            report = await doctor.diagnose(cfg)
+            assert srv.commands == []  # no check ran on a host whose identity is unverified
+            checks = report.nodes[0].checks
+            assert set(checks) <= {"ssh", "host key", "rendezvous"}
+            assert checks["host key"].summary == "not pinned"
+            assert "node n1 is not pinned in" in (checks["host key"].problem or "")
+            assert (checks["host key"].fix or "").startswith("higgsfield setup")
+            assert not cfg.known_hosts_path.exists()
+
+    asyncio.run(main())

@@ -102,3 +102,51 @@ def test_unknown_step_and_node_are_config_errors(tmp_path: Path) -> None:
         asyncio.run(provision(cfg, steps=["nope"]))
     with pytest.raises(ConfigError, match="no node named 'gpu-9'"):
         asyncio.run(provision(cfg, nodes=["gpu-9"]))
+
+
+def test_dry_run_changes_no_pins(tmp_path: Path, fake_steps: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    port = _closed_port()
+    cfg = _cfg(tmp_path, [{"host": "127.0.0.1", "port": port, "name": "gone", "user": "tester"}])
+    known = cfg.known_hosts_path
+    known.parent.mkdir(parents=True)
+    pinned = f"[127.0.0.1]:{port} ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEtwJl8lWtZHGYBWr1vVu+sxrsBmHY3R3PmMtbBRGB8N\n"
+    known.write_text(pinned)
+    seen: list[bool] = []
+    real = runner_mod.transport_for
+
+    def spy(cfg: Config, node: object, *, pin: bool = True) -> object:
+        seen.append(pin)
+        return real(cfg, node, pin=pin)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner_mod, "transport_for", spy)
+    asyncio.run(provision(cfg, dry_run=True, repin=["gone"]))
+    assert known.read_text() == pinned  # --repin is not applied by a dry run
+    assert seen == [False]  # and a dry run pins no new key
+    asyncio.run(provision(cfg, repin=["gone"]))
+    assert known.read_text() == "" and seen == [False, True]
+
+
+def test_an_unexpected_exception_is_that_nodes_result(tmp_path: Path, fake_steps: None,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = _cfg(tmp_path, [{"host": "localhost"}, {"host": "127.0.0.1", "name": "buggy", "user": "tester"}])
+    real = runner_mod.transport_for
+
+    class Buggy:
+        node = "buggy"
+
+        async def connect(self) -> None:
+            raise RuntimeError("a bug")
+
+        async def close(self) -> None:
+            return None
+
+    def fake(cfg: Config, node: object, *, pin: bool = True) -> object:
+        return Buggy() if getattr(node, "name", None) == "buggy" else real(cfg, node, pin=pin)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner_mod, "transport_for", fake)
+    report = asyncio.run(provision(cfg, steps=["a", "b"], options=SetupOptions(cache_dir=tmp_path / "cache")))
+    local, buggy = report.nodes
+    assert local.ok and [s.outcome for s in local.steps] == [Outcome.DONE, Outcome.APPLIED]
+    assert buggy.error == "unexpected error: RuntimeError: a bug" and not report.ok
+    assert [s.outcome for s in buggy.steps] == [Outcome.NOT_RUN, Outcome.NOT_RUN]
+    assert "RuntimeError: a bug" in (tmp_path / ".higgsfield" / "logs" / "setup" / "buggy.log").read_text()

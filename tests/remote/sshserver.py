@@ -2,7 +2,8 @@
 
 Commands are not executed: the server answers ``echo-argv CMD`` style requests by
 writing back the command line it received (to check quoting), reads stdin when asked
-(``cat``), sleeps on ``sleep N`` and exits with N on ``exit N``. SFTP writes to a
+(``cat``), sleeps on ``sleep N``, exits with N on ``exit N``, and on ``hang`` waits
+until the client closes the channel (recorded in ``closed``). SFTP writes to a
 temporary directory.
 """
 
@@ -27,13 +28,18 @@ class FakeServer:
     client_key_path: Path
     root: Path
     commands: list[str]
+    closed: list[str]
+    """Commands whose channel the client closed while they still ran (``hang``)."""
 
 
-async def _handle(process: asyncssh.SSHServerProcess, commands: list[str]) -> None:
+async def _handle(process: asyncssh.SSHServerProcess, commands: list[str], closed: list[str]) -> None:
     cmd = process.command or ""
     commands.append(cmd)
     argv = shlex.split(cmd)
-    if argv[:1] == ["cat"]:
+    if argv[:1] == ["hang"]:
+        await process.channel.wait_closed()
+        closed.append(cmd)
+    elif argv[:1] == ["cat"]:
         data = await process.stdin.read()
         process.stdout.write(data)
         process.exit(0)
@@ -59,6 +65,7 @@ async def fake_server(tmp: Path, host_key: asyncssh.SSHKey | None = None,
     root = tmp / "sftp-root"
     root.mkdir(exist_ok=True)
     commands: list[str] = []
+    closed: list[str] = []
     authorized = asyncssh.import_authorized_keys(client_key.export_public_key().decode())
 
     class _SFTP(asyncssh.SFTPServer):
@@ -67,11 +74,11 @@ async def fake_server(tmp: Path, host_key: asyncssh.SSHKey | None = None,
 
     server = await asyncssh.create_server(
         asyncssh.SSHServer, "127.0.0.1", port, server_host_keys=[host_key],
-        authorized_client_keys=authorized, process_factory=lambda p: _handle(p, commands),
+        authorized_client_keys=authorized, process_factory=lambda p: _handle(p, commands, closed),
         sftp_factory=_SFTP)
     bound = server.sockets[0].getsockname()[1]
     try:
-        yield FakeServer("127.0.0.1", bound, host_key, key_path, root, commands)
+        yield FakeServer("127.0.0.1", bound, host_key, key_path, root, commands, closed)
     finally:
         server.close()
         await server.wait_closed()

@@ -43,3 +43,44 @@ def test_invoker_argv_and_state_dir() -> None:
     cfg2 = Config.model_validate({"name": "p", "nodes": [{"host": "g"}], "state_dir": "/srv/hf/"})
     assert node_state_dir(cfg2) == "/srv/hf"
     assert invoker_argv(cfg2, cfg2.nodes[0])[:2] == ["/srv/hf/venv/bin/higgsfield", "invoker"]
+
+
+def _hashed(name: str) -> str:
+    import base64
+    import hashlib
+    import hmac
+    import os
+
+    salt = os.urandom(20)
+    digest = hmac.new(salt, name.encode(), hashlib.sha1).digest()
+    return f"|1|{base64.b64encode(salt).decode()}|{base64.b64encode(digest).decode()}"
+
+
+def test_hashed_entries_match_and_lookup_and_unpin_agree(tmp_path: Path) -> None:
+    k1, k2, k3 = (asyncssh.generate_private_key("ssh-ed25519").convert_to_public() for _ in range(3))
+
+    def line(host: str, key: asyncssh.SSHKey) -> str:
+        return f"{host} {key.export_public_key('openssh').decode().split()[0]} " \
+               f"{key.export_public_key('openssh').decode().split()[1]}"
+
+    known = tmp_path / "known_hosts"
+    lines = [
+        line("10.0.0.1", k1),
+        line(_hashed("[10.0.0.1]:2222"), k1),
+        line(_hashed("10.0.0.1"), k2),          # hashed, as ssh-keygen -H writes it
+        "# " + line("10.0.0.1", k3),            # a comment
+        "  # " + line("10.0.0.1", k3),          # an indented comment
+        "@revoked " + line("10.0.0.1", k3),     # a marker line: neither a pin nor removed
+        "10.0.0.1 ssh-ed25519",                 # malformed: ignored, and kept
+        line("10.0.0.2", k3),
+    ]
+    known.write_text("\n".join(lines) + "\n")
+    pins = PinnedHosts(known)
+    assert pins.lookup("10.0.0.1", 22) == [k1, k2]
+    assert pins.lookup("10.0.0.1", 2222) == [k1]
+    assert pins.lookup("10.0.0.3", 22) == []
+    assert pins.unpin("10.0.0.1", 22) == 2  # exactly what lookup found
+    assert pins.lookup("10.0.0.1", 22) == []
+    assert known.read_text().splitlines() == [lines[1], *lines[3:]]
+    # as asyncssh (and ssh) read it
+    assert asyncssh.read_known_hosts(str(known)).match("10.0.0.1", "", 2222)[0] == [k1]

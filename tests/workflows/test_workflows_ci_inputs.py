@@ -141,6 +141,24 @@ def test_ci_config_uses_the_job_key_and_committed_known_hosts(project: Path, tmp
     assert [out.node_identity(n) for n in out.nodes] == [str(key), str(key)]
 
 
+def test_ci_refuses_nodes_that_are_not_pinned(project: Path, tmp_path: Path) -> None:
+    from higgsfield.remote.fanout import transport_for
+
+    cfg = load_config(project / "higgsfield.yml")
+    cfg.ssh.user = "ci"
+    key = tmp_path / "key"
+    key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    key.chmod(0o600)
+    (project / ".higgsfield").mkdir()
+    (project / ".higgsfield" / "known_hosts").write_text("gpu-1.example.com ssh-ed25519 AAAA\n")
+    out = ci_config(cfg, {"HIGGSFIELD_SSH_KEY_FILE": str(key)})
+    assert not out.trust_new_hosts and cfg.trust_new_hosts  # a pin made on a throwaway runner protects nothing
+    assert not out.model_copy(deep=True).trust_new_hosts
+    pins = [transport_for(out, n).pins for n in out.nodes]  # type: ignore[attr-defined]
+    assert pins and all(not p.tofu for p in pins)
+    assert all(p.tofu for p in (transport_for(cfg, n).pins for n in cfg.nodes))  # type: ignore[attr-defined]
+
+
 def test_ci_config_with_only_local_nodes_needs_no_key(tmp_path: Path) -> None:
     proj = make_project(tmp_path / "p", config="name: solo\nnodes:\n  - host: localhost\n")
     cfg = load_config(proj / "higgsfield.yml")

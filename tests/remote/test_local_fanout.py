@@ -1,0 +1,76 @@
+"""LocalTransport timeouts and cancellation, and the fan-out's handling of failures."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from higgsfield.config import Config
+from higgsfield.errors import CommandError
+from higgsfield.remote.base import Transport
+from higgsfield.remote.fanout import Group, transport_for
+from higgsfield.remote.local import LocalTransport
+
+
+def test_default_command_timeout_bounds_a_run(tmp_path: Path) -> None:
+    t = LocalTransport("l", home=str(tmp_path), command_timeout=0.3)
+    start = time.monotonic()
+    with pytest.raises(CommandError, match="'sleep' timed out after 0.3s"):
+        asyncio.run(t.run(["sleep", "30"]))
+    assert time.monotonic() - start < 3
+    assert asyncio.run(t.run(["sleep", "0.5"], timeout=5)).ok  # timeout= overrides the default
+
+
+def test_transport_for_passes_the_configured_command_timeout(tmp_path: Path) -> None:
+    cfg = Config.model_validate({"name": "p", "nodes": [{"host": "localhost"}], "ssh": {"command_timeout": 7}})
+    t = transport_for(cfg, cfg.nodes[0])
+    assert isinstance(t, LocalTransport) and t.command_timeout == 7
+
+
+def test_cancelled_run_kills_the_child(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+
+    async def main() -> int:
+        t = LocalTransport("l", home=str(tmp_path))
+        task = asyncio.create_task(t.run(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 30"]))
+        deadline = time.monotonic() + 5
+        while not (pidfile.exists() and pidfile.read_text().strip()):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return int(pidfile.read_text())
+
+    pid = asyncio.run(main())
+    with pytest.raises(ProcessLookupError):  # killed and reaped
+        os.kill(pid, 0)
+
+
+def test_run_takes_no_env() -> None:
+    import inspect
+
+    from higgsfield.remote.ssh import SSHTransport
+
+    for cls in (Transport, LocalTransport, SSHTransport):
+        assert "env" not in inspect.signature(cls.run).parameters
+
+
+def test_fanout_turns_exceptions_into_results_but_not_exit_or_interrupt(tmp_path: Path) -> None:
+    group = Group([LocalTransport("a", home=str(tmp_path)), LocalTransport("b", home=str(tmp_path))])
+
+    async def fails(t: Transport) -> None:
+        raise RuntimeError(f"boom on {t.node}")
+
+    results = asyncio.run(group.run(fails))
+    assert [r.reason for r in results] == ["RuntimeError: boom on a", "RuntimeError: boom on b"]
+
+    async def exits(t: Transport) -> None:
+        raise SystemExit(3)
+
+    with pytest.raises(SystemExit):
+        asyncio.run(group.run(exits))
