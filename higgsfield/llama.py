@@ -136,7 +136,7 @@ class Llama(nn.Module):
             module = module.to(torch.bfloat16)
             full_sd = {k: v.to(torch.bfloat16) for k, v in full_sd.items()}
         if activation_checkpointing:
-            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            _enable_activation_checkpointing(module)
 
         ws = dist.get_world_size()
         if self.zero_stage == 0:
@@ -217,6 +217,14 @@ class Llama(nn.Module):
         # gradient is that of sum(token losses) / global token count.
         local = local_sum * (ws / count)
         return local - local.detach() + mean
+
+    @torch.no_grad()
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Next-token logits ``[batch, seq, vocab]`` for evaluation. Collective: call on every rank."""
+        dev = device()
+        mask = attention_mask.to(dev) if attention_mask is not None else None
+        runner = self.ds_engine if self.ds_engine is not None else self.module
+        return runner(input_ids=input_ids.to(dev), attention_mask=mask, use_cache=False).logits.float()
 
     def grad_scaler(self) -> GradScaler | None:
         """A loss scaler for ``precision='fp16'`` with FSDP; None where none is needed."""
@@ -333,6 +341,15 @@ def _new_hf_model(config: Any, weights: str | None, seed: int, init_weights: boo
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
     return model.float() if init_weights else model
+
+
+def _enable_activation_checkpointing(module: nn.Module) -> None:
+    """Recompute each decoder layer in backward (non-reentrant: works with FSDP2 and DeepSpeed)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(module, "activation_checkpointing_enable"):  # transformers >= 5
+        module.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        module.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def _rebuild_rotary(module: nn.Module, dev: torch.device) -> None:

@@ -5,11 +5,13 @@ parameters::
 
     from higgsfield.training import clip_grad_norm, StepTimer
 
-    loss = model(batch)
-    model.backward(loss, scaler)                    # scaler: model.grad_scaler() (fp16 only)
-    norm = clip_grad_norm(model, optimizer, 1.0, scaler)
-    model.step(optimizer, scaler)
-    metrics = timer.step(loss=model.last_loss, tokens=batch["num_tokens"])
+    timer = StepTimer(model.flops_per_token(seq_len))   # MFU on GPU; tokens/s everywhere
+    for step, batch in loader.iterate(start, max_steps):
+        loss = model(batch)
+        model.backward(loss, scaler)                    # scaler: model.grad_scaler() (fp16 only)
+        norm = clip_grad_norm(model, optimizer, 1.0, scaler)
+        model.step(optimizer, scaler)
+        print(timer.step(step, loss, int(batch["num_tokens"])))   # loss | tok/s | mfu | mem
 
 Why our own scaler: ``torch.amp.GradScaler`` checks for inf/nan only in the
 gradient shard a rank holds, so with sharded gradients one rank can skip a step

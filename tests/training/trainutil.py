@@ -1,0 +1,42 @@
+"""Helpers for the training tests (imported by name: tests/ has no __init__.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+LAUNCH = Path(__file__).resolve().parent / "launch.py"
+#: A model and batch small enough for 2 cores shared with other test runs.
+TINY = {"hidden": 64, "layers": 2, "global_batch": 8, "eval_every": 0, "lr": 1e-2}
+
+
+def torchrun(nproc: int, tmp: Path, params: dict[str, Any], *, max_restarts: int = 0, run: str = "r",
+             timeout: float = 420, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str],
+                                                                             list[dict[str, Any]]]:
+    """Run tiny_llama on ``nproc`` processes; returns the process and rank 0's metrics lines."""
+    metrics = tmp / f"metrics-{run}-{nproc}-{len(list(tmp.glob('metrics-*')))}.jsonl"
+    args = {**TINY, **params, "metrics_file": str(metrics)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           "--max-restarts", str(max_restarts), str(LAUNCH), "tiny_llama", *[f"{k}={v}" for k, v in args.items()]]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PROJECT_NAME": "test", "EXPERIMENT_NAME": "tiny_llama",
+                "RUN_NAME": run, "HIGGSFIELD_CHECKPOINT_DIR": str(tmp / "ckpt" / run),
+                # torchrun restarts with gloo need their own store (pytorch/pytorch#135712).
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "DS_ACCELERATOR": "cpu",
+                "PYTHONPATH": str(ROOT), **(env or {})}
+    proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)  # noqa: S603
+    lines = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+    return proc, lines
+
+
+def ok(proc: subprocess.CompletedProcess[str]) -> None:
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+
+
+def losses(lines: list[dict[str, Any]]) -> dict[int, float]:
+    """step -> loss, the last attempt winning (a restarted run replays steps after its checkpoint)."""
+    return {m["step"]: m["loss"] for m in lines}
