@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import higgsfield
 from higgsfield.errors import ConnectError, HiggsfieldError, HostKeyError, HostNotPinnedError
+from higgsfield.ports import RENDEZVOUS_PORTS
 from higgsfield.remote.base import CommandResult, Transport
 from higgsfield.remote.hostkeys import PinnedHosts
 from higgsfield.remote.invoker import invoker_bin
@@ -34,8 +35,6 @@ from higgsfield.remote.invoker import invoker_bin
 if TYPE_CHECKING:
     from higgsfield.config import Config, NodeConfig
 
-RENDEZVOUS_PORTS = (29500, 29599)
-"""Where torchrun's rendezvous may listen on node 0 (inclusive)."""
 MIN_FREE_GIB = 10.0
 MAX_SKEW_S = 2.0
 COMMAND_TIMEOUT_S = 20.0

@@ -7,8 +7,9 @@ param values. Each rank's stdout and stderr go to ``RUN_DIR/logs/rank<RANK>.log`
 (appended, so a restarted worker continues the same file). A worker that raises
 writes ``rank<RANK>.error.json`` with the time, so ``status`` can name the rank
 that failed first. The worker dies with its torchrun (PR_SET_PDEATHSIG), so a
-killed launcher leaves no orphans. In a container, secrets come from the 0600 file
-``HIGGSFIELD_SECRETS_FILE`` (so they never show in ``docker inspect``).
+killed launcher leaves no orphans. Secrets are already in the environment (torchrun
+inherits them from the supervisor, or in a container from the launcher,
+:mod:`higgsfield.invoker.launch`).
 """
 
 from __future__ import annotations
@@ -58,7 +59,6 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
     _redirect(logs / f"rank{rank}.log")
     (logs / f"rank{rank}.pid").write_text(str(os.getpid()))
-    _load_secrets(os.environ.get("HIGGSFIELD_SECRETS_FILE"))
     spec = json.loads((run_dir / "spec.json").read_text())
     try:
         return run(spec)
@@ -90,17 +90,6 @@ def run(spec: dict) -> int:  # type: ignore[type-arg]
         seed_everything(exp.seed)
     exp.func(params)
     return 0
-
-
-def _load_secrets(path: str | None) -> None:
-    if not path:
-        return
-    try:
-        values = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return
-    for k, v in values.items():
-        os.environ.setdefault(str(k), str(v))
 
 
 def _record_error(logs: Path, rank: int, message: str) -> None:

@@ -193,3 +193,129 @@ def test_entrypoint_runs_without_torchrun_env(project: Path, tmp_path: Path) -> 
     r = subprocess.run([sys.executable, "-m", "higgsfield.entrypoint", str(rd)], env=env, timeout=60)
     assert r.returncode == 0
     assert "rank=0 world=1 flag=True project=localproj" in (rd / "logs" / "rank0.log").read_text()
+
+
+# -- control side, without nodes ---------------------------------------------------------------
+
+def test_node_log_lines_cannot_drive_the_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    from higgsfield.cli.runs import _print_lines
+    from higgsfield.orchestrator import LogLine
+
+    hostile = "ok\x1b[2J\x1b]0;owned\x07 done\tcol\r\x9b31m\x00end"
+    _print_lines([LogLine("n1", 0, hostile)], color=False)
+    out = capsys.readouterr().out
+    assert out == "n1/0 | ok[2J]0;owned done\tcol31mend\n"
+
+
+class _FakeTransport:
+    """Answers invoker commands from a table: {subcommand: stdout | exception}."""
+
+    def __init__(self, node: str, answers: dict[str, object]) -> None:
+        self.node = node
+        self.answers = answers
+        self.calls: list[list[str]] = []
+
+    async def run(self, argv: list[str], input: object = None, timeout: float | None = None) -> object:
+        from higgsfield.remote.base import CommandResult
+
+        sub = argv[argv.index("invoker") + 3]
+        self.calls.append(argv)
+        answer = self.answers.get(sub, "{}")
+        if isinstance(answer, BaseException):
+            raise answer
+        return CommandResult(self.node, tuple(argv), 0, str(answer))
+
+    async def close(self) -> None:
+        pass
+
+
+def _fake_group(monkeypatch: pytest.MonkeyPatch, transports: list[_FakeTransport]) -> None:
+    import contextlib
+
+    from higgsfield.orchestrator import runs
+    from higgsfield.remote.fanout import Group
+
+    @contextlib.asynccontextmanager
+    async def open_group(cfg: object, nodes: object = None):  # type: ignore[no-untyped-def]
+        yield Group(transports)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runs, "open_group", open_group)
+
+
+def _two_node_cfg(project: Path):  # type: ignore[no-untyped-def]
+    from higgsfield.config import load_config
+
+    yml = project / "higgsfield.yml"
+    yml.write_text(yml.read_text().replace("nodes:\n  - host: localhost\n",
+                                           "nodes:\n  - host: 10.0.0.1\n    name: a\n  - host: 10.0.0.2\n    name: b\n"))
+    return load_config(yml)
+
+
+def test_a_failed_start_kills_on_every_node_and_names_where_the_kill_failed(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from higgsfield.errors import CommandError
+    from higgsfield.orchestrator import runs
+
+    cfg = _two_node_cfg(project)
+    started = json.dumps({"state": "starting", "run": "x"})
+    a = _FakeTransport("a", {"free-port": '{"port": 29500}', "start": started,
+                             "kill": json.dumps({"state": "killed", "run": "x"})})
+    b = _FakeTransport("b", {"start": asyncio.TimeoutError(), "kill": CommandError("b", "connection lost")})
+    _fake_group(monkeypatch, [a, b])
+    with pytest.raises(runs.RunError) as e:
+        runs.start_run(cfg, "probe", {}, run_name="x")
+    msg = str(e.value)
+    assert "failed to start on 1 node(s): b: timed out" in msg
+    assert "stopped it on a" in msg and "could not stop it on b: connection lost" in msg
+    # the node that timed out was asked to kill too (it may have a supervisor running)
+    for t in (a, b):
+        kills = [c for c in t.calls if "kill" in c]
+        assert kills and "--missing-ok" in kills[0], t.node
+
+
+@pytest.mark.parametrize("stdout,needle", [("Traceback (most recent call last):\n ...", "Traceback"),
+                                           ('{"no_port": 1}', "no port"), ("", "nothing")])
+def test_unexpected_invoker_output_is_one_clear_error(project: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      stdout: str, needle: str) -> None:
+    from higgsfield.errors import CommandError
+    from higgsfield.orchestrator import runs
+
+    cfg = _two_node_cfg(project)
+    _fake_group(monkeypatch, [_FakeTransport("a", {"free-port": stdout}), _FakeTransport("b", {})])
+    with pytest.raises(CommandError) as e:
+        runs.start_run(cfg, "probe", {}, run_name="x")
+    assert "unexpected invoker output" in str(e.value) and needle in str(e.value)
+    assert "higgsfield setup" in str(e.value)
+
+
+def test_a_consumer_stopping_early_ends_the_log_thread_and_its_streams() -> None:
+    import asyncio
+    import threading
+
+    from higgsfield.orchestrator import runs
+
+    closed = threading.Event()
+
+    async def endless():  # type: ignore[no-untyped-def]
+        try:
+            i = 0
+            while True:
+                i += 1
+                yield i
+                await asyncio.sleep(0.001)
+        finally:
+            closed.set()   # where stream_logs closes its SSH streams
+
+    before = threading.active_count()
+    lines = runs._sync(endless)
+    for n in lines:
+        if n == 5:
+            break
+    lines.close()  # what a for-loop's break / an exception does to the generator
+    assert closed.wait(5), "the async stream was not closed"
+    deadline = time.time() + 5
+    while threading.active_count() > before and time.time() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() == before, "the log thread outlived its consumer"

@@ -10,7 +10,6 @@ argv; ``deploy`` reads a tar there), output is JSON on stdout (``logs`` prints
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from pathlib import Path
 
@@ -45,11 +44,13 @@ def version() -> None:
 
 
 @invoker.command("free-port")
-def free_port() -> None:
-    """Print a TCP port that is free on this node (for the rendezvous)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        _emit({"port": s.getsockname()[1]})
+@click.pass_context
+def free_port(ctx: click.Context) -> None:
+    """Print a free TCP port for a rendezvous on this node: the first of 29500-29599 no run holds."""
+    from higgsfield.invoker.records import reserved_ports
+    from higgsfield.ports import free_port as _free_port
+
+    _emit({"port": _free_port(reserved_ports(_state(ctx)))})
 
 
 @invoker.command()
@@ -170,16 +171,21 @@ def logs(ctx: click.Context, project: str, run_name: str, follow: bool, ranks: t
 @click.option("--grace", type=float, default=3.0, show_default=True)
 @click.option("--failed-node", default=None, help="Another node of the run was lost: end it failed, naming it.")
 @click.option("--reason", default=None)
+@click.option("--missing-ok", is_flag=True, help='With --run: print {"missing": true} if there is no such run.')
 @click.pass_context
 def kill(ctx: click.Context, project: str, run_name: str | None, target: str | None, grace: float,
-         failed_node: str | None, reason: str | None) -> None:
+         failed_node: str | None, reason: str | None, missing_ok: bool) -> None:
     """Stop a run on this node; prints its final record (with --target: {"matched", "killed": [records]})."""
     from higgsfield.invoker.process import kill as _kill
     from higgsfield.invoker.process import kill_target
+    from higgsfield.invoker.records import RunDir
 
     if target is not None:
         _emit(kill_target(_state(ctx), project, target, grace=grace))
         return
     if run_name is None:
         raise click.UsageError("give --run or --target")
+    if missing_ok and not RunDir(_state(ctx), project, run_name).exists():
+        _emit({"missing": True, "run": run_name})
+        return
     _emit(_kill(_state(ctx), project, run_name, grace=grace, failed_node=failed_node, reason=reason).to_dict())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -16,20 +17,28 @@ if TYPE_CHECKING:
     from higgsfield.orchestrator import LogLine, RunStatus
 
 _COLORS = ["cyan", "green", "magenta", "yellow", "blue", "bright_cyan", "bright_green", "bright_magenta"]
+# C0 controls but tab, DEL, C1 controls: a node's log line must not drive the terminal (ANSI escapes, OSC, bell)
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 _STATE_STYLE = {"succeeded": "green", "failed": "red", "killed": "yellow", "running": "cyan",
                 "starting": "cyan", "queued": "dim"}
+
+
+def clean(text: str) -> str:
+    """``text`` without control characters (tab kept): what a node sends is shown, never obeyed."""
+    return _CONTROL.sub("", text)
 
 
 def _print_lines(lines: object, *, color: bool) -> None:
     out = sys.stdout
     for line in lines:  # type: ignore[attr-defined]
         ln: LogLine = line
-        tag = f"{ln.node}/{'launcher' if ln.rank < 0 else ln.rank}"
+        tag = clean(f"{ln.node}/{'launcher' if ln.rank < 0 else ln.rank}")
+        text = clean(ln.text)
         if color:
             code = 36 if ln.rank < 0 else 31 + (ln.rank % 6)
-            out.write(f"\x1b[{code}m{tag}\x1b[0m | {ln.text}\n")
+            out.write(f"\x1b[{code}m{tag}\x1b[0m | {text}\n")
         else:
-            out.write(f"{tag} | {ln.text}\n")
+            out.write(f"{tag} | {text}\n")
         out.flush()
 
 

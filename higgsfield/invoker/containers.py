@@ -4,6 +4,11 @@ A run's container runs the very command the process runtime runs::
 
     python -m torch.distributed.run --nnodes N --node_rank i ... -m higgsfield.entrypoint RUN_DIR
 
+behind a small launcher (``python -m higgsfield.invoker.launch LOG -- ...``) that reads
+the run's secrets as one JSON line on the container's stdin (written by the supervisor
+over an attach), puts them in its environment and execs torchrun: secrets are in
+no file and not in the container's configuration (``docker inspect``),
+
 with host network and IPC (NCCL and gloo find their peers as on the host), the node
 user's uid:gid (files it writes belong to the user), ``--init`` (signals reach
 torchrun, zombies are reaped), GPUs through device requests when the node has any,
@@ -16,11 +21,13 @@ records read the same inside and out:
 - this invoker's own ``higgsfield`` package at ``/opt/higgsfield-invoker`` (read-only,
   first on ``PYTHONPATH``).
 
-That last mount is how the image gets the invoker's exact version of the launcher
-(``higgsfield.entrypoint``) and the experiment API without a rebuild whenever
-higgsfield is upgraded: the image only has to provide Python, torch and the
-project's requirements (the scaffolded Dockerfile also pip-installs ``higgsfield``
-for the training library's dependencies; the mount shadows its code).
+That last mount is how the image gets the invoker's exact version of the launchers
+(``higgsfield.invoker.launch``, ``higgsfield.entrypoint``) and the experiment API
+without a rebuild whenever higgsfield is upgraded: the image only has to provide
+Python, torch and the project's requirements (the scaffolded Dockerfile also installs
+``higgsfield`` for the training library's dependencies; the mount shadows its code).
+A Docker engine that goes away mid-run (a daemon restart) ends the run ``failed`` with
+that reason.
 
 The supervisor (a host process, see :mod:`higgsfield.invoker.process`) creates the
 container, waits on it and records how it ended, so records, logs and kill work as in
@@ -30,10 +37,13 @@ kill or a status check finds them even when a record lacks the container's name.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import re
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -155,16 +165,30 @@ def _invoker_package_dir() -> Path:
 
 
 def run_container(spec: dict[str, Any], rd: RunDir, argv: list[str], env: dict[str, str],
-                  on_started: Any = None) -> int:
+                  on_started: Any = None, *, secrets: dict[str, str] | None = None,
+                  should_stop: Callable[[], bool] | None = None) -> int:
     """Create and start the run's container, wait for it, remove it; returns its exit code.
 
-    SIGTERM/SIGINT to the calling process (the supervisor) stop the container
-    (SIGTERM to torchrun, SIGKILL after ``spec['stop_grace']`` seconds).
+    The container's command is the launcher (:mod:`higgsfield.invoker.launch`): once
+    the container runs, ``secrets`` are written to its stdin as one JSON line, so they
+    never sit in a file or in the container's configuration. SIGTERM/SIGINT to the
+    calling process (the supervisor) stop the container (SIGTERM to torchrun, SIGKILL
+    after ``spec['stop_grace']`` seconds); so does ``should_stop()`` being true once it
+    started (a kill that came while it was being created). Raises RunError when the
+    container cannot be created or the engine goes away during the run.
     """
     docker = _sdk()
+    engine_lost: tuple[type[BaseException], ...] = (docker.errors.DockerException, *_requests_errors())
     cl = client(timeout=120)
     name = spec["container"]
-    _remove_stale(cl, name)
+    try:
+        _remove_stale(cl, name)
+    except RunError:
+        cl.close()
+        raise
+    except engine_lost as e:
+        cl.close()
+        raise RunError(f"lost the Docker engine while removing a stale {name}: {e}") from None
     code_dir = str(spec["code_dir"])
     volumes: dict[str, dict[str, str]] = {
         code_dir: {"bind": code_dir, "mode": "ro"},
@@ -181,12 +205,12 @@ def run_container(spec: dict[str, Any], rd: RunDir, argv: list[str], env: dict[s
         device_requests = [docker.types.DeviceRequest(device_ids=[str(i) for i in slots],
                                                       capabilities=[["gpu"]])]
     launcher_log = str(rd.logs / "launcher.log")
-    command = ["/bin/sh", "-c", 'exec "$@" >>"$0" 2>&1', launcher_log, *argv]
+    command = [argv[0], "-m", "higgsfield.invoker.launch", launcher_log, "--", *argv]
     labels = {f"{LABEL}.project": spec["project"], f"{LABEL}.run": spec["run"],
               f"{LABEL}.node": str(spec["node"]), f"{LABEL}.run_dir": str(rd.path)}
     try:
         container = cl.containers.create(
-            spec["image"], command=command, name=name, detach=True, environment=env,
+            spec["image"], command=command, name=name, detach=True, environment=env, stdin_open=True,
             network_mode="host", ipc_mode="host", user=f"{os.getuid()}:{os.getgid()}",
             working_dir=code_dir, volumes=volumes, labels=labels, init=True,
             device_requests=device_requests,
@@ -194,12 +218,17 @@ def run_container(spec: dict[str, Any], rd: RunDir, argv: list[str], env: dict[s
             ulimits=[docker.types.Ulimit(name="memlock", soft=-1, hard=-1)] if slots else None,
         )
     except docker.errors.APIError as e:
+        cl.close()
         raise RunError(f"cannot create container {name}: {e.explanation or e}") from None
+    except engine_lost as e:
+        cl.close()
+        raise RunError(f"lost the Docker engine while creating container {name}: {e}") from None
     grace = float(spec.get("stop_grace", 3))
 
-    def stop(signum: int, _frame: Any) -> None:
+    def stop(signum: int = 0, _frame: Any = None) -> None:
         try:
-            client(timeout=grace + 30).containers.get(name).stop(timeout=int(max(1, grace)))
+            with contextlib.closing(client(timeout=grace + 30)) as c:
+                c.containers.get(name).stop(timeout=int(max(1, grace)))
         except Exception:  # noqa: BLE001, S110 - already gone
             pass
 
@@ -207,20 +236,39 @@ def run_container(spec: dict[str, Any], rd: RunDir, argv: list[str], env: dict[s
     signal.signal(signal.SIGINT, stop)
     try:
         container.start()
+        _send_secrets(cl, container, secrets or {})
         if on_started:
             on_started(container)
+        if should_stop is not None and should_stop():
+            stop()
         result = container.wait(timeout=None)
-        code = int(result.get("StatusCode", 1))
+        return int(result.get("StatusCode", 1))
     except docker.errors.APIError as e:
-        print(f"higgsfield: docker error while running {name}: {e.explanation or e}", flush=True)
-        code = 1
+        raise RunError(f"docker error while running {name}: {e.explanation or e}") from None
+    except engine_lost as e:
+        raise RunError(f"lost the Docker engine while running {name}: {e}") from None
     finally:
         try:
             container.remove(force=True)
         except Exception:  # noqa: BLE001, S110 - already gone or the engine is down
             pass
         cl.close()
-    return code
+
+
+def _requests_errors() -> tuple[type[BaseException], ...]:
+    """The transport errors of a Docker engine going away mid-call (requests' connection errors)."""
+    import requests
+
+    return (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError)
+
+
+def _send_secrets(cl: Any, container: Any, secrets: dict[str, str]) -> None:
+    """One JSON line to the container's stdin (its launcher waits for it), over an attach; then detach."""
+    sock = cl.api.attach_socket(container.id, params={"stdin": 1, "stream": 1})
+    try:
+        getattr(sock, "_sock", sock).sendall(json.dumps(secrets).encode() + b"\n")
+    finally:
+        sock.close()
 
 
 def _remove_stale(cl: Any, name: str) -> None:
@@ -229,6 +277,8 @@ def _remove_stale(cl: Any, name: str) -> None:
         cl.containers.get(name).remove(force=True)
     except docker.errors.NotFound:
         pass
+    except docker.errors.APIError as e:
+        raise RunError(f"cannot remove the stale container {name}: {e.explanation or e}") from None
 
 
 def stop_run_containers(rd: RunDir, name: str | None, grace: float = 3.0) -> int:

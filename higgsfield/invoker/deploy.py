@@ -58,22 +58,48 @@ def deployed(state_dir: Path, project: str) -> dict[str, Any] | None:
     return {**info, "code_dir": str(code.resolve()), "image": current_image(state_dir, project)}
 
 
+def _inside(root: str, path: str) -> bool:
+    return path == root or path.startswith(root + os.sep)
+
+
 def _safe_members(tar: tarfile.TarFile, dest: Path) -> Any:
-    root = dest.resolve()
+    """The archive's members, refused when one would land (or link) outside ``dest``.
+
+    Checked as the members are extracted (this is a generator consumed between
+    extractions), against the tree *as it is on disk*: paths are resolved with
+    ``realpath``, so a chain of links unpacked earlier (``a -> ..`` then ``a/l -> ../..``)
+    cannot smuggle a later member out of the tree.
+    """
+    root = os.path.realpath(dest)
     for m in tar:
         name = PurePosixPath(m.name)
         if name.is_absolute() or ".." in name.parts:
             raise RunError(f"refusing unsafe path in the code archive: {m.name}")
         if not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
             continue  # devices, fifos: never part of a project
+        parent = os.path.realpath(os.path.join(root, *name.parent.parts))
+        if not _inside(root, parent):
+            raise RunError(f"refusing path through a link out of the project in the code archive: {m.name}")
         if m.issym() or m.islnk():
-            target = (root / name.parent / m.linkname) if m.issym() else (root / m.linkname)
-            if not os.path.normpath(target).startswith(str(root) + os.sep):
+            base = parent if m.issym() else root
+            target = os.path.realpath(os.path.join(base, m.linkname))
+            if PurePosixPath(m.linkname).is_absolute() or not _inside(root, target):
                 raise RunError(f"refusing link out of the project in the code archive: {m.name} -> {m.linkname}")
         m.mode = (m.mode | 0o600) & 0o755 if not m.isdir() else 0o755
         m.uid = m.gid = os.getuid()
         m.uname = m.gname = ""
         yield m
+
+
+def _extract(tar: tarfile.TarFile, m: tarfile.TarInfo, dest: Path) -> None:
+    """Extract one checked member; where tarfile has extraction filters (3.11.4+), also through ``data``."""
+    if hasattr(tarfile, "data_filter"):
+        try:
+            tar.extract(m, dest, set_attrs=not m.issym(), filter="data")
+        except tarfile.FilterError as e:
+            raise RunError(f"refusing unsafe member of the code archive: {e}") from None
+    else:  # pragma: no cover - Python < 3.11.4: the realpath checks of _safe_members are the guard
+        tar.extract(m, dest, set_attrs=not m.issym())
 
 
 def unpack(state_dir: Path, project: str, commit: str, stream: IO[bytes], *, dirty: bool = False) -> dict[str, Any]:
@@ -87,7 +113,7 @@ def unpack(state_dir: Path, project: str, commit: str, stream: IO[bytes], *, dir
     try:
         with tarfile.open(fileobj=stream, mode="r|*") as tar:
             for m in _safe_members(tar, tmp):
-                tar.extract(m, tmp, set_attrs=not m.issym())
+                _extract(tar, m, tmp)
         (tmp / COMMIT_FILE).write_text(commit + "\n")
         release = releases / name
         os.rename(tmp, release)

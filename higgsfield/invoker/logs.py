@@ -1,7 +1,9 @@
 """Read a run's per-rank log files, once or following them until the run ends.
 
 Each line is yielded as ``(rank, text)``; within a rank, lines keep their order
-and none is lost (partial lines wait for their newline). ``rank`` is -1 for the
+and none is lost (partial lines wait for their newline). Files are read at most
+``READ_CHUNK`` bytes per pass, round-robin, so one huge log neither fills memory nor
+starves the others. ``rank`` is -1 for the
 launcher's own log (torchrun's messages: restarts, failures).
 """
 
@@ -16,6 +18,7 @@ from higgsfield.invoker.records import RunDir
 
 _RANK_LOG = re.compile(r"^rank(\d+)\.log$")
 LAUNCHER = -1
+READ_CHUNK = 1 << 20  # at most this much of one file per pass: a multi-GB log never sits in memory
 
 
 def _log_files(rd: RunDir) -> dict[int, Path]:
@@ -52,7 +55,7 @@ def read_lines(rd: RunDir, *, follow: bool = False, ranks: set[int] | None = Non
             try:
                 with open(path, "rb") as f:
                     f.seek(offsets.get(rank, 0))
-                    chunk = f.read()
+                    chunk = f.read(READ_CHUNK)
             except OSError:
                 continue
             if not chunk:

@@ -11,9 +11,16 @@ the deployed code, GPUs), writes the spec and record, then starts a detached
 3. it waits, releases the slots and writes the final state (succeeded, failed with
    the rank that failed first, or killed).
 
-Secrets reach the supervisor on its stdin and live only in the run's environment (the
-Docker runtime hands them to the workers through a 0600 file in the run directory,
-removed when the run ends, so they never show in ``docker inspect``).
+Secrets reach the supervisor on its stdin and live only in the run's environment, never
+in a file on the node: the process runtime passes them in torchrun's environment; the
+Docker runtime writes them to the container's stdin, where its launcher
+(:mod:`higgsfield.invoker.launch`) puts them in the environment and becomes torchrun,
+so they never show in ``docker inspect`` either.
+
+Pids are recorded with their start times (:mod:`higgsfield.invoker.pids`): after a
+reboot or a long time, a recorded pid that now names another process is never
+signalled nor taken for the run's. Two starts of one run name are serialised by a
+per-run ``flock``, so only one of them can pass the "already active" check.
 
 ``kill`` marks the run, asks torchrun to stop (SIGTERM to its process group, or
 ``docker stop``), then kills whatever is left, workers and containers included, so
@@ -25,6 +32,7 @@ on this node, else processes).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -36,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from higgsfield.errors import RunError
-from higgsfield.invoker import queue
+from higgsfield.invoker import pids, queue
 from higgsfield.invoker.records import (
     ACTIVE,
     FAILED,
@@ -114,12 +122,11 @@ def run_env(spec: dict[str, Any], rd: RunDir, secrets: dict[str, str]) -> dict[s
 
 
 def container_env(spec: dict[str, Any], rd: RunDir) -> dict[str, str]:
-    """The container's environment: only the run's own variables (secrets go through a file)."""
+    """The container's configured environment: only the run's own variables (secrets come on stdin)."""
     from higgsfield.invoker.containers import INVOKER_MOUNT
 
     env = _run_vars(spec, rd)
-    env.update({"HOME": "/tmp", "PYTHONPATH": INVOKER_MOUNT, "PYTHONDONTWRITEBYTECODE": "1",
-                "HIGGSFIELD_SECRETS_FILE": str(rd.secrets_path)})
+    env.update({"HOME": "/tmp", "PYTHONPATH": INVOKER_MOUNT, "PYTHONDONTWRITEBYTECODE": "1"})
     return env
 
 
@@ -150,9 +157,30 @@ def choose_runtime(state_dir: Path, spec: dict[str, Any]) -> tuple[str, str | No
     return "process", None
 
 
+@contextlib.contextmanager
+def _run_lock(rd: RunDir) -> Any:
+    """An exclusive ``flock`` of the run's ``.lock`` (held while a start checks and records the run)."""
+    rd.path.mkdir(parents=True, exist_ok=True)
+    fd = os.open(rd.path / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def launch(state_dir: Path, spec: dict[str, Any], secrets: dict[str, str]) -> RunRecord:
-    """Check, record the run and start its supervisor; returns the record (state ``starting``)."""
+    """Check, record the run and start its supervisor; returns the record (state ``starting``).
+
+    Two starts of the same run name at once are serialised (a per-run lock): the second
+    finds the first's record and is refused.
+    """
     rd = RunDir(state_dir, spec["project"], spec["run"])
+    with _run_lock(rd):
+        return _launch(state_dir, rd, spec, secrets)
+
+
+def _launch(state_dir: Path, rd: RunDir, spec: dict[str, Any], secrets: dict[str, str]) -> RunRecord:
     if rd.exists():
         old = refresh(rd)
         if old.state in ACTIVE:
@@ -182,7 +210,7 @@ def launch(state_dir: Path, spec: dict[str, Any], secrets: dict[str, str]) -> Ru
     }
     spec.setdefault("submitted_at", time.time())
     # A re-used run name starts afresh (its checkpoints stay): old logs and markers go.
-    for p in (rd.kill_marker, rd.peer_lost_path, rd.secrets_path):
+    for p in (rd.kill_marker, rd.peer_lost_path, rd.legacy_secrets_path):
         p.unlink(missing_ok=True)
     if rd.logs.is_dir():
         for p in rd.logs.glob("rank*.*"):
@@ -204,7 +232,7 @@ def launch(state_dir: Path, spec: dict[str, Any], secrets: dict[str, str]) -> Ru
             cwd=spec["code_dir"], start_new_session=True)
     finally:
         launcher_log.close()
-    record.pids["supervisor"] = proc.pid
+    _record_pid(record, "supervisor", proc.pid)
     rd.write(record)
     # The supervisor blocks on stdin until this write is done, so the record above is never raced.
     assert proc.stdin is not None
@@ -233,7 +261,7 @@ def supervise(state_dir: Path, project: str, run: str) -> int:
     entry = queue.Entry(project=project, run=run, want=queue.wanted(int(spec["nproc"]), bool(spec.get("exclusive")),
                                                                     cap),
                         exclusive=bool(spec.get("exclusive")), order=float(spec.get("submitted_at") or time.time()),
-                        pid=os.getpid())
+                        pid=os.getpid(), pid_start=pids.start_time(os.getpid()))
 
     def on_wait(others: list[queue.Entry]) -> None:
         rec = rd.read()
@@ -261,48 +289,64 @@ def supervise(state_dir: Path, project: str, run: str) -> int:
         record = rd.read()
         record.slots = slots
         if spec["runtime"] == "docker":
-            rc = _supervise_container(spec, rd, record, secrets)
+            rc = _supervise_container(spec, rd, record, secrets, stopping=lambda: stopping["flag"])
         else:
-            rc = _supervise_process(spec, rd, record, secrets)
+            rc = _supervise_process(spec, rd, record, secrets, stopping=lambda: stopping["flag"])
     finally:
         queue.release(state_dir, project, run)
-        rd.secrets_path.unlink(missing_ok=True)
     _finish(rd, None, rc)
     return 0
 
 
-def _supervise_process(spec: dict[str, Any], rd: RunDir, record: RunRecord, secrets: dict[str, str]) -> int:
+def _record_pid(record: RunRecord, role: str, pid: int) -> None:
+    record.pids[role] = pid
+    start = pids.start_time(pid)
+    if start is not None:
+        record.pid_starts[role] = start
+
+
+def _supervise_process(spec: dict[str, Any], rd: RunDir, record: RunRecord, secrets: dict[str, str], *,
+                       stopping: Any = lambda: False) -> int:
     argv = torchrun_argv(spec, rd, spec.get("python") or sys.executable)
     record.command = argv
-    if rd.kill_marker.exists():
+    if rd.kill_marker.exists() or stopping():
         return 143
+    launched: dict[str, int] = {}
+    asked = {"stop": False}
+
+    def forward(signum: int, _frame: Any) -> None:
+        asked["stop"] = True
+        if "pid" in launched:
+            _signal_group(launched["pid"], signal.SIGTERM)
+
+    # The handler is in place before torchrun exists: a kill's SIGTERM that lands while it
+    # starts is remembered (and forwarded right after), never swallowed by the queue's handler.
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
     proc = subprocess.Popen(argv, cwd=spec.get("code_dir") or None,  # noqa: S603
                             env=run_env(spec, rd, secrets), start_new_session=True)
     del secrets
-    record.pids["launcher"] = proc.pid
+    launched["pid"] = proc.pid
+    _record_pid(record, "launcher", proc.pid)
     record.state, record.started_at = RUNNING, time.time()
     rd.write(record)
-
-    def forward(signum: int, _frame: Any) -> None:
+    # A kill that came between the check above and the pid being recorded found no launcher
+    # to signal: look again now that the record names it.
+    if asked["stop"] or rd.kill_marker.exists():
         _signal_group(proc.pid, signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
     rc = proc.wait()
     _kill_workers(rd, signal.SIGKILL)
     _signal_group(proc.pid, signal.SIGKILL)
     return rc
 
 
-def _supervise_container(spec: dict[str, Any], rd: RunDir, record: RunRecord, secrets: dict[str, str]) -> int:
+def _supervise_container(spec: dict[str, Any], rd: RunDir, record: RunRecord, secrets: dict[str, str], *,
+                         stopping: Any = lambda: False) -> int:
     from higgsfield.invoker import containers
 
     argv = torchrun_argv(spec, rd, "python")
     record.command = argv
-    if secrets:
-        write_json(rd.secrets_path, secrets, mode=0o600)
-    del secrets
-    if rd.kill_marker.exists():
+    if rd.kill_marker.exists() or stopping():
         return 143
 
     def started(container: Any) -> None:
@@ -312,14 +356,21 @@ def _supervise_container(spec: dict[str, Any], rd: RunDir, record: RunRecord, se
         rd.write(rec)
 
     try:
-        return containers.run_container(spec, rd, argv, container_env(spec, rd), on_started=started)
-    except RunError as e:
+        return containers.run_container(spec, rd, argv, container_env(spec, rd), on_started=started,
+                                        secrets=secrets,
+                                        should_stop=lambda: stopping() or rd.kill_marker.exists())
+    except RunError as e:  # the container could not be created, or the engine went away mid-run
         _say(str(e))
+        if not rd.kill_marker.exists():
+            rec = rd.read()
+            rec.reason = str(e)
+            rd.write(rec)
         return 1
 
 
 def _finish(rd: RunDir, state: str | None, rc: int | None = None) -> RunRecord:
     """Write the final record: killed, failed (first failing rank, or the lost peer node) or succeeded."""
+    rd.legacy_secrets_path.unlink(missing_ok=True)  # left by an older invoker's docker runtime
     record = rd.read()
     record.ended_at = time.time()
     if rc is not None:
@@ -375,22 +426,18 @@ def kill(state_dir: Path, project: str, run: str, grace: float = STOP_GRACE_S, *
     rd.kill_marker.touch()
     if record.runtime == "docker":
         _stop_container(rd, record, grace)
-    launcher = record.pids.get("launcher")
-    if launcher:
-        _signal_group(launcher, signal.SIGTERM)
+    _signal_recorded(record, "launcher", signal.SIGTERM, group=True)
     _kill_workers(rd, signal.SIGTERM)
-    sup = record.pids.get("supervisor")
-    if sup and record.state in (QUEUED, STARTING):
-        _signal(sup, signal.SIGTERM)  # a queued supervisor stops waiting at once
+    if record.state in (QUEUED, STARTING):
+        _signal_recorded(record, "supervisor", signal.SIGTERM)  # a queued supervisor stops waiting at once
     deadline = time.time() + grace
     while time.time() < deadline:
         if rd.read().terminal:
             return refresh(rd)
         time.sleep(0.1)
     record = rd.read()
-    for pid in (record.pids.get("launcher"), record.pids.get("supervisor")):
-        if pid:
-            _signal_group(pid, signal.SIGKILL)
+    for role in ("launcher", "supervisor"):
+        _signal_recorded(record, role, signal.SIGKILL, group=True)
     _kill_workers(rd, signal.SIGKILL)
     if record.runtime == "docker":
         _stop_container(rd, record, 0)
@@ -448,7 +495,7 @@ def refresh(rd: RunDir) -> RunRecord:
     record = rd.read()
     if record.state in ACTIVE:
         sup = record.pids.get("supervisor")
-        if sup and not _alive(sup) and time.time() - record.created_at > 5:
+        if sup and not pids.alive(sup, record.pid_starts.get("supervisor")) and time.time() - record.created_at > 5:
             record = rd.read()
             if not record.terminal:
                 if record.runtime == "docker":
@@ -460,23 +507,21 @@ def refresh(rd: RunDir) -> RunRecord:
     return record
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is not alive
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return True
+def _signal_recorded(record: RunRecord, role: str, sig: int, *, group: bool = False) -> None:
+    """Signal the recorded ``role`` pid (its process group with ``group``), unless the pid was reused.
 
-
-def _signal(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
+    A pid whose process is gone is still signalled as a group: the run's leftover
+    group members keep that number as their group id (the kernel does not hand it out
+    while the group exists).
+    """
+    pid = record.pids.get(role)
+    if not pid or pids.reused(pid, record.pid_starts.get(role)):
+        return
+    if group:
+        _signal_group(pid, sig)
+    else:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -15,7 +15,8 @@ take slots (no overtaking).
 State: ``<state>/queue.json`` (entries: run, wanted slots, held slots, supervisor
 pid), changed only under an exclusive ``flock`` of ``<state>/queue.lock``; the lock is
 held for a read-modify-write, never while waiting. Entries whose supervisor is gone
-are dropped, so a crash never leaks slots.
+are dropped (a supervisor is known by pid and start time, so a reused pid does not
+keep a dead run's slots), so a crash never leaks slots.
 
 Use (in the supervisor)::
 
@@ -35,6 +36,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from higgsfield.invoker import pids
+
 
 @dataclass
 class Entry:
@@ -45,6 +48,7 @@ class Entry:
     order: float              # the control side's submit time
     pid: int                  # the run's supervisor
     slots: list[int] | None = None
+    pid_start: int | None = None  # the supervisor's start time: a reused pid is not it
     enqueued_at: float = field(default_factory=time.time)
 
     @property
@@ -101,18 +105,8 @@ def _save(state_dir: Path, entries: list[Entry]) -> None:
     write_json(state_dir / "queue.json", [asdict(e) for e in entries], mode=0o600)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
-    except OSError:
-        return True
+def _alive(e: Entry) -> bool:
+    return pids.alive(e.pid, e.pid_start)
 
 
 def _fifo(e: Entry) -> tuple[float, str]:
@@ -122,14 +116,14 @@ def _fifo(e: Entry) -> tuple[float, str]:
 def snapshot(state_dir: Path) -> list[Entry]:
     """The live entries, holders first then waiters in FIFO order."""
     with _locked(state_dir):
-        entries = [e for e in _load(state_dir) if _alive(e.pid)]
+        entries = [e for e in _load(state_dir) if _alive(e)]
     return sorted(entries, key=lambda e: (e.slots is None, _fifo(e)))
 
 
 def try_acquire(state_dir: Path, me: Entry, cap: Capacity) -> list[int] | None:
     """Take ``me``'s slots if it is the head of the queue and they are free; else enqueue it."""
     with _locked(state_dir):
-        entries = [e for e in _load(state_dir) if _alive(e.pid) and e.key != me.key]
+        entries = [e for e in _load(state_dir) if _alive(e) and e.key != me.key]
         mine = next((e for e in _load(state_dir) if e.key == me.key), None)
         if mine is not None and mine.slots is not None:
             return mine.slots
@@ -146,7 +140,7 @@ def try_acquire(state_dir: Path, me: Entry, cap: Capacity) -> list[int] | None:
 
 def release(state_dir: Path, project: str, run: str) -> None:
     with _locked(state_dir):
-        entries = [e for e in _load(state_dir) if e.key != (project, run) and _alive(e.pid)]
+        entries = [e for e in _load(state_dir) if e.key != (project, run) and _alive(e)]
         _save(state_dir, entries)
 
 

@@ -7,8 +7,11 @@
         run.json         the record: state, command, pids, container, slots, exit code, times
         kill             present once a kill was requested
         peer_lost.json   the control side lost another node of the run (the run ends failed, naming it)
-        secrets.json     (docker runtime, mode 0600) the run's secrets, removed when it ends
+        .lock            flock'd while a start checks and records the run
         logs/launcher.log, logs/rank<N>.log, logs/rank<N>.error.json
+
+Secrets are never written here (nor anywhere on the node): they live only in the
+run's processes' environments.
 
 The record outlives the processes, so a finished run can be inspected later.
 Writes are atomic (temp file + rename): a reader never sees half a record.
@@ -61,6 +64,7 @@ class RunRecord:
     runtime: str = "process"
     command: list[str] = field(default_factory=list)
     pids: dict[str, int] = field(default_factory=dict)
+    pid_starts: dict[str, int] = field(default_factory=dict)  # role -> /proc start time (guards pid reuse)
     container: str | None = None
     image: str | None = None
     slots: list[int] = field(default_factory=list)     # GPU indices (or CPU slots) held while running
@@ -110,7 +114,8 @@ class RunDir:
         return self.path / "kill"
 
     @property
-    def secrets_path(self) -> Path:
+    def legacy_secrets_path(self) -> Path:
+        """Where an older invoker's Docker runtime kept secrets; removed on sight."""
         return self.path / "secrets.json"
 
     @property
@@ -166,3 +171,21 @@ def first_failure(rd: RunDir) -> tuple[int, float] | None:
         if best is None or t < best[1]:
             best = (rank, t)
     return best
+
+
+def reserved_ports(state_dir: Path) -> set[int]:
+    """Rendezvous ports of this node's active runs that have their master here (node rank 0).
+
+    A queued run has not bound its port yet; ``free-port`` must not hand it out again.
+    """
+    ports: set[int] = set()
+    for rd in list_runs(state_dir):
+        try:
+            if rd.read().state not in ACTIVE:
+                continue
+            spec = rd.spec()
+            if int(spec.get("node_rank", -1)) == 0 and spec.get("master_port"):
+                ports.add(int(spec["master_port"]))
+        except (OSError, ValueError, TypeError):
+            continue
+    return ports

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
-import json
 import shutil
 import subprocess
 import tarfile
@@ -36,8 +35,11 @@ from typing import Any
 
 from higgsfield.config import Config
 from higgsfield.errors import HiggsfieldError
+from higgsfield.orchestrator._output import decode
 from higgsfield.remote import Group, Transport, open_group
 from higgsfield.remote.invoker import invoker_argv
+
+GIT_TIMEOUT_S = 300.0
 
 
 class DeployError(HiggsfieldError):
@@ -71,7 +73,11 @@ def _git(project_dir: Path, *args: str) -> bytes:
     git = shutil.which("git")
     if git is None:
         raise DeployError("git is not installed: deploy ships the project's git tree")
-    p = subprocess.run([git, *args], cwd=project_dir, capture_output=True, check=False)  # noqa: S603
+    try:
+        p = subprocess.run([git, *args], cwd=project_dir, capture_output=True, check=False,  # noqa: S603
+                           timeout=GIT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise DeployError(f"git {args[0]} in {project_dir} took over {GIT_TIMEOUT_S:.0f}s") from None
     if p.returncode != 0:
         err = p.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
         raise DeployError(f"git {args[0]} failed in {project_dir}: {err[0]}")
@@ -112,10 +118,10 @@ def make_archive(project_dir: Path, *, dirty: bool = False) -> tuple[bytes, str]
 
 
 async def _invoke(t: Transport, cfg: Config, args: list[str], *, input: bytes | str | None = None,
-                  timeout: float | None = None) -> Any:
+                  timeout: float | None = None, nullable: bool = False) -> Any:
     node = cfg.node(t.node)
     res = await t.run([*invoker_argv(cfg, node), *args], input=input, timeout=timeout or cfg.ssh.command_timeout)
-    return json.loads(res.stdout)
+    return decode(t.node, res.stdout, expect=dict, nullable=nullable)
 
 
 async def deploy_async(cfg: Config, *, dirty: bool = False, console: Any = None) -> DeployResult:
@@ -142,7 +148,7 @@ async def deploy_async(cfg: Config, *, dirty: bool = False, console: Any = None)
             nd.commit = commit
             build_args += ["--code-dir", str(cfg.project_dir)]
         else:
-            have = await _invoke(t, cfg, ["deployed", "--project", cfg.name], timeout=60)
+            have = await _invoke(t, cfg, ["deployed", "--project", cfg.name], timeout=60, nullable=True)
             if not have or have.get("commit") != commit:
                 got = await _invoke(t, cfg, ["deploy", "--project", cfg.name, "--commit", commit]
                                     + (["--dirty"] if dirty else []), input=archive)

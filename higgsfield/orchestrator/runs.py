@@ -20,8 +20,10 @@ Use::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets as _random
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -40,6 +42,7 @@ from higgsfield.invoker.records import (
     STARTING,
     SUCCEEDED,
 )
+from higgsfield.orchestrator._output import decode
 from higgsfield.params import resolve
 from higgsfield.remote import Group, NodeResult, Transport, open_group
 from higgsfield.remote.invoker import invoker_argv, node_state_dir
@@ -126,10 +129,12 @@ def _code_dir(cfg: Config, node: NodeConfig) -> str:
 
 
 async def _invoke(t: Transport, cfg: Config, node: NodeConfig, args: list[str], *,
-                  input: str | None = None, timeout: float | None = None) -> Any:
+                  input: str | None = None, timeout: float | None = None, expect: type | None = dict,
+                  keys: tuple[str, ...] = ()) -> Any:
+    """Run an invoker command on ``node``; its JSON output, checked (CommandError when it is not as expected)."""
     res = await t.run([*invoker_argv(cfg, node), *args], input=input,
                       timeout=timeout or cfg.ssh.command_timeout)
-    return json.loads(res.stdout)
+    return decode(t.node, res.stdout, expect=expect, keys=keys)
 
 
 def start_run(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: str | None = None,
@@ -161,7 +166,8 @@ async def start_run_async(cfg: Config, experiment: str, params: dict[str, Any], 
     submitted_at = time.time()  # the FIFO order of every node's queue
     async with open_group(cfg, selected) as group:
         master = selected[0]
-        port = (await _invoke(group.transports[0], cfg, master, ["free-port"]))["port"]
+        port = (await _invoke(group.transports[0], cfg, master, ["free-port"],
+                              keys=("port",)))["port"]
         master_addr = "127.0.0.1" if master.is_local else master.host
 
         async def launch(t: Transport) -> dict[str, Any]:
@@ -176,25 +182,32 @@ async def start_run_async(cfg: Config, experiment: str, params: dict[str, Any], 
                 "exclusive": exclusive, "submitted_at": submitted_at,
             }
             payload = json.dumps({"spec": spec, "secrets": secrets or {}})
-            return dict(await _invoke(t, cfg, node, ["start"], input=payload))
+            return dict(await _invoke(t, cfg, node, ["start"], input=payload, keys=("state", "run")))
 
         results = await group.run(launch, timeout=cfg.ssh.connect_timeout + 120)
         failed = [r for r in results if not r.ok]
         if failed:
-            started = [r for r in results if r.ok]
-            await _kill_on(group, cfg, selected, [r.node for r in started], run)
+            # Every node, not only those that answered: one that timed out may have a supervisor running.
+            kills = await _kill_on(group, cfg, selected, [str(n.name) for n in selected], run, missing_ok=True)
+            stopped = [k.node for k in kills if k.ok and k.value and not k.value.get("missing")]
+            unkilled = [k for k in kills if not k.ok]
             detail = "; ".join(f"{r.node}: {r.reason}" for r in failed)
             raise RunError(f"run '{run}' failed to start on {len(failed)} node(s): {detail}"
-                           + (f" (stopped it on {', '.join(r.node for r in started)})" if started else ""))
+                           + (f" (stopped it on {', '.join(stopped)})" if stopped else "")
+                           + (f"; could not stop it on {'; '.join(f'{k.node}: {k.reason}' for k in unkilled)}"
+                              f" (run 'higgsfield kill {run}')" if unkilled else ""))
     return RunHandle(cfg.name, experiment, run, [str(n.name) for n in selected],
                      [r.value for r in results if r.value is not None])
 
 
 async def _kill_on(group: Group, cfg: Config, nodes: list[NodeConfig], names: list[str], run: str, *,
-                   failed_node: str | None = None, reason: str | None = None) -> list[NodeResult[Any]]:
+                   failed_node: str | None = None, reason: str | None = None,
+                   missing_ok: bool = False) -> list[NodeResult[Any]]:
+    """Kill ``run`` on the nodes named ``names``; with ``missing_ok`` a node without it answers {"missing": true}."""
     by_name = {str(n.name): n for n in nodes}
     extra = ["--failed-node", failed_node, "--reason", reason or f"node {failed_node} was lost"] \
         if failed_node else []
+    extra += ["--missing-ok"] if missing_ok else []
 
     async def one(t: Transport) -> Any:
         if t.node not in names:
@@ -212,7 +225,7 @@ async def _records(cfg: Config) -> tuple[list[dict[str, Any]], list[NodeResult[A
     async with open_group(cfg) as group:
         async def one(t: Transport) -> list[dict[str, Any]]:
             node = cfg.node(t.node)
-            return list(await _invoke(t, cfg, node, ["status", "--project", cfg.name], timeout=60))
+            return list(await _invoke(t, cfg, node, ["status", "--project", cfg.name], timeout=60, expect=list))
 
         results = await group.run(one, timeout=cfg.ssh.connect_timeout + 60)
     records = [rec for r in results if r.ok and r.value for rec in r.value]
@@ -360,33 +373,77 @@ def _why(e: BaseException) -> str:
 
 
 def _sync(make: Any) -> Iterator[Any]:
-    """Drive the async iterator ``make()`` in its own event loop in a thread, yielding its items here."""
+    """Drive the async iterator ``make()`` in its own event loop in a thread, yielding its items here.
+
+    When the consumer stops early (an exception, ``break``, Ctrl-C, or the generator
+    being closed), the async side is cancelled from here, thread-safely, so its SSH
+    streams close and the thread ends; every wait on either side is bounded, so
+    neither can hang on the other.
+    """
     import queue as _queue
-    import threading
 
     q: _queue.Queue[Any] = _queue.Queue(maxsize=10000)
     done = object()
+    stop = threading.Event()
+    loop_box: dict[str, Any] = {}
+
+    def put(item: Any) -> None:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.2)
+                return
+            except _queue.Full:
+                continue
 
     async def consume() -> None:
-        async for item in make():
-            q.put(item)
+        loop_box["loop"] = asyncio.get_running_loop()
+        loop_box["task"] = asyncio.current_task()
+        if stop.is_set():
+            return
+        async with contextlib.aclosing(make()) as items:
+            async for item in items:
+                if stop.is_set():
+                    return
+                # a full queue means a slow consumer: wait without blocking the loop
+                while not stop.is_set():
+                    try:
+                        q.put_nowait(item)
+                        break
+                    except _queue.Full:
+                        await asyncio.sleep(0.05)
 
     def worker() -> None:
         try:
             asyncio.run(consume())
-        except BaseException as e:  # noqa: BLE001
-            q.put(e)
+        except asyncio.CancelledError:
+            pass
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            put(e)
         finally:
-            q.put(done)
+            put(done)
 
-    threading.Thread(target=worker, daemon=True).start()
-    while True:
-        item = q.get()
-        if item is done:
-            return
-        if isinstance(item, BaseException):
-            raise item
-        yield item
+    thread = threading.Thread(target=worker, daemon=True, name="higgsfield-logs")
+    thread.start()
+    try:
+        while True:
+            try:
+                item = q.get(timeout=0.5)
+            except _queue.Empty:
+                if not thread.is_alive() and q.empty():
+                    return
+                continue
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        loop, task = loop_box.get("loop"), loop_box.get("task")
+        if loop is not None and task is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed in between
+                loop.call_soon_threadsafe(task.cancel)
+        thread.join(timeout=10)
 
 
 def iter_logs(cfg: Config, status: RunStatus, **kw: Any) -> Iterator[LogLine]:
@@ -429,7 +486,7 @@ def kill(cfg: Config, target: str) -> list[RunStatus]:
         async with open_group(cfg) as group:
             return await group.run(lambda t: _invoke(t, cfg, cfg.node(t.node),
                                                      ["kill", "--project", cfg.name, "--target", target],
-                                                     timeout=60),
+                                                     timeout=60, keys=("matched", "killed")),
                                    timeout=cfg.ssh.connect_timeout + 60)
 
     results = asyncio.run(go())

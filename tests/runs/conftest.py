@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from runs_helpers import STATE, Cluster, exe
+from runs_helpers import SECRET, STATE, Cluster, exe
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = 3
@@ -82,6 +82,24 @@ def _install_invoker(tb, venv: Path, i: int) -> None:  # type: ignore[no-untyped
     tb.add_to_docker_group(host)
 
 
+PROBE = '''\
+"""Prints what reaches a run: the length of its secret (never the value), then sleeps."""
+import os
+import time
+
+from higgsfield.experiment import experiment, param
+
+
+@experiment("probe")
+@param("sleep", default=0.0)
+def probe(params):
+    print(f"rank={params.rank} secret_len={len(os.environ.get('HF_TEST_SECRET', ''))}", flush=True)
+    end = time.time() + params.sleep
+    while time.time() < end:
+        time.sleep(0.1)
+'''
+
+
 DOCKERFILE = """\
 # The test project's training image: the bed's offline base image (python, torch, deps).
 ARG BASE_IMAGE=higgsfield-testbase:torch2.13
@@ -105,6 +123,7 @@ def cluster(bed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     d = tmp_path_factory.mktemp("cluster") / "hfrt"
     (d / "src").mkdir(parents=True)
     (d / "src" / "regression.py").write_text((REPO / "src" / "regression.py").read_text())
+    (d / "src" / "probe.py").write_text(PROBE)
     key = bed.state_dir() / "client" / "id_ed25519"
     nodes = "".join(f"  - host: 127.0.0.{i + 2}\n    name: hfnode{i}\n    user: hfnode{i}\n" for i in range(NODES))
     (d / "higgsfield.yml").write_text(
@@ -118,12 +137,15 @@ def cluster(bed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         "  retries: 1\n"
         "nproc_per_node: 1\n"
         "runtime: docker\n"
+        "secrets: [HF_TEST_SECRET]\n"
         f"state_dir: ~/{STATE}\n"
         "docker:\n"
         f"  base_image: {bed.BASE_IMAGE}\n")
     (d / "Dockerfile").write_text(DOCKERFILE)
     (d / "requirements.txt").write_text("# nothing beyond the base image\n")
     (d / ".gitignore").write_text("env\n.higgsfield/\n")
+    (d / "env").write_text(f"HF_TEST_SECRET={SECRET}\n")   # git-ignored: every run of the cluster carries it
+    (d / "env").chmod(0o600)
     _git(d, "init", "-q", "-b", "main")
     _git(d, "add", "-A")
     _git(d, "commit", "-q", "-m", "test project")

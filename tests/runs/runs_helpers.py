@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 STATE = ".hfrt"
+SECRET = "s3cr3t-value-hfrt-0042"   # the cluster project's one secret (its git-ignored env file)
 
 
 def exe(name: str) -> str:

@@ -20,9 +20,10 @@ import signal
 import subprocess
 import time
 import uuid
+from pathlib import Path
 
 import pytest
-from runs_helpers import Cluster, exe, run_processes, wait_for
+from runs_helpers import SECRET, Cluster, exe, run_processes, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.sshd, pytest.mark.docker]
 
@@ -332,3 +333,36 @@ def test_a_node_failing_to_launch_is_named_and_the_others_stopped(deployed: Clus
 def test_params_are_validated_before_anything_starts(deployed: Cluster) -> None:
     r = deployed.hf("run", "regression", "-p", "steps=notanumber", "--run-name", _name("bad"), timeout=120)
     assert r.returncode == 2 and "steps" in r.stderr
+
+
+def _holds_secret(root: Path) -> list[str]:
+    """Files under ``root`` (links not followed) whose bytes contain the cluster's secret."""
+    found = []
+    for dirpath, _dirs, files in os.walk(root):
+        if "/venv" in dirpath:
+            continue
+        for name in files:
+            p = Path(dirpath) / name
+            try:
+                if not p.is_symlink() and SECRET.encode() in p.read_bytes():
+                    found.append(str(p))
+            except OSError:
+                continue
+    return found
+
+
+def test_secrets_reach_a_docker_run_but_no_file_nor_docker_inspect(deployed: Cluster) -> None:
+    c = deployed
+    run = _name("secret")
+    c.hf("run", "probe", "-p", "sleep=300", "--run-name", run, "--nodes", "1", "--detach", check=True, timeout=300)
+    log = c.run_dir(0, run) / "logs" / "rank0.log"
+    wait_for(lambda: log.exists() and "secret_len=" in log.read_text(), 300, "the probe to print")
+    assert f"rank=0 secret_len={len(SECRET)}" in log.read_text()
+    name = f"hf-hfrt-probe-{run}-hfnode0"
+    inspect = subprocess.run([exe("docker"), "inspect", name], capture_output=True, text=True, check=True).stdout
+    assert SECRET not in inspect and json.loads(inspect)[0]["Config"]["OpenStdin"]
+    state = c.home(0) / ".hfrt"
+    assert _holds_secret(state) == [] and _holds_secret(c.run_dir(0, run)) == []
+    c.hf("kill", run, check=True, timeout=60)
+    assert _containers(run) == []
+    assert _holds_secret(state) == [] and _holds_secret(c.run_dir(0, run)) == []

@@ -1,21 +1,31 @@
-"""Fast tests of the node-side parts: the queue, container names, image tags, deploy unpacking, archives."""
+"""Fast tests of the node-side parts: the queue, container names, image tags, deploy unpacking, archives,
+the container launcher, pid identity, kill/start races, log reads, the rendezvous port."""
 
 from __future__ import annotations
 
 import io
+import json
 import os
+import signal
+import socket
 import subprocess
+import sys
 import tarfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from runs_helpers import exe
 
 from higgsfield.errors import RunError
-from higgsfield.invoker import queue
+from higgsfield.invoker import logs, pids, process, queue
 from higgsfield.invoker.containers import container_name, image_tag
 from higgsfield.invoker.deploy import deployed, unpack
+from higgsfield.invoker.records import RunDir, RunRecord, reserved_ports, write_json
 from higgsfield.orchestrator.deployment import make_archive
+from higgsfield.ports import RENDEZVOUS_PORTS, free_port
 
 
 def _entry(run: str, want: int, order: float, exclusive: bool = False) -> queue.Entry:
@@ -82,18 +92,23 @@ def test_image_tag_hashes_dockerfile_requirements_and_base(tmp_path: Path) -> No
     assert image_tag("My_Proj", tmp_path, base_image="other") != t2
 
 
-def _tar(files: dict[str, bytes], links: dict[str, str] | None = None) -> io.BytesIO:
+def _tar(files: dict[str, bytes], links: dict[str, str] | None = None,
+         then: dict[str, bytes] | None = None) -> io.BytesIO:
+    """A tar of ``files``, then the symlinks ``links``, then the files ``then`` (in that order)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+        def add(entries: dict[str, bytes]) -> None:
+            for name, data in entries.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        add(files)
         for name, target in (links or {}).items():
             info = tarfile.TarInfo(name)
             info.type = tarfile.SYMTYPE
             info.linkname = target
             tar.addfile(info)
+        add(then or {})
     buf.seek(0)
     return buf
 
@@ -110,14 +125,19 @@ def test_unpack_swaps_atomically_and_verifies(tmp_path: Path) -> None:
     assert len(list((tmp_path / "projects/p/releases").iterdir())) == 3  # pruned
 
 
-@pytest.mark.parametrize("files,links", [({"../evil": b"x"}, None), ({"/abs": b"x"}, None),
-                                         ({}, {"out": "../../../etc/passwd"})])
+@pytest.mark.parametrize("files,links,then", [
+    ({"../evil": b"x"}, None, None), ({"/abs": b"x"}, None, None),
+    ({}, {"out": "../../../etc/passwd"}, None),
+    # a chain of links, each "inside" on paper: deep/e/a is deep itself, so deep/e/a/l points out of the tree
+    ({"deep/e/keep": b""}, {"deep/e/a": "..", "deep/e/a/l": "../../../releases"}, {"deep/e/a/l/pwned": b"x"}),
+])
 def test_unpack_refuses_paths_out_of_the_tree(tmp_path: Path, files: dict[str, bytes],
-                                              links: dict[str, str] | None) -> None:
+                                              links: dict[str, str] | None, then: dict[str, bytes] | None) -> None:
     with pytest.raises(RunError, match="refusing"):
-        unpack(tmp_path, "p", "c" * 40, _tar(files, links))
+        unpack(tmp_path, "p", "c" * 40, _tar(files, links, then))
     assert deployed(tmp_path, "p") is None
     assert not (tmp_path / "evil").exists()
+    assert [p for p in tmp_path.rglob("pwned")] == []
 
 
 def test_archive_head_or_dirty_tree(tmp_path: Path) -> None:
@@ -146,3 +166,223 @@ def test_archive_head_or_dirty_tree(tmp_path: Path) -> None:
     assert sorted(tar.getnames()) == [".gitignore", "a.py", "new.py"]           # never the ignored env
     assert tar.extractfile("a.py").read() == b"changed\n"
     assert make_archive(tmp_path, dirty=True)[1] == label                      # same tree, same label
+
+
+def test_container_launcher_takes_secrets_from_stdin_into_the_environment(tmp_path: Path) -> None:
+    log = tmp_path / "launcher.log"
+    code = "import os, sys; print(len(os.environ['HF_S']), os.environ['KEEP'], sys.stdin.read() == '')"
+    r = subprocess.run([sys.executable, "-m", "higgsfield.invoker.launch", str(log), "--", sys.executable, "-c", code],
+                       input=json.dumps({"HF_S": "s3cr3t", "KEEP": "secret-loses"}) + "\n" + "not for the run\n",
+                       env={**os.environ, "KEEP": "run-var-wins"}, text=True, capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr + log.read_text()
+    assert log.read_text() == "6 run-var-wins True\n"      # stdin is /dev/null for the run itself
+    assert "s3cr3t" not in r.stdout + r.stderr + log.read_text()
+
+
+def test_queue_and_records_do_not_trust_a_reused_pid(tmp_path: Path) -> None:
+    me = pids.start_time(os.getpid())
+    assert me is not None and pids.alive(os.getpid(), me)
+    assert not pids.alive(os.getpid(), me + 1) and pids.reused(os.getpid(), me + 1)
+    # a queue holder whose pid now names another process (this one) holds nothing
+    stale = queue.Entry(project="p", run="old", want=1, exclusive=False, order=0.0, pid=os.getpid(),
+                        pid_start=me - 1, slots=[0])
+    queue._save(tmp_path, [stale])
+    assert queue.try_acquire(tmp_path, _entry("new", 1, 1.0), queue.Capacity(1, False)) == [0]
+
+
+def test_refresh_and_kill_never_signal_a_reused_supervisor_pid(tmp_path: Path) -> None:
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        rd = RunDir(tmp_path, "p", "r")
+        rd.logs.mkdir(parents=True)
+        start = pids.start_time(bystander.pid)
+        assert start is not None
+        rec = RunRecord(project="p", experiment="e", run="r", node="n", node_rank=0, nnodes=1, nproc=1,
+                        state="running", pids={"supervisor": bystander.pid, "launcher": bystander.pid},
+                        pid_starts={"supervisor": start - 5, "launcher": start - 5}, created_at=time.time() - 60)
+        rd.write(rec)
+        write_json(rd.spec_path, {"project": "p", "run": "r"})
+        assert process.refresh(rd).state == "failed"       # its supervisor is gone: the pid is someone else's
+        rd.write(rec)
+        assert process.kill(tmp_path, "p", "r", grace=0.3).state == "killed"
+        assert bystander.poll() is None, "kill signalled an unrelated process that reused the pid"
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_a_kill_landing_just_after_the_marker_check_still_stops_torchrun(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    rd = RunDir(tmp_path, "p", "r")
+    rd.logs.mkdir(parents=True)
+    rec = RunRecord(project="p", experiment="e", run="r", node="n", node_rank=0, nnodes=1, nproc=1, state="starting")
+    rd.write(rec)
+    monkeypatch.setattr(process, "torchrun_argv",
+                        lambda spec, rd, python: [sys.executable, "-c", "import time; time.sleep(30)"])
+    real_popen = subprocess.Popen
+
+    def popen_then_kill(*a: object, **kw: object) -> subprocess.Popen[bytes]:
+        proc = real_popen(*a, **kw)  # type: ignore[call-overload]
+        rd.kill_marker.touch()       # the kill arrives while torchrun starts, before its pid is recorded
+        return proc
+
+    monkeypatch.setattr(subprocess, "Popen", popen_then_kill)
+    old = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        t0 = time.monotonic()
+        spec = {"code_dir": str(tmp_path), "project": "p", "experiment": "e", "run": "r"}
+        rc = process._supervise_process(spec, rd, rec, {})
+        assert time.monotonic() - t0 < 10 and rc != 0
+    finally:
+        signal.signal(signal.SIGTERM, old[0])
+        signal.signal(signal.SIGINT, old[1])
+
+
+def test_two_starts_of_one_run_name_at_once_one_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    class FakeSupervisor:
+        pid = os.getpid()
+        stdin = io.BytesIO()
+
+    def slow_gpus() -> int:
+        time.sleep(0.5)  # widens the window between the "already active?" check and the record
+        return 0
+
+    monkeypatch.setattr(process, "detect_gpus", slow_gpus)
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **kw: FakeSupervisor())
+    spec = {"project": "p", "experiment": "e", "run": "same", "node": "n", "node_rank": 0, "nnodes": 1,
+            "nproc": 1, "code_dir": str(tmp_path), "runtime": "process"}
+    barrier = threading.Barrier(2)
+
+    def start() -> str:
+        barrier.wait()
+        try:
+            process.launch(tmp_path / "state", dict(spec), {})
+            return "started"
+        except RunError as e:
+            return str(e)
+
+    with ThreadPoolExecutor(2) as pool:
+        outcomes = sorted(pool.map(lambda _: start(), range(2)))
+    assert outcomes[1] == "started" and "already starting" in outcomes[0], outcomes
+
+
+def test_logs_are_read_in_bounded_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rd = RunDir(tmp_path, "p", "r")
+    rd.logs.mkdir(parents=True)
+    lines = [f"line {i} " + "x" * 100 for i in range(30000)]   # ~3.2 MB
+    rd.rank_log(0).write_text("\n".join(lines) + "\n")
+    sizes: list[int] = []
+    real_open = open
+
+    class Spy:
+        def __init__(self, f: io.BufferedReader) -> None:
+            self.f = f
+
+        def __enter__(self) -> Spy:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.f.close()
+
+        def seek(self, n: int) -> int:
+            return self.f.seek(n)
+
+        def read(self, n: int = -1) -> bytes:
+            sizes.append(n)
+            return self.f.read(n)
+
+    monkeypatch.setattr(logs, "open", lambda p, mode="r": Spy(real_open(p, mode)), raising=False)
+    got = [text for _, text in logs.read_lines(rd)]
+    assert got == lines
+    assert sizes and all(0 < n <= logs.READ_CHUNK for n in sizes), sizes[:5]
+
+
+def test_free_port_is_in_the_rendezvous_range_and_skips_reserved_and_bound(tmp_path: Path) -> None:
+    lo, hi = RENDEZVOUS_PORTS
+    with socket.socket() as s:
+        s.bind(("", 0))
+        busy = s.getsockname()[1]
+        assert free_port(ports=(busy, busy + 1)) != busy          # a bound port is skipped
+    first = free_port()
+    assert lo <= first <= hi
+    assert free_port(reserved={first}) != first
+    # an active run whose master is here holds its port even while queued (not bound yet)
+    rd = RunDir(tmp_path, "p", "q")
+    rd.write(RunRecord(project="p", experiment="e", run="q", node="n", node_rank=0, nnodes=2, nproc=1,
+                       state="queued"))
+    write_json(rd.spec_path, {"node_rank": 0, "master_port": first})
+    assert reserved_ports(tmp_path) == {first}
+    with socket.socket() as a:   # a whole range busy: an ephemeral port instead
+        a.bind(("", 0))
+        p = a.getsockname()[1]
+        assert free_port(ports=(p, p)) != p
+
+
+def test_a_docker_engine_going_away_mid_run_fails_the_run_with_the_reason(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import docker
+    import requests
+
+    from higgsfield.invoker import containers
+
+    sent: list[bytes] = []
+
+    class Sock:
+        def sendall(self, data: bytes) -> None:
+            sent.append(data)
+
+        def close(self) -> None:
+            pass
+
+    class Container:
+        id = "c1"
+
+        def start(self) -> None:
+            pass
+
+        def wait(self, timeout: float | None = None) -> dict[str, int]:
+            raise requests.exceptions.ConnectionError("Connection aborted: the daemon restarted")
+
+        def remove(self, force: bool = False) -> None:
+            raise requests.exceptions.ConnectionError("still down")
+
+    class Client:
+        closed = False
+
+        class containers:  # noqa: N801 - the SDK's attribute name
+            @staticmethod
+            def get(name: str) -> None:
+                raise docker.errors.NotFound("no stale one")
+
+            @staticmethod
+            def create(*a: object, **kw: object) -> Container:
+                assert "environment" in kw and "HF_S" not in kw["environment"]  # type: ignore[operator]
+                return Container()
+
+        class api:  # noqa: N801
+            @staticmethod
+            def attach_socket(cid: str, params: dict[str, int]) -> Sock:
+                return Sock()
+
+        def close(self) -> None:
+            Client.closed = True
+
+    monkeypatch.setattr(containers, "client", lambda timeout=None: Client())
+    rd = RunDir(tmp_path, "p", "r")
+    rd.logs.mkdir(parents=True)
+    rec = RunRecord(project="p", experiment="e", run="r", node="n", node_rank=0, nnodes=1, nproc=1, state="starting",
+                    runtime="docker")
+    rd.write(rec)
+    spec = {"project": "p", "experiment": "e", "run": "r", "node": "n", "nnodes": 1, "node_rank": 0, "nproc": 1,
+            "master_addr": "127.0.0.1", "master_port": 29500, "code_dir": str(tmp_path), "image": "img",
+            "container": "hf-p-e-r-n"}
+    old = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        rc = process._supervise_container(spec, rd, rec, {"HF_S": "s3cr3t"})
+    finally:
+        signal.signal(signal.SIGTERM, old[0])
+        signal.signal(signal.SIGINT, old[1])
+    assert rc == 1 and Client.closed
+    assert sent == [b'{"HF_S": "s3cr3t"}\n']
+    final = process._finish(rd, None, rc)
+    assert final.state == "failed" and "lost the Docker engine" in (final.reason or "")
