@@ -4,7 +4,15 @@
 
 ``RUN_DIR/spec.json`` names the experiment, its module under ``src/`` and the raw
 param values. Each rank's stdout and stderr go to ``RUN_DIR/logs/rank<RANK>.log``
-(appended, so a restarted worker continues the same file). A worker that raises
+(appended, so a restarted worker continues the same file) through a pipe read by a
+small tee process forked before any user code (or torch) is imported: it appends
+exactly the bytes it reads and keeps ``rank<RANK>.idx``, lines ``OFFSET UNIXTIME``
+(the offset of the first byte of a line that arrived at that time, at least
+``INDEX_EVERY`` seconds apart), which ``logs --since`` uses. However the worker
+dies, even by SIGKILL, the pipe closes and the tee writes everything left in it
+before it exits; it ignores SIGINT/SIGTERM for that (a SIGKILL of the worker's
+process group ends it too). It holds a shared ``flock`` on the index while it
+runs, so a reader can tell the log is drained. A worker that raises
 writes ``rank<RANK>.error.json`` with the time, so ``status`` can name the rank
 that failed first. The worker dies with its torchrun (PR_SET_PDEATHSIG), so a
 killed launcher leaves no orphans. Secrets are already in the environment (torchrun
@@ -17,10 +25,14 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import sys
 import time
 import traceback
 from pathlib import Path
+
+INDEX_EVERY = 1.0  # seconds between two entries of rank<N>.idx, at least
+_READ = 1 << 16
 
 
 def _die_with_parent() -> None:
@@ -28,7 +40,6 @@ def _die_with_parent() -> None:
         return
     try:
         import ctypes
-        import signal
 
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -36,16 +47,101 @@ def _die_with_parent() -> None:
         pass
 
 
-def _redirect(log: Path) -> None:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+def _redirect(logs: Path, rank: int) -> None:
+    """Point fds 1 and 2 at a pipe drained by a forked tee into ``rank<N>.log`` (+ ``.idx``)."""
+    logs.mkdir(parents=True, exist_ok=True)
+    fd = os.open(logs / f"rank{rank}.log", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
+    try:
+        ifd = os.open(logs / f"rank{rank}.idx", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        r, w = os.pipe()
+        pid = os.fork()
+    except OSError:  # no index, pipe or fork: write the file directly (no --since for this rank)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+    else:
+        if pid == 0:  # the tee: never returns
+            code = 1
+            try:
+                _tee_child(r, fd, ifd)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(r)
+        os.close(ifd)
+        os.dup2(w, 1)
+        os.dup2(w, 2)
+        os.close(w)
     os.close(fd)
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+
+
+def _tee_child(r: int, fd: int, ifd: int) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # outlive the worker long enough to drain; SIGKILL still ends it
+    null = os.open(os.devnull, os.O_RDWR)
+    keep = sorted({r, fd, ifd, null})
+    low = 0
+    for k in keep:  # close every inherited fd but these: above all the pipe's write end, or no EOF ever
+        os.closerange(low, k)
+        low = k + 1
+    os.closerange(low, max(os.sysconf("SC_OPEN_MAX"), 1024))
+    for i in range(3):
+        if i not in (r, fd, ifd):
+            os.dup2(null, i)
+    tee(r, fd, ifd)
+
+
+def tee(src: int, fd: int, ifd: int) -> None:
+    """Append all read from ``src`` to ``fd`` (a log opened O_RDWR|O_APPEND) until EOF; index lines in ``ifd``.
+
+    ``ifd`` gets ``OFFSET UNIXTIME`` lines: whenever ``INDEX_EVERY`` seconds passed
+    since the last entry and data arrives, the offset of the first line that starts
+    in it, with the time it arrived. So every line between two entries started
+    arriving less than ``INDEX_EVERY`` seconds after the first of them.
+    """
+    import fcntl
+
+    fcntl.flock(ifd, fcntl.LOCK_SH)  # held until exit: "a tee still writes this log"
+    size = os.fstat(fd).st_size
+    at_line_start = size == 0 or os.pread(fd, 1, size - 1) == b"\n"
+    last = float("-inf")
+    while True:
+        chunk = os.read(src, _READ)
+        if not chunk:
+            return
+        now = time.time()
+        try:
+            start = _write_all(fd, chunk)
+        except OSError:  # disk full or the like: keep draining, or the worker would block or get EPIPE
+            continue
+        if now - last >= INDEX_EVERY:
+            if at_line_start:
+                entry = start
+            else:
+                nl = chunk.find(b"\n")
+                entry = start + nl + 1 if 0 <= nl < len(chunk) - 1 else -1  # else: the next chunk's start
+            if entry >= 0:
+                try:
+                    os.write(ifd, f"{entry} {now:.3f}\n".encode())
+                    last = now
+                except OSError:
+                    pass
+        at_line_start = chunk.endswith(b"\n")
+
+
+def _write_all(fd: int, data: bytes) -> int:
+    """Write all of ``data`` (append mode); return the file offset its first byte went to."""
+    view = memoryview(data)
+    start = -1
+    while view:
+        n = os.write(fd, view)
+        if start < 0:
+            start = os.lseek(fd, 0, os.SEEK_CUR) - n
+        view = view[n:]
+    return start
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     logs = run_dir / "logs"
     _die_with_parent()
-    _redirect(logs / f"rank{rank}.log")
+    _redirect(logs, rank)
     (logs / f"rank{rank}.pid").write_text(str(os.getpid()))
     spec = json.loads((run_dir / "spec.json").read_text())
     try:

@@ -96,6 +96,13 @@ def test_run_streams_prefixed_logs_and_records_the_run(project: Path) -> None:
     # finished runs keep their logs
     r = hf(project, "logs", "r1", "--rank", "1")
     assert r.returncode == 0 and r.stdout.count("localhost/1 | step") == 30 and "localhost/0 |" not in r.stdout
+    # --since: the ranks' lines carry times (rank<N>.idx); a time after the run shows none of them
+    assert (rd / "logs" / "rank0.idx").read_text().startswith("0 ")
+    r = hf(project, "logs", "r1", "--since", "1h")
+    assert r.returncode == 0 and r.stdout.count("localhost/0 | step") == 30
+    later = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 5))
+    r = hf(project, "logs", "r1", "--since", later)
+    assert r.returncode == 0 and r.stdout == "", r.stdout
 
 
 @pytest.mark.slow

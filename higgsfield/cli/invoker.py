@@ -145,9 +145,11 @@ def status(ctx: click.Context, project: str | None, run_name: str | None) -> Non
 @click.option("--follow", "-f", is_flag=True)
 @click.option("--rank", "ranks", type=int, multiple=True)
 @click.option("--heartbeat", type=float, default=None, help="With -f: print '#hb' after this many quiet seconds.")
+@click.option("--since", type=float, default=None, metavar="UNIXTIME",
+              help="Only lines written from then on (a log without index: whole if modified since, else none).")
 @click.pass_context
 def logs(ctx: click.Context, project: str, run_name: str, follow: bool, ranks: tuple[int, ...],
-         heartbeat: float | None) -> None:
+         heartbeat: float | None, since: float | None) -> None:
     """Print RANK<TAB>LINE for every log line of a run (rank -1: the launcher)."""
     from higgsfield.errors import RunError
     from higgsfield.invoker.logs import read_lines
@@ -159,7 +161,7 @@ def logs(ctx: click.Context, project: str, run_name: str, follow: bool, ranks: t
         raise RunError(f"no run '{run_name}' of project '{project}' on this node")
     out = sys.stdout
     for rank, line in read_lines(rd, follow=follow, ranks=set(ranks) or None,
-                                 is_done=lambda: refresh(rd).terminal, heartbeat=heartbeat):
+                                 is_done=lambda: refresh(rd).terminal, heartbeat=heartbeat, since=since):
         out.write("#hb\n" if rank is None else f"{rank}\t{line}\n")
         out.flush()
 

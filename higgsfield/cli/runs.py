@@ -6,6 +6,7 @@ import json
 import re
 import sys
 import time
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 import click
@@ -43,10 +44,33 @@ def _print_lines(lines: object, *, color: bool) -> None:
 
 
 def _follow(cfg: Config, status: RunStatus, *, follow: bool, node: str | None = None,
-            ranks: tuple[int, ...] = ()) -> None:
+            ranks: tuple[int, ...] = (), since: float | None = None) -> None:
     from higgsfield.orchestrator import iter_logs
 
-    _print_lines(iter_logs(cfg, status, follow=follow, node=node, ranks=ranks), color=sys.stdout.isatty())
+    _print_lines(iter_logs(cfg, status, follow=follow, node=node, ranks=ranks, since=since),
+                 color=sys.stdout.isatty())
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_since(value: str, now: float | None = None) -> float:
+    """``--since``: ``30s``/``10m``/``2h``/``1d`` ago, or an ISO time (local unless it names a zone) -> UNIX time."""
+    text = value.strip()
+    m = _DURATION.match(text.lower())
+    if m:
+        return (time.time() if now is None else now) - float(m.group(1)) * _UNIT_S[m.group(2)]
+    try:
+        when = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+    except ValueError:
+        raise click.BadParameter(f"'{value}' is neither a duration ago (30s, 10m, 2h, 1d) "
+                                 "nor a time (2026-11-30T10:00, local time)") from None
+    return when.timestamp()  # a naive time is local time
+
+
+def _since_option(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    return None if value is None else parse_since(value)
 
 
 @click.command()
@@ -116,15 +140,20 @@ def _wait_final(cfg: Config, run_name: str, timeout: float = 30.0) -> RunStatus:
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the run ends.")
 @click.option("--node", default=None, help="Only this node.")
 @click.option("--rank", "ranks", type=int, multiple=True, help="Only this global rank (repeatable).")
+@click.option("--since", metavar="T", callback=_since_option,
+              help="Only lines written since T: 30s, 10m, 2h, 1d ago, or a local time like 2026-11-30T10:00. "
+                   "The launcher's log has no line times: shown whole if it changed since T, "
+                   "else only what -f sees added.")
 @click.pass_context
-def logs(ctx: click.Context, target: str, follow: bool, node: str | None, ranks: tuple[int, ...]) -> None:
+def logs(ctx: click.Context, target: str, follow: bool, node: str | None, ranks: tuple[int, ...],
+         since: float | None) -> None:
     """Print the merged logs of a run (an experiment name means its latest run)."""
     from higgsfield.orchestrator import get_run
 
     cfg = get_config(ctx)
     status = get_run(cfg, target)
     try:
-        _follow(cfg, status, follow=follow, node=node, ranks=ranks)
+        _follow(cfg, status, follow=follow, node=node, ranks=ranks, since=since)
     except KeyboardInterrupt:
         sys.exit(130)
 

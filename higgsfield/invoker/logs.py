@@ -5,20 +5,34 @@ and none is lost (partial lines wait for their newline). Files are read at most
 ``READ_CHUNK`` bytes per pass, round-robin, so one huge log neither fills memory nor
 starves the others. ``rank`` is -1 for the
 launcher's own log (torchrun's messages: restarts, failures).
+
+``since`` (a UNIX time) starts each rank's log at its first line that may have
+been written at or after it, found in ``rank<N>.idx`` (see
+:mod:`higgsfield.entrypoint`): it may show up to ``INDEX_EVERY`` (1 s) of earlier
+lines, never misses a later one. A log without an index (the launcher's, or a
+rank whose tee could not start) is shown whole if it was modified at or after
+``since``, else only what is appended to it from now on (with ``follow``).
+
+Following ends once the run is over and no tee still holds its index (every byte
+of a dead worker's pipe is in the log), waiting at most ``DRAIN_WAIT`` seconds for
+that.
 """
 
 from __future__ import annotations
 
+import fcntl
 import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from higgsfield.entrypoint import INDEX_EVERY
 from higgsfield.invoker.records import RunDir
 
 _RANK_LOG = re.compile(r"^rank(\d+)\.log$")
 LAUNCHER = -1
 READ_CHUNK = 1 << 20  # at most this much of one file per pass: a multi-GB log never sits in memory
+DRAIN_WAIT = 10.0  # seconds a finished run's tees get to write what is left in their pipes
 
 
 def _log_files(rd: RunDir) -> dict[int, Path]:
@@ -34,24 +48,75 @@ def _log_files(rd: RunDir) -> dict[int, Path]:
     return files
 
 
+def start_offset(log: Path, since: float) -> int:
+    """Where to start reading ``log`` to show its lines written at or after ``since`` (a UNIX time)."""
+    try:
+        st = log.stat()
+    except OSError:
+        return 0
+    previous = None
+    try:
+        with open(log.with_suffix(".idx"), "rb") as f:
+            for raw in f:
+                fields = raw.split()
+                if len(fields) != 2:
+                    continue  # a torn last entry
+                try:
+                    offset, when = int(fields[0]), float(fields[1])
+                except ValueError:
+                    continue
+                # lines from ``offset`` up to the next entry started before when + INDEX_EVERY
+                if when > since - INDEX_EVERY:
+                    return min(offset, st.st_size)
+                previous = offset
+    except OSError:
+        pass
+    if st.st_mtime < since:
+        return st.st_size
+    return min(previous or 0, st.st_size)  # the end of a line begun earlier, or no index at all
+
+
+def _teeing(rd: RunDir) -> bool:
+    """True while some rank's tee still runs (holds its index): its log may still grow."""
+    if not rd.logs.is_dir():
+        return False
+    for p in rd.logs.glob("rank*.idx"):
+        try:
+            with open(p, "rb") as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return True
+        except OSError:
+            continue
+    return False
+
+
 def read_lines(rd: RunDir, *, follow: bool = False, ranks: set[int] | None = None,
                is_done: Callable[[], bool] | None = None, poll: float = 0.2,
-               heartbeat: float | None = None) -> Iterator[tuple[int | None, str]]:
+               heartbeat: float | None = None, since: float | None = None) -> Iterator[tuple[int | None, str]]:
     """Yield ``(rank, line)`` from every log; with ``follow``, until ``is_done()`` and drained.
 
     With ``heartbeat``, a ``(None, "")`` comes whenever that many seconds passed
     without a line, so a reader at the other end of a connection can tell a quiet
-    run from a dead node.
+    run from a dead node. With ``since``, only lines written from then on (see above).
     """
     offsets: dict[int, int] = {}
     partial: dict[int, bytes] = {}
     last = time.monotonic()
+    done_at: float | None = None
     while True:
         done = bool(is_done and is_done()) if follow else True
+        if done and follow:
+            done_at = time.monotonic() if done_at is None else done_at
+            if time.monotonic() - done_at < DRAIN_WAIT and _teeing(rd):
+                done = False
         got = False
         for rank, path in sorted(_log_files(rd).items()):
             if ranks is not None and rank not in ranks:
                 continue
+            if rank not in offsets:
+                offsets[rank] = 0 if since is None else start_offset(path, since)
             try:
                 with open(path, "rb") as f:
                     f.seek(offsets.get(rank, 0))

@@ -299,8 +299,13 @@ def get_run(cfg: Config, target: str) -> RunStatus:
 # -- logs ---------------------------------------------------------------------
 
 async def stream_logs(cfg: Config, status: RunStatus, *, follow: bool = False, node: str | None = None,
-                      ranks: tuple[int, ...] = (), lost_after: float | None = None) -> AsyncIterator[LogLine]:
+                      ranks: tuple[int, ...] = (), lost_after: float | None = None,
+                      since: float | None = None) -> AsyncIterator[LogLine]:
     """Merge every node's per-rank lines as they arrive; ends when every node's stream ends.
+
+    ``since`` (a UNIX time of this machine's clock) is passed to every node as is:
+    only lines written from then on by the node's clock (``higgsfield doctor``
+    reports the skew); see :mod:`higgsfield.invoker.logs`.
 
     Within a rank lines keep their order. A node whose logs cannot be read is
     reported after the other nodes' lines (RunError naming it). With ``lost_after``
@@ -319,6 +324,7 @@ async def stream_logs(cfg: Config, status: RunStatus, *, follow: bool = False, n
             args = ["logs", "--project", cfg.name, "--run", status.run]
             args += ["--follow"] if follow else []
             args += ["--heartbeat", str(HEARTBEAT_S)] if watch else []
+            args += ["--since", f"{since:.3f}"] if since is not None else []
             for r in ranks:
                 args += ["--rank", str(r)]
             error: BaseException | None = None
