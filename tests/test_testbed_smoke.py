@@ -118,12 +118,16 @@ def test_base_image_has_the_control_side_deps(testbed: tbmod.Testbed) -> None:
 def test_docker_group_helper_gives_a_node_the_engine(testbed: tbmod.Testbed, testbed_faults) -> None:  # type: ignore[no-untyped-def]
     h = testbed.hosts[-1]
     was_member = testbed.in_docker_group(h)
-    if was_member:  # a test before this one gave it the engine on purpose; leave it so
-        pytest.skip(f"{h.user} is already in the docker group")
-    p = testbed.ssh(h, "docker version --format '{{.Server.Version}}'")
-    assert p.returncode != 0 and "permission denied" in p.stderr.lower(), p.stdout + p.stderr
-    testbed_faults.add_to_docker_group(h)
-    p = testbed.ssh(h, "docker version --format '{{.Server.Version}}'")
-    assert p.returncode == 0 and p.stdout.strip(), p.stderr
-    testbed_faults.restore()
-    assert not testbed.in_docker_group(h)
+    if was_member:  # a test before this one gave it the engine on purpose: take it away, then give it back
+        testbed.remove_from_docker_group(h)
+    try:
+        p = testbed.ssh(h, "docker version --format '{{.Server.Version}}'")
+        assert p.returncode != 0 and "permission denied" in p.stderr.lower(), p.stdout + p.stderr
+        testbed_faults.add_to_docker_group(h)
+        p = testbed.ssh(h, "docker version --format '{{.Server.Version}}'")
+        assert p.returncode == 0 and p.stdout.strip(), p.stderr
+        testbed_faults.restore()
+        assert not testbed.in_docker_group(h)
+    finally:
+        if was_member:
+            testbed.add_to_docker_group(h)

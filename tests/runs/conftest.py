@@ -4,7 +4,7 @@
 - ``cluster``: a git project with 3 nodes, ``runtime: docker``, the base image as
   ``BASE_IMAGE``, its own state dir ``~/.hfrt`` on each node, and the invoker installed
   for every node user: one shared venv (editable install of this repo, torch and the
-  control deps from the bed's wheel cache, nothing downloaded) linked as
+  control deps through the machine's pip configuration) linked as
   ``~/.hfrt/venv`` (what ``higgsfield setup`` will do with a wheel). Each node user is
   put in the docker group, as setup does.
 """
@@ -57,9 +57,10 @@ def _node_venv(tb) -> Path:  # type: ignore[no-untyped-def]
         return venv
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run([SYSTEM_PYTHON, "-m", "venv", str(venv)], check=True)
-    wheels = tb.state_dir() / "wheels"
-    pip = [str(venv / "bin" / "pip"), "install", "--quiet", "--no-index", "--find-links", str(wheels)]
-    subprocess.run([*pip, "--upgrade", "setuptools>=64"], check=True)  # PEP 660 editable installs, offline
+    # The machine's own pip configuration (its index and wheel cache): the bed's image wheels are only
+    # downloaded when the image is built, and a cached image leaves a fresh checkout without them.
+    pip = [str(venv / "bin" / "pip"), "install", "--quiet"]
+    subprocess.run([*pip, "--upgrade", "setuptools>=64", "wheel"], check=True)  # PEP 660 editable installs
     subprocess.run([*pip, "--no-build-isolation", "-e", str(REPO), "torch==2.13.0"], check=True)
     stamp.write_text("ok\n")
     for p in [venv, *venv.rglob("*")]:
