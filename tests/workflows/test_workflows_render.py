@@ -286,3 +286,16 @@ def test_cli_build_check_and_experiments(project: Path) -> None:
     assert r.returncode == 0 and r.stdout.strip() == ".github/workflows: up to date (2 experiments: alpaca, tiny)"
     r = hf(project, "experiments")
     assert r.returncode == 0 and "alpaca  (src/train.py:" in r.stdout and "size: str, default '7b'" in r.stdout
+
+
+def test_this_repos_committed_workflows_are_up_to_date() -> None:
+    """The workflows committed for this repo's own src/ are what build-experiments renders today."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-m", "higgsfield", "build-experiments", "--check"], cwd=repo,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "up to date" in r.stdout + r.stderr
