@@ -45,6 +45,14 @@ def parse_bool(value: Any) -> bool:
     raise ValueError(f"expected true or false, got {value!r}")
 
 
+def check_run_name(name: str, what: str = "--run-name") -> str:
+    """``name`` if it is a valid run name; raises ParamError saying what is allowed."""
+    if not RUN_NAME_RE.match(name):
+        raise ParamError(f"{what} {name!r} is not valid: use 1-64 letters, digits, '.', '_' or '-', "
+                         "starting with a letter or digit")
+    return name
+
+
 def check_name(name: Any, what: str = "name") -> str:
     if not isinstance(name, str) or not NAME_RE.match(name) or len(name) > MAX_NAME:
         raise ValueError(f"{what} {name!r} is not valid: use 1-{MAX_NAME} letters, digits and _, "

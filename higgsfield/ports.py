@@ -7,6 +7,7 @@ the range is taken does the invoker fall back to an ephemeral one.
 
 from __future__ import annotations
 
+import random
 import socket
 from collections.abc import Iterable
 
@@ -14,10 +15,15 @@ RENDEZVOUS_PORTS = (29500, 29599)   # inclusive: torchrun's default port and the
 
 
 def free_port(reserved: Iterable[int] = (), ports: tuple[int, int] = RENDEZVOUS_PORTS) -> int:
-    """The first port of ``ports`` that is not ``reserved`` and can be bound now; else an ephemeral one."""
+    """A port of ``ports`` that is not ``reserved`` and can be bound now; else an ephemeral one.
+
+    Tried in random order: two runs launched at the same moment (each checks, then
+    torchrun binds a little later) rarely get the same port, as they would from the
+    first free one.
+    """
     taken = set(reserved)
     lo, hi = ports
-    for port in range(lo, hi + 1):
+    for port in random.sample(range(lo, hi + 1), hi - lo + 1):
         if port not in taken and _bindable(port):
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

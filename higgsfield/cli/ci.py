@@ -43,7 +43,7 @@ def ci() -> None:
 @click.pass_context
 def deploy(ctx: click.Context) -> None:
     """Ship the checked-out commit to every node and build the image (the Deploy workflow)."""
-    from higgsfield.orchestrator import deploy as _deploy  # type: ignore[attr-defined]
+    from higgsfield.orchestrator import deploy as _deploy
     from higgsfield.workflows.ci_inputs import ci_config
 
     cfg = ci_config(get_config(ctx), os.environ)
@@ -75,7 +75,7 @@ def run(ctx: click.Context, experiment: str) -> None:
                    "build-experiments' and commit .github/workflows")
     values = secrets.collect(cfg, os.environ)
     handle = start_run(cfg, experiment, inputs.params, run_name=inputs.run_name, nodes=inputs.nodes,
-                       secrets=values, detach=True)
+                       secrets=values)
     name = handle.run
     nodes = list(handle.nodes)
     shown = ", ".join(f"{k}={v!r}" for k, v in inputs.typed.items()) or "(none)"
@@ -98,7 +98,7 @@ def kill(ctx: click.Context, target: str | None) -> None:
     name = kill_target(target, os.environ)
     cfg = ci_config(get_config(ctx), os.environ)
     stopped = _kill(cfg, name)
-    lines = [f"{getattr(r, 'run', r)}: {getattr(r, 'state', 'stopped')}" for r in stopped]
+    lines = [f"{r.run}: {r.state}" for r in stopped]
     lines.append("check with: higgsfield status")
     _summary(lines, title=f"Kill {name}")
 

@@ -105,7 +105,7 @@ def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: 
         err.print(f"follow: higgsfield logs {handle.run} -f    stop: higgsfield kill {handle.run}")
         click.echo(handle.run)
         return
-    status = orchestrator.get_run(cfg, handle.run)
+    status = handle.status()
     try:
         _print_lines(orchestrator.follow_run(cfg, status), color=sys.stdout.isatty())
     except orchestrator.NodeLost as lost:

@@ -311,16 +311,3 @@ def stop_run_containers(rd: RunDir, name: str | None, grace: float = 3.0) -> int
     finally:
         cl.close()
 
-
-def running_containers(rd: RunDir) -> list[str]:
-    """Names of the run's containers that still exist."""
-    try:
-        cl = client(timeout=20)
-    except RunError:
-        return []
-    try:
-        return [c.name for c in cl.containers.list(all=True, filters={"label": f"{LABEL}.run_dir={rd.path}"})]
-    except Exception:  # noqa: BLE001
-        return []
-    finally:
-        cl.close()

@@ -74,9 +74,10 @@ def detect_gpus() -> int:
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
-def resolve_nproc(nproc: Any, gpus: int | None = None) -> int:
+def resolve_nproc(nproc: Any, gpus: int) -> int:
+    """Processes for this node: ``auto`` is one per GPU (one without GPUs)."""
     if nproc in (None, "auto"):
-        return max(1, detect_gpus() if gpus is None else gpus)
+        return max(1, gpus)
     return int(nproc)
 
 
@@ -253,7 +254,6 @@ def supervise(state_dir: Path, project: str, run: str) -> int:
     secrets = json.loads(sys.stdin.read() or "{}")
     rd = RunDir(state_dir, project, run)
     spec = rd.spec()
-    record = rd.read()
     if rd.kill_marker.exists():
         _finish(rd, KILLED)
         return 0

@@ -27,8 +27,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from higgsfield.params import RUN_NAME_RE  # noqa: F401 - re-exported for the orchestrator
-
 QUEUED, STARTING, RUNNING = "queued", "starting", "running"
 SUCCEEDED, FAILED, KILLED = "succeeded", "failed", "killed"
 TERMINAL = frozenset({SUCCEEDED, FAILED, KILLED})

@@ -37,13 +37,12 @@ from higgsfield.invoker.records import (
     FAILED,
     KILLED,
     QUEUED,
-    RUN_NAME_RE,
     RUNNING,
     STARTING,
     SUCCEEDED,
 )
 from higgsfield.orchestrator._output import decode
-from higgsfield.params import resolve
+from higgsfield.params import check_run_name, resolve
 from higgsfield.remote import Group, NodeResult, Transport, open_group
 from higgsfield.remote.invoker import invoker_argv, node_state_dir
 
@@ -60,6 +59,10 @@ class RunHandle:
     run: str
     nodes: list[str]
     records: list[dict[str, Any]] = field(default_factory=list)
+
+    def status(self) -> RunStatus:
+        """The run's status as its nodes reported it at start (no extra round trip)."""
+        return _merge(self.records)[0]
 
 
 @dataclass
@@ -139,12 +142,11 @@ async def _invoke(t: Transport, cfg: Config, node: NodeConfig, args: list[str], 
 
 def start_run(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: str | None = None,
               nodes: int | None = None, max_restarts: int = 0, secrets: dict[str, str] | None = None,
-              detach: bool = True, exclusive: bool = False) -> RunHandle:
+              exclusive: bool = False) -> RunHandle:
     """Validate, then launch ``experiment`` on the selected nodes at once; returns when all started.
 
     A node whose slots are busy queues the run there (state ``queued``); it starts by
-    itself. ``detach`` is accepted for symmetry with the CLI: this call never follows
-    the run (see :func:`follow_run`).
+    itself. This call never follows the run (see :func:`follow_run`).
     """
     return asyncio.run(start_run_async(cfg, experiment, params, run_name=run_name, nodes=nodes,
                                        max_restarts=max_restarts, secrets=secrets, exclusive=exclusive))
@@ -155,9 +157,8 @@ async def start_run_async(cfg: Config, experiment: str, params: dict[str, Any], 
                           secrets: dict[str, str] | None = None, exclusive: bool = False) -> RunHandle:
     exp = find_experiment(cfg.project_dir / "src", experiment)
     values = resolve(exp.params, params, experiment)
-    if run_name is not None and not RUN_NAME_RE.match(run_name):
-        raise RunError(f"--run-name {run_name!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a "
-                       "letter or digit")
+    if run_name is not None:
+        check_run_name(run_name)
     if max_restarts < 0:
         raise RunError("--max-restarts must be >= 0")
     run = run_name or new_run_name(experiment)
@@ -188,7 +189,7 @@ async def start_run_async(cfg: Config, experiment: str, params: dict[str, Any], 
         failed = [r for r in results if not r.ok]
         if failed:
             # Every node, not only those that answered: one that timed out may have a supervisor running.
-            kills = await _kill_on(group, cfg, selected, [str(n.name) for n in selected], run, missing_ok=True)
+            kills = await _kill_on(group, cfg, run, missing_ok=True)
             stopped = [k.node for k in kills if k.ok and k.value and not k.value.get("missing")]
             unkilled = [k for k in kills if not k.ok]
             detail = "; ".join(f"{r.node}: {r.reason}" for r in failed)
@@ -200,19 +201,15 @@ async def start_run_async(cfg: Config, experiment: str, params: dict[str, Any], 
                      [r.value for r in results if r.value is not None])
 
 
-async def _kill_on(group: Group, cfg: Config, nodes: list[NodeConfig], names: list[str], run: str, *,
-                   failed_node: str | None = None, reason: str | None = None,
-                   missing_ok: bool = False) -> list[NodeResult[Any]]:
-    """Kill ``run`` on the nodes named ``names``; with ``missing_ok`` a node without it answers {"missing": true}."""
-    by_name = {str(n.name): n for n in nodes}
+async def _kill_on(group: Group, cfg: Config, run: str, *, failed_node: str | None = None,
+                   reason: str | None = None, missing_ok: bool = False) -> list[NodeResult[Any]]:
+    """Kill ``run`` on every node of ``group``; with ``missing_ok`` a node without it answers {"missing": true}."""
     extra = ["--failed-node", failed_node, "--reason", reason or f"node {failed_node} was lost"] \
         if failed_node else []
     extra += ["--missing-ok"] if missing_ok else []
 
     async def one(t: Transport) -> Any:
-        if t.node not in names:
-            return None
-        return await _invoke(t, cfg, by_name[t.node], ["kill", "--project", cfg.name, "--run", run, *extra],
+        return await _invoke(t, cfg, cfg.node(t.node), ["kill", "--project", cfg.name, "--run", run, *extra],
                              timeout=60)
 
     return await group.run(one, timeout=cfg.ssh.connect_timeout + 60)
@@ -278,16 +275,14 @@ def list_runs(cfg: Config) -> tuple[list[RunStatus], list[NodeResult[Any]]]:
     return _merge(records), results
 
 
-def resolve_target(runs: list[RunStatus], target: str, *, active_only: bool = False) -> list[RunStatus]:
-    """Runs named by ``target``: a run name, or an experiment (its latest run, or all active ones)."""
+def resolve_target(runs: list[RunStatus], target: str) -> list[RunStatus]:
+    """The run named by ``target``: a run name, or an experiment (its latest run)."""
     exact = [r for r in runs if r.run == target]
     if exact:
-        return [r for r in exact if r.state in ACTIVE] if active_only else exact
+        return exact
     of_exp = [r for r in runs if r.experiment == target]
     if not of_exp:
         raise RunError(f"no run or experiment named '{target}' (see 'higgsfield status')")
-    if active_only:
-        return [r for r in of_exp if r.state in ACTIVE]
     return [of_exp[-1]]
 
 
@@ -466,8 +461,8 @@ async def follow_run_async(cfg: Config, status: RunStatus, *, lost_after: float 
     except NodeLost as lost:
         survivors = [cfg.node(n) for n in status.nodes if n != lost.node]
         async with open_group(cfg, survivors) as group:
-            await _kill_on(group, cfg, survivors, [str(n.name) for n in survivors], status.run,
-                           failed_node=lost.node, reason=f"node {lost.node} was lost: {lost.reason}")
+            await _kill_on(group, cfg, status.run, failed_node=lost.node,
+                           reason=f"node {lost.node} was lost: {lost.reason}")
         raise
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from higgsfield.errors import CommandError
 
@@ -51,7 +51,6 @@ class Timeouts:
     connect: float = 10.0
     command: float | None = 900.0
     retries: int = 2
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 class Transport(abc.ABC):

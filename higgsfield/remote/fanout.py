@@ -73,10 +73,6 @@ class Group:
     def __init__(self, transports: Sequence[Transport]) -> None:
         self.transports = list(transports)
 
-    @property
-    def nodes(self) -> list[str]:
-        return [t.node for t in self.transports]
-
     async def run(self, step: Callable[[Transport], Awaitable[T]],
                   timeout: float | None = None) -> list[NodeResult[T]]:
         async def one(rank: int, t: Transport) -> NodeResult[T]:

@@ -19,11 +19,8 @@ if TYPE_CHECKING:
     from higgsfield.config import Config, NodeConfig
 
 
-def node_state_dir(cfg: Config, node: NodeConfig | None = None) -> str:
-    """``cfg.state_dir`` as a path a remote command can use: ``~/x`` becomes home-relative ``x``.
-
-    (``node`` is accepted for callers that pass it; the state directory is the same on every node.)
-    """
+def node_state_dir(cfg: Config) -> str:
+    """``cfg.state_dir`` as a path a remote command can use: ``~/x`` becomes home-relative ``x``."""
     d = cfg.state_dir.rstrip("/") or "/"
     if d == "~":
         return "."

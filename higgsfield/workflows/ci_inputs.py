@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from higgsfield.errors import ConfigError, ParamError
-from higgsfield.params import RUN_NAME_RE, parse_assignments, resolve
+from higgsfield.params import RUN_NAME_RE, check_run_name, parse_assignments, resolve
 
 if TYPE_CHECKING:
     from higgsfield.config import Config
@@ -115,10 +115,7 @@ def parse_run_name(text: str) -> str | None:
     name = text.strip()
     if not name:
         return None
-    if not RUN_NAME_RE.match(name):
-        raise ParamError(f"run_name {name!r} is not valid: use 1-64 letters, digits, _ . or -, "
-                         "starting with a letter or digit")
-    return name
+    return check_run_name(name, "run_name")
 
 
 def parse_nodes(text: str, total_nodes: int) -> int | None:

@@ -74,7 +74,6 @@ def test_ci_run_launches_with_the_form_values(job: Path, monkeypatch: pytest.Mon
     assert call["experiment"] == "alpaca" and call["run_name"] == "sweep1" and call["nodes"] == 1
     assert call["params"] == {"lr": "0.5", "fast": "true", "data": "d.jsonl", "note": ""}   # note: cleared
     assert call["secrets"] == {"WANDB_API_KEY": "wandb-secret-123", "HF_TOKEN": "hf-secret-456"}
-    assert call["detach"] is True
     assert call["cfg"].ssh.identity_file == os.environ["HIGGSFIELD_SSH_KEY_FILE"]
     out = capsys.readouterr().out
     assert "started run 'sweep1' of experiment 'alpaca' on 1 node: gpu-1.example.com" in out
