@@ -1,11 +1,17 @@
-"""Decoding what a node's invoker prints: JSON of the expected shape, or one clear error naming the node."""
+"""Calling a node's invoker and decoding what it prints: JSON of the expected shape, or one clear
+error naming the node."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from higgsfield.errors import CommandError
+from higgsfield.remote.invoker import invoker_argv
+
+if TYPE_CHECKING:
+    from higgsfield.config import Config
+    from higgsfield.remote import Transport
 
 UPGRADE_HINT = "run 'higgsfield setup' to upgrade the invoker"
 
@@ -39,3 +45,12 @@ def _excerpt(text: str, limit: int = 200) -> str:
     if not text:
         return "nothing"
     return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+async def invoke(t: Transport, cfg: Config, args: list[str], *, input: bytes | str | None = None,
+                 timeout: float | None = None, expect: type | None = dict, keys: tuple[str, ...] = (),
+                 nullable: bool = False) -> Any:
+    """Run ``higgsfield invoker ARGS`` on ``t``'s node; its JSON output, checked by :func:`decode`."""
+    res = await t.run([*invoker_argv(cfg, cfg.node(t.node)), *args], input=input,
+                      timeout=timeout or cfg.ssh.command_timeout)
+    return decode(t.node, res.stdout, expect=expect, keys=keys, nullable=nullable)

@@ -35,9 +35,8 @@ from typing import Any
 
 from higgsfield.config import Config
 from higgsfield.errors import HiggsfieldError
-from higgsfield.orchestrator._output import decode
+from higgsfield.orchestrator._output import invoke
 from higgsfield.remote import Group, Transport, open_group
-from higgsfield.remote.invoker import invoker_argv
 
 GIT_TIMEOUT_S = 300.0
 
@@ -117,13 +116,6 @@ def make_archive(project_dir: Path, *, dirty: bool = False) -> tuple[bytes, str]
     return buf.getvalue(), f"{head}-dirty-{digest.hexdigest()[:8]}"
 
 
-async def _invoke(t: Transport, cfg: Config, args: list[str], *, input: bytes | str | None = None,
-                  timeout: float | None = None, nullable: bool = False) -> Any:
-    node = cfg.node(t.node)
-    res = await t.run([*invoker_argv(cfg, node), *args], input=input, timeout=timeout or cfg.ssh.command_timeout)
-    return decode(t.node, res.stdout, expect=dict, nullable=nullable)
-
-
 async def deploy_async(cfg: Config, *, dirty: bool = False, console: Any = None) -> DeployResult:
     t0 = time.monotonic()
     archive, commit = make_archive(cfg.project_dir, dirty=dirty)
@@ -148,9 +140,9 @@ async def deploy_async(cfg: Config, *, dirty: bool = False, console: Any = None)
             nd.commit = commit
             build_args += ["--code-dir", str(cfg.project_dir)]
         else:
-            have = await _invoke(t, cfg, ["deployed", "--project", cfg.name], timeout=60, nullable=True)
+            have = await invoke(t, cfg, ["deployed", "--project", cfg.name], timeout=60, nullable=True)
             if not have or have.get("commit") != commit:
-                got = await _invoke(t, cfg, ["deploy", "--project", cfg.name, "--commit", commit]
+                got = await invoke(t, cfg, ["deploy", "--project", cfg.name, "--commit", commit]
                                     + (["--dirty"] if dirty else []), input=archive)
                 nd.shipped = True
                 have = got
@@ -158,7 +150,7 @@ async def deploy_async(cfg: Config, *, dirty: bool = False, console: Any = None)
                 raise DeployError(f"{t.node}: deployed commit is {have and have.get('commit')}, expected {commit}")
             nd.commit = have["commit"]
         b0 = time.monotonic()
-        built = await _invoke(t, cfg, build_args, timeout=max(cfg.ssh.command_timeout, 3600))
+        built = await invoke(t, cfg, build_args, timeout=max(cfg.ssh.command_timeout, 3600))
         nd.build_seconds = time.monotonic() - b0
         nd.image, nd.built, nd.skipped_build = built.get("tag"), bool(built.get("built")), built.get("skipped")
         nd.seconds = time.monotonic() - started

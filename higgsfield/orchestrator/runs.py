@@ -41,7 +41,7 @@ from higgsfield.invoker.records import (
     STARTING,
     SUCCEEDED,
 )
-from higgsfield.orchestrator._output import decode
+from higgsfield.orchestrator._output import invoke
 from higgsfield.params import check_run_name, resolve
 from higgsfield.remote import Group, NodeResult, Transport, open_group
 from higgsfield.remote.invoker import invoker_argv, node_state_dir
@@ -131,15 +131,6 @@ def _code_dir(cfg: Config, node: NodeConfig) -> str:
     return f"{node_state_dir(cfg)}/projects/{cfg.name}/code"
 
 
-async def _invoke(t: Transport, cfg: Config, node: NodeConfig, args: list[str], *,
-                  input: str | None = None, timeout: float | None = None, expect: type | None = dict,
-                  keys: tuple[str, ...] = ()) -> Any:
-    """Run an invoker command on ``node``; its JSON output, checked (CommandError when it is not as expected)."""
-    res = await t.run([*invoker_argv(cfg, node), *args], input=input,
-                      timeout=timeout or cfg.ssh.command_timeout)
-    return decode(t.node, res.stdout, expect=expect, keys=keys)
-
-
 def start_run(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: str | None = None,
               nodes: int | None = None, max_restarts: int = 0, secrets: dict[str, str] | None = None,
               exclusive: bool = False) -> RunHandle:
@@ -167,7 +158,7 @@ async def start_run_async(cfg: Config, experiment: str, params: dict[str, Any], 
     submitted_at = time.time()  # the FIFO order of every node's queue
     async with open_group(cfg, selected) as group:
         master = selected[0]
-        port = (await _invoke(group.transports[0], cfg, master, ["free-port"],
+        port = (await invoke(group.transports[0], cfg, ["free-port"],
                               keys=("port",)))["port"]
         master_addr = "127.0.0.1" if master.is_local else master.host
 
@@ -183,7 +174,7 @@ async def start_run_async(cfg: Config, experiment: str, params: dict[str, Any], 
                 "exclusive": exclusive, "submitted_at": submitted_at,
             }
             payload = json.dumps({"spec": spec, "secrets": secrets or {}})
-            return dict(await _invoke(t, cfg, node, ["start"], input=payload, keys=("state", "run")))
+            return dict(await invoke(t, cfg, ["start"], input=payload, keys=("state", "run")))
 
         results = await group.run(launch, timeout=cfg.ssh.connect_timeout + 120)
         failed = [r for r in results if not r.ok]
@@ -209,7 +200,7 @@ async def _kill_on(group: Group, cfg: Config, run: str, *, failed_node: str | No
     extra += ["--missing-ok"] if missing_ok else []
 
     async def one(t: Transport) -> Any:
-        return await _invoke(t, cfg, cfg.node(t.node), ["kill", "--project", cfg.name, "--run", run, *extra],
+        return await invoke(t, cfg, ["kill", "--project", cfg.name, "--run", run, *extra],
                              timeout=60)
 
     return await group.run(one, timeout=cfg.ssh.connect_timeout + 60)
@@ -221,8 +212,7 @@ async def _records(cfg: Config) -> tuple[list[dict[str, Any]], list[NodeResult[A
     """Every node's run records of this project, plus per-node results (for unreachable nodes)."""
     async with open_group(cfg) as group:
         async def one(t: Transport) -> list[dict[str, Any]]:
-            node = cfg.node(t.node)
-            return list(await _invoke(t, cfg, node, ["status", "--project", cfg.name], timeout=60, expect=list))
+            return list(await invoke(t, cfg, ["status", "--project", cfg.name], timeout=60, expect=list))
 
         results = await group.run(one, timeout=cfg.ssh.connect_timeout + 60)
     records = [rec for r in results if r.ok and r.value for rec in r.value]
@@ -485,7 +475,7 @@ def kill(cfg: Config, target: str) -> list[RunStatus]:
     """
     async def go() -> list[NodeResult[Any]]:
         async with open_group(cfg) as group:
-            return await group.run(lambda t: _invoke(t, cfg, cfg.node(t.node),
+            return await group.run(lambda t: invoke(t, cfg,
                                                      ["kill", "--project", cfg.name, "--target", target],
                                                      timeout=60, keys=("matched", "killed")),
                                    timeout=cfg.ssh.connect_timeout + 60)
