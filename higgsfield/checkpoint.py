@@ -30,27 +30,54 @@ and the ``COMPLETE`` marker is on disk, so a crash mid-save leaves nothing that
 looks whole. DCP stores each tensor with its global shape, so a checkpoint
 written by N ranks loads on M. DeepSpeed uses its own format (same world size
 only; convert with ``python -m deepspeed.checkpoint.ds_to_universal`` to change it).
+
+A save that fails (a full disk, a quota, a rank that cannot write) raises
+:class:`CheckpointError` on every rank at the same point, never on one rank only
+while the others wait in a collective: each phase of a save ends with the ranks
+agreeing on whether it worked. Its partial directory is removed at once (it holds
+the space a full disk needs back), the complete checkpoints are left as they
+were, and keep-last-k only ever prunes after a newer checkpoint is complete, so
+the last good one is never deleted because a newer one failed. Leftovers of a
+save that was killed (``.tmp-*``) are removed before the next save writes, for
+the same reason. Catching the error on every rank and training on is safe.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
 import shutil
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["Checkpoint", "checkpoint_dir", "MARKER"]
+from higgsfield.errors import HiggsfieldError
+
+__all__ = ["Checkpoint", "CheckpointError", "checkpoint_dir", "MARKER"]
 
 MARKER = "COMPLETE"
 _PREFIX = "step_"
 _TMP = ".tmp-"
+
+
+class CheckpointError(HiggsfieldError):
+    """A checkpoint could not be saved or loaded; raised on every rank alike.
+
+    ``failures`` maps each failing rank to what it reported (``"OSError: [Errno 28]
+    No space left on device: ..."``). The message names the directory, the first
+    failing rank and the last complete checkpoint, which a save failure leaves intact.
+    """
+
+    def __init__(self, message: str, failures: dict[int, str]) -> None:
+        super().__init__(message)
+        self.failures = failures
 
 
 def checkpoint_dir(project: str | None = None, experiment: str | None = None, run: str | None = None,
@@ -115,47 +142,110 @@ class Checkpoint:
         return True
 
     def save(self, step: int, loader: Any = None) -> Path:
-        """Save the state after step ``step``; a resume continues at ``step + 1``. Collective."""
+        """Save the state after step ``step``; a resume continues at ``step + 1``. Collective.
+
+        Raises :class:`CheckpointError` on every rank when any rank fails to write;
+        the partial save is removed and the complete checkpoints stay as they were.
+        """
         self.wait()
         next_step = step + 1
         final = self.directory / f"{_PREFIX}{next_step:08d}"
         tmp = self.directory / f"{_TMP}{final.name}"
         rank = dist.get_rank()
-        if rank == 0:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
-        dist.barrier()
-        future = self._save_weights(tmp)
-        torch.save(_rng_state(), tmp / f"rng_rank{rank}.pt")
-        if rank == 0:
-            torch.save(self._trainer_state(next_step, loader), tmp / "trainer.pt")
+        what = f"save of {final.name}"
+
+        def prepare() -> None:
+            if rank == 0:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                self._remove_partial()  # a killed save's leftovers hold space this one may need
+                tmp.mkdir()
+
+        self._agree(what, _attempt(prepare, tmp), tmp)
+
+        def write_local() -> None:  # no collective in here: a rank that fails must not strand the others
+            if not tmp.is_dir():
+                raise FileNotFoundError(f"{tmp} made by rank 0 is not visible here: the checkpoint directory "
+                                        "must be on a filesystem every node shares (HIGGSFIELD_CHECKPOINT_DIR)")
+            _write_small(_rng_state(), tmp / f"rng_rank{rank}.pt")
+            if rank == 0:
+                _write_small(self._trainer_state(next_step, loader), tmp / "trainer.pt")
+
+        self._agree(what, _attempt(write_local, tmp), tmp)
+        future: Any = None
+
+        def write_weights() -> None:  # collective; DCP agrees across ranks by itself
+            nonlocal future
+            future = self._save_weights(tmp)
+
+        self._agree(what, _attempt(write_weights, tmp), tmp)
         self._pending = (future, tmp, final)
         if future is None:
             self.wait()
         return final
 
     def wait(self) -> None:
-        """Finish a save in flight: every rank's shards are on disk, then mark and rename. Collective."""
+        """Finish a save in flight: every rank's shards are on disk, then mark and rename. Collective.
+
+        An asynchronous save's failure surfaces here (on every rank, as :class:`CheckpointError`).
+        """
         if self._pending is None:
             return
         future, tmp, final = self._pending
         self._pending = None
+        what = f"save of {final.name}"
         if future is not None:
-            future.result()
-        dist.barrier()
+            self._agree(what, _attempt(future.result, tmp), tmp)
+        self._agree(what, _attempt(lambda: self._finish(tmp, final), tmp) if dist.get_rank() == 0 else None,
+                    tmp)
         if dist.get_rank() == 0:
-            marker = tmp / MARKER
-            with open(marker, "w") as f:
-                json.dump({"step": int(final.name[len(_PREFIX):]), "world_size": dist.get_world_size(),
-                           "engine": getattr(self.model, "engine", "fsdp"), "time": time.time()}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            shutil.rmtree(final, ignore_errors=True)  # a re-save of the same step
-            os.rename(tmp, final)
-            _fsync_dir(self.directory)
-            self._prune()
+            self._prune()  # only now, with the new checkpoint complete
         dist.barrier()
+
+    def _finish(self, tmp: Path, final: Path) -> None:
+        """Rank 0: write the marker (fsync'd) and rename the whole directory into place."""
+        with open(tmp / MARKER, "w") as f:
+            json.dump({"step": int(final.name[len(_PREFIX):]), "world_size": dist.get_world_size(),
+                       "engine": getattr(self.model, "engine", "fsdp"), "time": time.time()}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        aside = None
+        if final.exists():  # a re-save of the same step: the old one goes only once the new one is in place
+            aside = self.directory / f"{_TMP}old-{final.name}"
+            shutil.rmtree(aside, ignore_errors=True)
+            os.rename(final, aside)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if aside is not None:
+                os.rename(aside, final)
+            raise
+        _fsync_dir(self.directory)
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
+
+    def _agree(self, what: str, error: str | None, partial: Path | None = None) -> None:
+        """Every rank learns whether any rank failed; if one did, all raise the same CheckpointError.
+
+        Without this a rank that cannot write would raise alone while the others
+        wait for it in the next collective until the process group times out.
+        ``partial`` (a save's temporary directory) is removed on failure.
+        """
+        reports: list[str | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(reports, error)
+        failures = {r: msg for r, msg in enumerate(reports) if msg}
+        if not failures:
+            return
+        if partial is not None:
+            if _local_rank() == 0:  # one rank per node: the directory may be local to each node
+                shutil.rmtree(partial, ignore_errors=True)
+            dist.barrier()  # nobody starts another save while the partial one is being removed
+            last = self.latest()
+            kept = f"; the last complete checkpoint, {last.name}, is intact" if last else \
+                "; there is no earlier complete checkpoint"
+        else:
+            kept = ""
+        raise CheckpointError(f"checkpoint {what} in {self.directory} failed: {failures[min(failures)]}{kept}",
+                              failures)
 
     def _save_weights(self, path: Path) -> Any:
         if getattr(self.model, "engine", "fsdp") == "deepspeed":
@@ -182,10 +272,16 @@ class Checkpoint:
             "loader": loader.state_dict() if loader is not None and hasattr(loader, "state_dict") else None,
         }
 
-    def _prune(self) -> None:
+    def _remove_partial(self) -> None:
+        """Delete every ``.tmp-*`` but the save in flight: never loadable, and they hold disk space."""
+        pending = self._pending[1] if self._pending is not None else None
         for stale in self.directory.glob(f"{_TMP}*"):
-            if self._pending is None or stale != self._pending[1]:
+            if stale != pending:
                 shutil.rmtree(stale, ignore_errors=True)
+
+    def _prune(self) -> None:
+        """Keep the newest ``keep_last`` complete checkpoints; called only after a save completed."""
+        self._remove_partial()
         if self.keep_last is not None:
             for old in self.complete()[:-self.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
@@ -202,8 +298,12 @@ class Checkpoint:
 
     def load(self, path: Path, loader: Any = None) -> int:
         """Restore one checkpoint directory; returns the step to continue from. Collective."""
-        if not (path / MARKER).is_file():
-            raise ValueError(f"{path} is not a complete checkpoint (no {MARKER} marker)")
+        def check() -> None:
+            if not (path / MARKER).is_file():
+                raise FileNotFoundError(f"{path} is not a complete checkpoint here (no {MARKER} marker); "
+                                        "on several nodes the directory must be on a filesystem they share")
+
+        self._agree(f"load of {path.name}", _attempt(check))
         trainer = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
         self._load_weights(path, trainer["world_size"])
         if self.lr_scheduler is not None and trainer["lr_scheduler"] is not None:
@@ -235,6 +335,67 @@ class Checkpoint:
         dcp.load(state, checkpoint_id=str(path))
         set_state_dict(_module(self.model), self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"])
+
+
+def _attempt(fn: Callable[[], Any], where: Path | None = None) -> str | None:
+    """Run ``fn``; None if it worked, else ``"rank R: Type: message"`` naming the rank where it failed.
+
+    DCP already agrees across ranks and raises its CheckpointException everywhere;
+    its first failure (a rank and an exception) is what is reported then. When the
+    filesystem of ``where`` is (nearly) full that is said too: torch's own message
+    for a full disk is "[enforce fail at inline_container.cc] unexpected pos".
+    """
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        fn()
+    except CheckpointException as e:
+        if e.failures:
+            origin = min(e.failures)
+            exc = e.failures[origin][0]
+            return f"rank {origin}: {type(exc).__name__}: {exc}{_full_disk(where)}"
+        return f"rank {dist.get_rank()}: {e}{_full_disk(where)}"
+    except Exception as e:  # noqa: BLE001 - every failure is reported to every rank, then raised
+        return f"rank {dist.get_rank()}: {type(e).__name__}: {e}{_full_disk(where)}"
+    return None
+
+
+#: Below this much free space (or 0.5% of the filesystem) a failed write is reported as a full disk.
+_FULL_BELOW = 1 << 20
+
+
+def _full_disk(where: Path | None) -> str:
+    """`` (the filesystem of X is full: N KiB free)`` when it is, else ``""``."""
+    if where is None:
+        return ""
+    for p in (where, *where.parents):
+        try:
+            st = os.statvfs(p)
+        except OSError:
+            continue
+        free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+        if free < max(_FULL_BELOW, total // 200):
+            return f" (the filesystem of {p} is full: {free // 1024} KiB free of {total // 1024} KiB)"
+        return ""
+    return ""
+
+
+def _write_small(obj: Any, path: Path) -> None:
+    """torch.save through memory, then one plain write and fsync.
+
+    torch.save straight to a file on a full disk fails with "[enforce fail at
+    inline_container.cc] unexpected pos"; a plain write says "No space left on device".
+    """
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    with open(path, "wb") as f:
+        f.write(buf.getbuffer())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", dist.get_rank()))
 
 
 def _module(model: Any) -> torch.nn.Module:
