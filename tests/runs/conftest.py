@@ -116,19 +116,19 @@ def _git(d: Path, *args: str) -> None:
                         "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"})
 
 
-@pytest.fixture(scope="session")
-def cluster(bed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
+def make_cluster(bed, directory: Path, indices: tuple[int, ...]) -> Cluster:  # type: ignore[no-untyped-def]
+    """A git project at ``directory`` (its name is the project's) on hosts ``indices`` of the bed, invoker linked."""
     venv = _node_venv(bed)
-    for i in range(NODES):
+    for i in indices:
         _install_invoker(bed, venv, i)
-    d = tmp_path_factory.mktemp("cluster") / "hfrt"
+    d = directory
     (d / "src").mkdir(parents=True)
     (d / "src" / "regression.py").write_text((REPO / "src" / "regression.py").read_text())
     (d / "src" / "probe.py").write_text(PROBE)
     key = bed.state_dir() / "client" / "id_ed25519"
-    nodes = "".join(f"  - host: 127.0.0.{i + 2}\n    name: hfnode{i}\n    user: hfnode{i}\n" for i in range(NODES))
+    nodes = "".join(f"  - host: 127.0.0.{i + 2}\n    name: hfnode{i}\n    user: hfnode{i}\n" for i in indices)
     (d / "higgsfield.yml").write_text(
-        "name: hfrt\n"
+        f"name: {d.name}\n"
         f"nodes:\n{nodes}"
         "ssh:\n"
         "  port: 2222\n"
@@ -150,7 +150,12 @@ def cluster(bed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     _git(d, "init", "-q", "-b", "main")
     _git(d, "add", "-A")
     _git(d, "commit", "-q", "-m", "test project")
-    c = Cluster(d, bed, [f"hfnode{i}" for i in range(NODES)])
+    return Cluster(d, bed, [f"hfnode{i}" for i in indices])
+
+
+@pytest.fixture(scope="session")
+def cluster(bed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
+    c = make_cluster(bed, tmp_path_factory.mktemp("cluster") / "hfrt", tuple(range(NODES)))
     yield c
     for i in range(NODES):  # a host a test stopped comes back for the next session
         with_host = bed.make_host(i)
