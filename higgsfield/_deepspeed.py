@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from higgsfield._hf_model import enable_activation_checkpointing, load_pretrained
+
 
 def _import_deepspeed() -> Any:
     if not torch.cuda.is_available():
@@ -76,13 +78,11 @@ def build_module(config: Any, weights: str | None, ds_config: dict[str, Any], ac
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if weights is not None:
-            module = LlamaForCausalLM.from_pretrained(weights, dtype=torch.float32,
-                                                      attn_implementation=config._attn_implementation)
+            module = load_pretrained(config, weights)
         else:
             module = LlamaForCausalLM._from_config(config, dtype=torch.float32)
     if activation_checkpointing:
-        from higgsfield.llama import _enable_activation_checkpointing
-        _enable_activation_checkpointing(module)
+        enable_activation_checkpointing(module)
     module.train()
     return module, keepalive
 

@@ -56,6 +56,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from higgsfield._hf_model import enable_activation_checkpointing, load_pretrained
 from higgsfield.training import GradScaler, device, init_distributed
 
 __all__ = ["Llama", "Llama7b", "Llama13b", "Llama70b", "PRECISIONS", "ENGINES"]
@@ -136,7 +137,7 @@ class Llama(nn.Module):
             module = module.to(torch.bfloat16)
             full_sd = {k: v.to(torch.bfloat16) for k, v in full_sd.items()}
         if activation_checkpointing:
-            _enable_activation_checkpointing(module)
+            enable_activation_checkpointing(module)
 
         ws = dist.get_world_size()
         if self.zero_stage == 0:
@@ -335,21 +336,11 @@ def _new_hf_model(config: Any, weights: str | None, seed: int, init_weights: boo
     from transformers import LlamaForCausalLM
 
     if weights is not None:
-        return LlamaForCausalLM.from_pretrained(weights, dtype=torch.float32,
-                                                attn_implementation=config._attn_implementation)
+        return load_pretrained(config, weights)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
     return model.float() if init_weights else model
-
-
-def _enable_activation_checkpointing(module: nn.Module) -> None:
-    """Recompute each decoder layer in backward (non-reentrant: works with FSDP2 and DeepSpeed)."""
-    kwargs = {"use_reentrant": False}
-    if hasattr(module, "activation_checkpointing_enable"):  # transformers >= 5
-        module.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        module.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def _rebuild_rotary(module: nn.Module, dev: torch.device) -> None:
