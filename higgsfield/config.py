@@ -25,7 +25,6 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -137,23 +136,6 @@ class Config(_Model):
     default_branch: str = Field("main", description="Pushes to this branch deploy (GitHub Actions).")
 
     path: Path | None = Field(None, exclude=True, description="Where this config was read from (not a YAML key).")
-
-    _trust_new_hosts: bool = PrivateAttr(default=True)
-
-    @property
-    def trust_new_hosts(self) -> bool:
-        """Whether a node with no pinned host key is trusted (and pinned) on first contact.
-
-        True on a laptop (``higgsfield setup`` shows the fingerprint it pins); False for
-        the copy :meth:`refusing_new_hosts` makes, which CI uses.
-        """
-        return self._trust_new_hosts
-
-    def refusing_new_hosts(self) -> Config:
-        """A deep copy whose transports refuse a node that is not pinned in known_hosts."""
-        out = self.model_copy(deep=True)
-        out._trust_new_hosts = False
-        return out
 
     @field_validator("default_branch")
     @classmethod

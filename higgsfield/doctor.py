@@ -6,8 +6,9 @@ and checkpoints go, clock skew against this machine, the invoker at this version
 across nodes: node 0 reachable from the others on the rendezvous port range (node 0
 listens briefly on a free port there, the others connect).
 
-Nothing on a node is changed and no host key is pinned: an unpinned node is refused
-before authentication and reported (``higgsfield setup`` pins it), and no check runs
+Nothing on a node is changed and no host key is pinned: a node that is not pinned, or
+whose key changed, is refused before authentication and reported with the key it
+offers (``higgsfield setup`` pins it; ``setup --repin`` re-pins it), and no check runs
 there, since its identity is unverified. Every problem comes with the command that fixes it.
 
 Use::
@@ -29,7 +30,7 @@ import higgsfield
 from higgsfield.errors import ConnectError, HiggsfieldError, HostKeyError, HostNotPinnedError
 from higgsfield.ports import RENDEZVOUS_PORTS
 from higgsfield.remote.base import CommandResult, Transport
-from higgsfield.remote.hostkeys import PinnedHosts
+from higgsfield.remote.fanout import transport_for
 from higgsfield.remote.invoker import invoker_bin
 
 if TYPE_CHECKING:
@@ -110,21 +111,11 @@ class DoctorReport:
                 "problems": self.problems()}
 
 
-def _transport(cfg: Config, node: NodeConfig) -> Transport:
-    if node.is_local:
-        from higgsfield.remote.local import LocalTransport
-
-        return LocalTransport(str(node.name))
-    from higgsfield.remote.ssh import SSHTransport
-
-    return SSHTransport.from_config(cfg, node, pin=False, tofu=False)  # never runs a check on an unpinned host
-
-
 async def diagnose(cfg: Config, nodes: Sequence[str] | None = None) -> DoctorReport:
     """Check the chosen nodes (default: all) concurrently; never raises for a node's problem."""
     start = time.monotonic()
     chosen = [cfg.node(n) for n in nodes] if nodes else list(cfg.nodes)
-    transports = {str(n.name): _transport(cfg, n) for n in chosen}
+    transports = {str(n.name): transport_for(cfg, n) for n in chosen}  # verify host keys, never pin
     try:
         diags = await asyncio.gather(*(_diagnose_node(cfg, n, transports[str(n.name)]) for n in chosen))
         reachable = {d.node for d in diags if "sudo" in d.checks}  # connected, host key accepted
@@ -157,14 +148,13 @@ async def _connect(cfg: Config, node: NodeConfig, t: Transport, d: NodeDiagnosis
         d.checks["host key"] = Probe(True, "-")
         return True
     port = cfg.node_port(node)
-    pinned = PinnedHosts(cfg.known_hosts_path).lookup(node.host, port)
     start = time.monotonic()
     try:
-        await t.run(["true"], timeout=COMMAND_TIMEOUT_S)
+        await t.connect()
     except HostNotPinnedError as e:
         d.checks["ssh"] = Probe(True, "reachable")
         d.checks["host key"] = Probe(False, "not pinned", e.reason,
-                                     "higgsfield setup (pins it on first contact, showing the fingerprint), "
+                                     "higgsfield setup (it shows the fingerprint and asks before pinning), "
                                      "then commit the known_hosts file")
         return False
     except HostKeyError as e:
@@ -177,12 +167,8 @@ async def _connect(cfg: Config, node: NodeConfig, t: Transport, d: NodeDiagnosis
                                 "ssh.user / identity_file in higgsfield.yml")
         return False
     d.checks["ssh"] = Probe(True, f"ok {time.monotonic() - start:.2f}s")
-    fp = getattr(t, "fingerprint", None)
-    if pinned:
-        d.checks["host key"] = Probe(True, "matches", data={"fingerprint": fp})
-    else:
-        d.checks["host key"] = Probe(False, "not pinned", f"host key {fp} is not pinned yet",
-                                     "higgsfield setup (pins it on first contact)", {"fingerprint": fp})
+    # connected: the transport accepts pinned keys only
+    d.checks["host key"] = Probe(True, "matches", data={"fingerprint": getattr(t, "fingerprint", None)})
     return True
 
 

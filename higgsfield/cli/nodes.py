@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,29 +37,43 @@ _STYLE = {"done": "green", "applied": "bold green", "skipped": "dim", "would app
 @click.option("--node", "nodes", multiple=True, metavar="NAME", help="Only this node (repeatable).")
 @click.option("--step", "steps", multiple=True, type=click.Choice(STEP_NAMES), help="Only this step (repeatable).")
 @click.option("--repin", multiple=True, metavar="NODE",
-              help="Forget NODE's pinned host key and pin the one it offers now (after a deliberate rekey).")
+              help="Replace NODE's pinned host key with the one it offers now, after showing it and asking "
+                   "(after a deliberate reinstall or rekey).")
+@click.option("--accept-new-host-keys", is_flag=True,
+              help="Pin the host keys of new (and --repin) nodes without asking: for automation that has "
+                   "checked the fingerprints another way. Needed with no terminal, and under CI=true.")
 @click.option("--deploy-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="The deploy private key (default: the one 'higgsfield init' made).")
 @click.option("--no-wheelhouse", is_flag=True,
               help="Let the nodes' pip fetch the invoker's dependencies from their index instead of sending them.")
 @click.pass_context
 def setup(ctx: click.Context, dry_run: bool, nodes: tuple[str, ...], steps: tuple[str, ...],
-          repin: tuple[str, ...], deploy_key: Path | None, no_wheelhouse: bool) -> None:
+          repin: tuple[str, ...], accept_new_host_keys: bool, deploy_key: Path | None, no_wheelhouse: bool) -> None:
     """Provision every node over SSH, concurrently: Docker, GPUs, the invoker, the deploy key.
 
     \b
     Steps (each checks first, so a re-run changes nothing):
       os, docker, docker-group, nvidia, invoker, deploy-key, base-image
     Exit code 0 only when every node is ready.
+
+    \b
+    setup is the only command that trusts a new host: before anything is sent to a
+    node whose host key is not pinned yet, it shows the key's fingerprint and asks
+    once for all such nodes (--accept-new-host-keys for automation; under CI=true
+    only that flag). Every other command refuses an unpinned or changed host key.
     """
     from higgsfield.errors import GroupError
     from higgsfield.provision import SetupOptions, provision, select_steps
     from higgsfield.provision.runner import CONNECT, select_nodes
+    from higgsfield.provision.trust import scan_hosts
 
     cfg = get_config(ctx)
-    chosen_nodes = [str(n.name) for n in select_nodes(cfg, nodes)]
+    selected = select_nodes(cfg, nodes)
+    chosen_nodes = [str(n.name) for n in selected]
     chosen_steps = [CONNECT, *(s.name for s in select_steps(steps))]
     out = _console()
+    scan = asyncio.run(scan_hosts(cfg, selected, repin))
+    _confirm_host_keys(out, cfg, scan, accept_flag=accept_new_host_keys, dry_run=dry_run)
     state: dict[tuple[str, str], tuple[str, str]] = {}
     opts = SetupOptions(deploy_key=deploy_key, wheelhouse=not no_wheelhouse)
 
@@ -75,7 +90,7 @@ def setup(ctx: click.Context, dry_run: bool, nodes: tuple[str, ...], steps: tupl
 
         live = Live(_progress_table(chosen_nodes, chosen_steps, state), console=out, transient=True,
                     refresh_per_second=8)
-    coro = provision(cfg, nodes=nodes or None, steps=steps or None, dry_run=dry_run, repin=repin,
+    coro = provision(cfg, nodes=nodes or None, steps=steps or None, dry_run=dry_run, host_keys=scan,
                      options=opts, on_event=on_event)
     if live is not None:
         with live:
@@ -87,6 +102,45 @@ def setup(ctx: click.Context, dry_run: bool, nodes: tuple[str, ...], steps: tupl
         failed = sum(1 for n in report.nodes if not n.ok)
         raise GroupError(f"setup failed on {failed} of {len(report.nodes)} node(s): "
                          + "; ".join(f"{n.node}" for n in report.nodes if not n.ok), report)
+
+
+def _confirm_host_keys(out: Any, cfg: Any, scan: Any, *, accept_flag: bool, dry_run: bool) -> None:
+    """Show the new host keys and get the user's yes, before anything is sent to those nodes.
+
+    Raises HostNotPinnedError (nothing pinned, nothing sent) when the answer is no, or
+    when no one can be asked (no terminal, CI) and --accept-new-host-keys was not given.
+    """
+    from rich.markup import escape
+
+    from higgsfield.provision.trust import consent, declined, known_hosts_shown, refusal
+
+    for name in scan.unchanged:
+        out.print(f"{escape(name)}: the host key it offers is the one already pinned: nothing to re-pin")
+    if not scan.new:
+        return
+    path = known_hosts_shown(cfg)
+    first = [k for k in scan.new if not k.replaces]
+    repins = [k for k in scan.new if k.replaces]
+    if first:
+        out.print(f"{len(first)} node(s) are not pinned in {escape(path)} yet. Check each fingerprint against "
+                  "the node's own (on the node: ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub):")
+        for k in first:
+            out.print(f"  {escape(k.node)}  {escape(k.entry)}  {k.key_type}  [bold]{k.fingerprint}[/]")
+    if repins:
+        out.print("Re-pinning (--repin): the key pinned now will be replaced by the one the node offers:")
+        for k in repins:
+            out.print(f"  {escape(k.node)}  {escape(k.entry)}  {k.key_type}  [bold]{k.fingerprint}[/]  "
+                      f"(pinned now: {', '.join(k.replaces)})")
+    ci = os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+    decision = consent(scan, accept_flag=accept_flag, interactive=bool(sys.stdin and sys.stdin.isatty()), ci=ci)
+    if decision == "refuse":
+        raise refusal(scan, ci=ci, path=path)
+    what = "Trust these keys for this dry run (nothing is written)" if dry_run else \
+        f"Trust and pin {'this key' if len(scan.new) == 1 else f'these {len(scan.new)} keys'}"
+    if decision == "accept":
+        out.print(f"{'trusted' if dry_run else 'pinning'} {len(scan.new)} host key(s): --accept-new-host-keys")
+    elif not click.confirm(f"{what}?", default=False):
+        raise declined(scan, path)
 
 
 def _progress_table(nodes: list[str], steps: list[str], state: dict[tuple[str, str], tuple[str, str]]) -> Table:
@@ -117,6 +171,8 @@ def _render_setup(out: Any, report: SetupReport) -> None:
         table.add_column(step_name)
     for n in report.nodes:
         key = "[bold red]unreachable[/]" if n.error else ("[yellow]pinned now[/]" if n.pinned_now else "verified")
+        if n.pinned_now and report.dry_run:
+            key = "[yellow]trusted (dry run)[/]"
         if n.fingerprint is None and not n.error:
             key = "local"
         cells = [f"[{_STYLE.get(r.outcome.value, '')}]{r.outcome.value}[/]" for r in n.steps]
@@ -124,8 +180,8 @@ def _render_setup(out: Any, report: SetupReport) -> None:
     out.print(table)
     for n in report.nodes:
         if n.pinned_now:
-            out.print(f"pinned {n.node}'s host key {n.fingerprint}: compare it with the node's "
-                      "'ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub'")
+            verb = "trusted (dry run, not pinned)" if report.dry_run else "pinned"
+            out.print(f"{verb} {n.node}'s host key {n.fingerprint}")
     notes: dict[tuple[str, str], list[str]] = {}
     for n in report.nodes:
         for r in n.steps:

@@ -6,13 +6,19 @@ Use::
     report.ok          # every node ready
     report.failures()  # ["gpu-2: docker: ... (full output: .higgsfield/logs/setup/gpu-2.log)"]
 
-Per node: connect (pinning the host key on first contact, refusing a changed one),
-then each step in order: ``check``; if needed ``apply`` then ``verify``. A step whose
-prerequisite failed is ``not run``; a failed node never stops the others (even an
-unexpected exception is that node's result). With ``dry_run`` only the read-only
-checks run and nothing changes here either: no key is unpinned (``repin`` is ignored)
-and none is pinned. ``on_event(node, step, state, detail)``
-reports progress for a live view (``state`` is "running" or an :class:`Outcome` value).
+Per node: connect, verifying the host key strictly, then each step in order:
+``check``; if needed ``apply`` then ``verify``. A step whose prerequisite failed is
+``not run``; a failed node never stops the others (even an unexpected exception is
+that node's result). ``on_event(node, step, state, detail)`` reports progress for a
+live view (``state`` is "running" or an :class:`Outcome` value).
+
+New host keys: ``host_keys`` is the :class:`~higgsfield.provision.trust.HostScan`
+the user accepted (see :mod:`higgsfield.provision.trust`); its keys are pinned
+before any node is contacted, and the nodes it could not reach are reported
+without a second attempt. Without it, a node with no pinned key is refused at
+connect, like everywhere else. With ``dry_run`` only the read-only checks run and
+nothing changes here either: the accepted keys are trusted for this run only, none
+is written.
 """
 
 from __future__ import annotations
@@ -27,18 +33,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from higgsfield.errors import ConfigError, HiggsfieldError
+from higgsfield.errors import ConfigError, ConnectError, HiggsfieldError
 from higgsfield.provision.context import NodeContext, NodeLog, SetupOptions
 from higgsfield.provision.deploy_key import DeployKeyStep
 from higgsfield.provision.invoker import InvokerStep
 from higgsfield.provision.step import Outcome, Step
 from higgsfield.provision.system import BaseImageStep, DockerGroupStep, DockerStep, NvidiaStep, OsStep
+from higgsfield.provision.trust import HostScan, pin_accepted, trusted_keys
 from higgsfield.provision.wheels import Artifacts
 from higgsfield.remote.base import Transport
 from higgsfield.remote.fanout import transport_for
-from higgsfield.remote.hostkeys import PinnedHosts
 
 if TYPE_CHECKING:
+    import asyncssh
+
     from higgsfield.config import Config, NodeConfig
 
 STEPS: tuple[Step, ...] = (OsStep(), DockerStep(), DockerGroupStep(), NvidiaStep(), InvokerStep(),
@@ -73,7 +81,9 @@ class NodeReport:
 
     @property
     def unchanged(self) -> bool:
-        return self.ok and all(s.outcome in (Outcome.DONE, Outcome.SKIPPED) for s in self.steps)
+        """Ready with nothing changed: every step was already done, and no host key was pinned."""
+        return self.ok and not self.pinned_now and all(s.outcome in (Outcome.DONE, Outcome.SKIPPED)
+                                                       for s in self.steps)
 
     def failures(self) -> list[str]:
         where = f" (full output: {self.log_path})" if self.log_path else ""
@@ -124,31 +134,36 @@ def log_file(log_dir: Path, node: str) -> Path:
 
 
 async def provision(cfg: Config, *, nodes: Sequence[str] | None = None, steps: Sequence[str] | None = None,
-                    dry_run: bool = False, repin: Sequence[str] = (), options: SetupOptions | None = None,
+                    dry_run: bool = False, host_keys: HostScan | None = None, options: SetupOptions | None = None,
                     on_event: Event | None = None) -> SetupReport:
-    """Set up the chosen nodes (default: all) with the chosen steps (default: all), concurrently."""
+    """Set up the chosen nodes (default: all) with the chosen steps (default: all), concurrently.
+
+    ``host_keys``: the scan whose new keys the user accepted (pinned first; see the module doc).
+    """
     start = time.monotonic()
     opts = options or SetupOptions()
     chosen_steps = select_steps(steps)
     chosen_nodes = select_nodes(cfg, nodes)
-    pins = PinnedHosts(cfg.known_hosts_path)
-    for name in repin:
-        node = cfg.node(name)  # an unknown name is a ConfigError, dry run or not
-        if not node.is_local and not dry_run:
-            pins.unpin(node.host, cfg.node_port(node))
     log_dir = opts.log_dir or cfg.project_dir / ".higgsfield" / "logs" / "setup"
     artifacts = Artifacts(opts.cache_dir or cfg.project_dir / ".higgsfield" / "cache")
     emit = on_event or (lambda *_: None)
 
     # built up front: a config problem (e.g. no ssh.user) is one error before anything connects
-    transports = {id(n): transport_for(cfg, n, pin=not dry_run) for n in chosen_nodes}
+    trusted = trusted_keys(host_keys) if dry_run else {}
+    transports = {id(n): _transport(cfg, n, trusted.get(str(n.name), [])) for n in chosen_nodes}
+    if host_keys is not None and not dry_run:
+        pin_accepted(cfg, host_keys.new)
+    accepted = {k.node: k.fingerprint for k in host_keys.new} if host_keys else {}
+    unreachable = dict(host_keys.failed) if host_keys else {}
 
     async def one(node: NodeConfig) -> NodeReport:
         rank = cfg.nodes.index(node)
-        log_path = log_file(log_dir, str(node.name))
+        name = str(node.name)
+        log_path = log_file(log_dir, name)
         try:
             return await _provision_node(cfg, node, rank, transports[id(node)], chosen_steps, dry_run, opts,
-                                         artifacts, log_path, emit)
+                                         artifacts, log_path, emit, pinned_now=name in accepted,
+                                         unreachable=unreachable.get(name))
         except Exception as e:  # noqa: BLE001 - a bug or an unexpected error on one node must not stop the others
             return _crashed(node, rank, chosen_steps, log_path, e, emit)
 
@@ -170,9 +185,17 @@ def _crashed(node: NodeConfig, rank: int, steps: list[Step], log_path: Path, e: 
     return NodeReport(name, rank, [StepResult(s.name, Outcome.NOT_RUN, error) for s in steps], log_path, error=error)
 
 
+def _transport(cfg: Config, node: NodeConfig, trusted: list[asyncssh.SSHKey]) -> Transport:
+    if not trusted:
+        return transport_for(cfg, node)
+    from higgsfield.remote.ssh import SSHTransport
+
+    return SSHTransport.from_config(cfg, node, trusted=trusted)  # a dry run: accepted, not pinned
+
+
 async def _provision_node(cfg: Config, node: NodeConfig, rank: int, transport: Transport, steps: list[Step],
                           dry_run: bool, opts: SetupOptions, artifacts: Artifacts, log_path: Path,
-                          emit: Event) -> NodeReport:
+                          emit: Event, *, pinned_now: bool = False, unreachable: str | None = None) -> NodeReport:
     name = str(node.name)
     report = NodeReport(name, rank, log_path=log_path)
     log = NodeLog(log_path)
@@ -181,9 +204,9 @@ async def _provision_node(cfg: Config, node: NodeConfig, rank: int, transport: T
                   f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
         emit(name, CONNECT, "running", "")
         try:
-            connect = getattr(transport, "connect", None)
-            if connect is not None:
-                await connect()
+            if unreachable is not None:  # the host-key scan could not reach it a moment ago
+                raise ConnectError(name, unreachable)
+            await transport.connect()
         except HiggsfieldError as e:
             report.error = str(getattr(e, "reason", e))
             log.write(f"# connect failed: {report.error}")
@@ -193,8 +216,9 @@ async def _provision_node(cfg: Config, node: NodeConfig, rank: int, transport: T
                 emit(name, s.name, Outcome.NOT_RUN.value, "node unreachable")
             return report
         report.fingerprint = getattr(transport, "fingerprint", None)
-        report.pinned_now = bool(getattr(transport, "pinned_now", False))
-        note = f"pinned new host key {report.fingerprint}" if report.pinned_now else (report.fingerprint or "local")
+        report.pinned_now = pinned_now
+        verb = "trusted (dry run, not pinned)" if dry_run else "pinned"
+        note = f"{verb} new host key {report.fingerprint}" if pinned_now else (report.fingerprint or "local")
         log.write(f"# connected: {note}")
         emit(name, CONNECT, Outcome.DONE.value, note)
         ctx = NodeContext(cfg, node, transport, log, opts, artifacts)

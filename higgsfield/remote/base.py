@@ -58,6 +58,14 @@ class Transport(abc.ABC):
 
     node: str
 
+    async def connect(self) -> None:
+        """Open the connection now rather than at the first command (a no-op without one).
+
+        Raises what the first command would: ConnectError, or HostKeyError /
+        HostNotPinnedError for a node whose host key is not the pinned one.
+        """
+        return None
+
     @abc.abstractmethod
     async def run(self, argv: Sequence[str], *, input: str | bytes | None = None,
                   timeout: float | None = None, check: bool = True) -> CommandResult:

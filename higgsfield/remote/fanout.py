@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from higgsfield.errors import GroupError, HiggsfieldError
+from higgsfield.errors import GroupError, HiggsfieldError, HostKeyError
 from higgsfield.remote.base import Transport
 
 if TYPE_CHECKING:
@@ -52,11 +52,11 @@ class NodeResult(Generic[T]):
         return f"{type(self.error).__name__}: {self.error}"
 
 
-def transport_for(cfg: Config, node: NodeConfig, *, pin: bool = True) -> Transport:
+def transport_for(cfg: Config, node: NodeConfig) -> Transport:
     """LocalTransport for ``localhost``, SSHTransport otherwise, with ``ssh.command_timeout``.
 
-    ``pin=False`` writes no new host-key pins; whether an unpinned node is trusted at
-    all is ``cfg.trust_new_hosts`` (False in CI).
+    An SSH transport trusts only the keys pinned in ``ssh.known_hosts`` (see
+    :mod:`higgsfield.remote.hostkeys`); it never pins one.
     """
     if node.is_local:
         from higgsfield.remote.local import LocalTransport
@@ -64,7 +64,7 @@ def transport_for(cfg: Config, node: NodeConfig, *, pin: bool = True) -> Transpo
         return LocalTransport(str(node.name), command_timeout=cfg.ssh.command_timeout)
     from higgsfield.remote.ssh import SSHTransport
 
-    return SSHTransport.from_config(cfg, node, pin=pin)
+    return SSHTransport.from_config(cfg, node)
 
 
 class Group:
@@ -93,14 +93,40 @@ class Group:
             raise GroupError(f"{what} failed on {len(failed)} of {len(results)} node(s): {detail}", results)
         return results
 
+    async def connect(self) -> None:
+        """Open every node's connection at once, and refuse the whole group if any host key is not verified.
+
+        A node that is not pinned, or whose key changed, raises its
+        :class:`~higgsfield.errors.HostKeyError` here, naming the other refused nodes
+        too, before any command runs on any node: an operation across nodes (a run
+        that sends secrets, a kill, a deploy) never starts half-way on an unverified
+        cluster. Any other connection failure stays with its transport and becomes
+        that node's result when a step uses it (the transport remembers it, so the
+        timeout is not paid twice).
+        """
+        results = await asyncio.gather(*(t.connect() for t in self.transports), return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException) and not isinstance(r, Exception):
+                raise r  # cancellation, KeyboardInterrupt
+        refused = [(t, r) for t, r in zip(self.transports, results, strict=True) if isinstance(r, HostKeyError)]
+        if refused:
+            first = refused[0][1]
+            assert isinstance(first, HostKeyError)
+            if len(refused) == 1:
+                raise first
+            others = ", ".join(t.node for t, _ in refused[1:])
+            raise type(first)(first.node, f"{first.reason} (refused too: {others})")
+
     async def close(self) -> None:
         await asyncio.gather(*(t.close() for t in self.transports), return_exceptions=True)
 
 
 @asynccontextmanager
 async def open_group(cfg: Config, nodes: Sequence[NodeConfig] | None = None) -> AsyncIterator[Group]:
+    """The group of ``nodes`` (default: all), connected, host keys verified (see :meth:`Group.connect`)."""
     group = Group([transport_for(cfg, n) for n in (nodes if nodes is not None else cfg.nodes)])
     try:
+        await group.connect()
         yield group
     finally:
         await group.close()

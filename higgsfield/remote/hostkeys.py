@@ -1,38 +1,37 @@
-"""Host keys pinned in the project's ``known_hosts`` file: trust on first contact, verify ever after.
+"""Host keys pinned in the project's ``known_hosts`` file: pinned by ``setup`` alone, verified everywhere.
 
 The file (``ssh.known_hosts`` in higgsfield.yml, default ``.higgsfield/known_hosts``)
 is in OpenSSH format, so ``ssh -o UserKnownHostsFile=.higgsfield/known_hosts`` uses it
 too, and it is meant to be committed: CI then verifies the same keys.
 
-- A node with no pinned key: the key it offers is pinned (appended to the file) and
-  its fingerprint is reported, so the user can compare it with the node's console.
-- A node whose key matches: the connection proceeds.
-- A node whose key differs: the connection is refused before authentication, with
-  :class:`~higgsfield.errors.HostKeyError` naming both fingerprints and the command
-  that re-pins deliberately (``higgsfield setup --repin NODE``).
+Every connection is strict (:class:`HostKeyPolicy`): asyncssh gets the pinned keys as
+its trusted set and any other key is refused during the key exchange, before
+authentication, so an impostor never sees a login attempt, a command or a secret:
 
-Trust on first use is for ``higgsfield setup`` on a laptop, where the fingerprint is
-shown to the user. ``PinnedHosts(..., tofu=False)`` refuses an unpinned node instead
-(:class:`~higgsfield.errors.HostNotPinnedError`): CI (``higgsfield ci ...``, whose
-pins would be lost with the runner) and ``higgsfield doctor`` use it.
+- no key pinned for the node: :class:`~higgsfield.errors.HostNotPinnedError`;
+- a different key pinned: :class:`~higgsfield.errors.HostKeyError` (it could be a
+  man in the middle); both messages name the node, ``host:port``, the offered
+  fingerprint and the command that fixes it.
+
+Nothing here trusts a key on first use. A pin is written only by ``higgsfield setup``
+(:mod:`higgsfield.provision.trust`), after it has shown the fingerprint fetched by
+:func:`scan_host_key` and the user (or ``--accept-new-host-keys``) accepted it.
 
 Entries may be plain (``host``, ``[host]:port``, comma-separated) or hashed
 (``|1|salt|hash``, as ``ssh-keygen -H`` writes them); ``@cert-authority`` and
 ``@revoked`` lines and comments are ignored by :meth:`PinnedHosts.lookup` and left
 alone by :meth:`PinnedHosts.unpin`.
 
-Checking is never switched off: asyncssh gets the pinned keys as its trusted set
-and calls :meth:`HostKeyPolicy.validate_host_public_key` only for keys outside it.
-
 Use::
 
     pins = PinnedHosts(cfg.known_hosts_path)
-    policy = HostKeyPolicy(pins, "gpu-1", "gpu-1.example.com", 22)
+    policy = HostKeyPolicy(pins.lookup(host, port), "gpu-1", host, port, pins.path)
     await asyncssh.connect(..., known_hosts=policy.known_hosts(), client_factory=lambda: policy)
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import contextlib
@@ -40,10 +39,12 @@ import fcntl
 import hashlib
 import hmac
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import asyncssh
+
+from higgsfield.errors import HostKeyError, HostNotPinnedError
 
 REPIN_HINT = "if the node was reinstalled or rekeyed on purpose, re-pin it with: higgsfield setup --repin {node}"
 
@@ -78,25 +79,43 @@ def fingerprint(key: asyncssh.SSHKey) -> str:
     return str(key.get_fingerprint("sha256"))
 
 
-def not_pinned_message(node: str, path: Path) -> str:
-    return f"node {node} is not pinned in {_shown(path)}: run 'higgsfield setup' and commit the file"
+def key_type(key: asyncssh.SSHKey) -> str:
+    """``ED25519``, ``RSA``, ``ECDSA``... as ``ssh-keygen -lf`` shows it after the fingerprint."""
+    alg = key.get_algorithm()
+    return {"ssh-ed25519": "ED25519", "ssh-rsa": "RSA", "ssh-dss": "DSA"}.get(
+        alg, "ECDSA" if alg.startswith("ecdsa-") else alg)
 
 
-def _shown(path: Path) -> str:
+def shown_path(path: Path) -> str:
+    """``path`` relative to the current directory when it is below it (as a user typed it)."""
     try:
         return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(path)
 
 
-class PinnedHosts:
-    """The project's known_hosts file. Writes are appended under a file lock."""
+def not_pinned_message(node: str, host: str, port: int, offered: str | None, path: Path) -> str:
+    offers = f"offers host key {offered}" if offered else "has a host key"
+    return (f"{entry_name(host, port)} {offers}, which is not pinned in {shown_path(path)}: refusing to "
+            f"connect; run 'higgsfield setup' to check the fingerprint and pin it, then commit the file")
 
-    def __init__(self, path: Path, *, writable: bool = True, tofu: bool = True) -> None:
+
+def changed_message(node: str, host: str, port: int, offered: str | None, pinned: Sequence[str],
+                    path: Path) -> str:
+    return (f"host key of {entry_name(host, port)} changed: it offers {offered or 'a key of another type'}, "
+            f"but {shown_path(path)} pins {', '.join(pinned)}. Refusing to connect (this could be a "
+            f"man-in-the-middle); " + REPIN_HINT.format(node=node))
+
+
+class PinnedHosts:
+    """The project's known_hosts file. Writes are atomic or appended under a file lock.
+
+    Only ``higgsfield setup`` writes (:mod:`higgsfield.provision.trust`); every other
+    caller only reads through :meth:`lookup`.
+    """
+
+    def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.writable = writable
-        self.tofu = tofu
-        """Trust (and, when writable, pin) a node with no pinned key; False refuses it."""
 
     def _lines(self) -> list[str]:
         try:
@@ -125,17 +144,21 @@ class PinnedHosts:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def pin(self, host: str, port: int, key: asyncssh.SSHKey, comment: str = "") -> None:
-        """Append ``key`` for ``host:port`` (a no-op when it is already pinned)."""
-        if not self.writable:
-            return
+    def pin(self, host: str, port: int, key: asyncssh.SSHKey, comment: str = "", *,
+            replace: bool = False) -> None:
+        """Pin ``key`` for ``host:port``; ``replace`` first drops the keys pinned for it (a re-pin).
+
+        Appending keeps other lines byte for byte; a replace rewrites the file atomically.
+        Pinning a key that is already the only one pinned changes nothing.
+        """
+        keytype, b64 = key.export_public_key("openssh").decode().split()[:2]
+        line = f"{entry_name(host, port)} {keytype} {b64}" + (f" {comment}" if comment else "")
         with self._locked():
-            if any(k == key for k in self.lookup(host, port)):
+            pinned = self.lookup(host, port)
+            if any(k == key for k in pinned) and (not replace or len(pinned) == 1):
                 return
-            keytype, b64 = key.export_public_key("openssh").decode().split()[:2]
-            line = f"{entry_name(host, port)} {keytype} {b64}"
-            if comment:
-                line += f" {comment}"
+            if replace and pinned:
+                self._unpin_locked(host, port)
             existing = self.path.read_text() if self.path.exists() else ""
             if existing and not existing.endswith("\n"):
                 line = "\n" + line
@@ -144,62 +167,66 @@ class PinnedHosts:
 
     def unpin(self, host: str, port: int) -> int:
         """Remove every key pinned for ``host:port``; returns how many lines went."""
-        name = entry_name(host, port)
         with self._locked():
-            lines = self._lines()
-            keep = [ln for ln in lines if _entry_for(ln, name) is None]
-            if len(keep) != len(lines):
-                tmp = self.path.with_name(self.path.name + ".tmp")
-                tmp.write_text("".join(f"{ln}\n" for ln in keep))
-                os.replace(tmp, self.path)
-            return len(lines) - len(keep)
+            return self._unpin_locked(host, port)
+
+    def _unpin_locked(self, host: str, port: int) -> int:
+        name = entry_name(host, port)
+        lines = self._lines()
+        keep = [ln for ln in lines if _entry_for(ln, name) is None]
+        if len(keep) != len(lines):
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text("".join(f"{ln}\n" for ln in keep))
+            os.replace(tmp, self.path)
+        return len(lines) - len(keep)
 
 
 class HostKeyPolicy(asyncssh.SSHClient):
-    """The asyncssh client for one connection: pins on first contact, refuses a changed key.
+    """The asyncssh client for one connection: the pinned keys are trusted, every other key refused.
 
-    After the handshake, ``fingerprint`` is the server key's fingerprint and
-    ``pinned_now`` says whether it was pinned by this connection; after a refusal,
-    ``mismatch`` holds ``(pinned fingerprints, offered fingerprint)``.
+    asyncssh calls :meth:`validate_host_public_key` only for a key outside the trusted
+    set; it records the offered fingerprint and refuses, so :meth:`refusal` can say
+    which key the node offered. After a successful handshake, ``fingerprint`` is set by
+    the transport from the connection.
     """
 
-    def __init__(self, pins: PinnedHosts, node: str, host: str, port: int) -> None:
-        self.pins = pins
+    def __init__(self, pinned: Sequence[asyncssh.SSHKey], node: str, host: str, port: int, path: Path) -> None:
+        self.pinned = list(pinned)
         self.node = node
         self.host = host
         self.port = port
-        self.pinned = pins.lookup(host, port)
-        self.fingerprint: str | None = None
-        self.pinned_now = False
-        self.mismatch: tuple[list[str], str] | None = None
-        self.unpinned = False
-        """True after refusing a node with no pinned key (``pins.tofu`` is False)."""
+        self.path = path
+        self.offered: str | None = None
+        """The fingerprint of a refused key (None until one is refused)."""
 
     def known_hosts(self) -> tuple[list[asyncssh.SSHKey], list[asyncssh.SSHKey], list[asyncssh.SSHKey]]:
-        """asyncssh's ``known_hosts=``: the pinned keys are the trusted set (may be empty)."""
+        """asyncssh's ``known_hosts=``: the pinned keys are the trusted set (may be empty: refuse all)."""
         return (list(self.pinned), [], [])
 
     def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
-        # asyncssh calls this only for a key outside the trusted (pinned) set.
-        offered = fingerprint(key)
-        self.fingerprint = offered
-        if self.pinned:
-            self.mismatch = ([fingerprint(k) for k in self.pinned], offered)
-            return False
-        if not self.pins.tofu:
-            self.unpinned = True
-            return False
-        self.pins.pin(self.host, self.port, key, comment=f"higgsfield:{self.node}")
-        self.pinned_now = self.pins.writable
-        return True
+        self.offered = fingerprint(key)
+        return False
 
-    def not_pinned_message(self) -> str:
-        return not_pinned_message(self.node, self.pins.path)
+    def refusal(self, detail: str = "") -> HostKeyError:
+        """The error for a refused key: not pinned, or changed."""
+        if not self.pinned:
+            return HostNotPinnedError(self.node, not_pinned_message(self.node, self.host, self.port, self.offered,
+                                                                    self.path))
+        message = changed_message(self.node, self.host, self.port, self.offered,
+                                  [fingerprint(k) for k in self.pinned], self.path)
+        return HostKeyError(self.node, f"{message} ({detail})" if detail else message)
 
-    def refusal_message(self) -> str:
-        if self.unpinned:
-            return self.not_pinned_message()
-        pinned, offered = self.mismatch or ([fingerprint(k) for k in self.pinned], "?")
-        return (f"host key of {entry_name(self.host, self.port)} changed: it offered {offered}, "
-                f"but {self.pins.path} pins {', '.join(pinned)}. Refusing to connect "
-                f"(this could be a man-in-the-middle); " + REPIN_HINT.format(node=self.node))
+
+async def scan_host_key(host: str, port: int, timeout: float) -> asyncssh.SSHKey:
+    """The host key ``host:port`` offers, fetched by a key exchange alone.
+
+    No authentication is attempted and no channel is opened: the node learns nothing
+    about the user, which is what lets ``setup`` show a fingerprint before trusting it.
+    Raises OSError / asyncio.TimeoutError / asyncssh.Error like a connection would.
+    """
+    options = asyncssh.SSHClientConnectionOptions(connect_timeout=timeout)
+    key = await asyncio.wait_for(asyncssh.get_server_host_key(host, port, config=None, options=options),
+                                 timeout + 1)
+    if key is None:  # pragma: no cover - asyncssh returns None only for host-key-less (GSS) kex
+        raise asyncssh.KeyExchangeFailed("the server offered no host key")
+    return key

@@ -1,13 +1,16 @@
 """``SSHTransport``: the Transport for a real node, over asyncssh.
 
-- The connection opens lazily on first use, with ``ssh.connect_timeout`` for TCP,
-  handshake and authentication together; only connection establishment is retried
-  (``ssh.retries`` times, exponential backoff), never a command.
-- Host keys are pinned in the project's known_hosts file on first contact and
-  verified afterwards (:mod:`higgsfield.remote.hostkeys`); a changed key raises
-  :class:`~higgsfield.errors.HostKeyError` before any command runs. Where first
-  contact is not trusted (``cfg.trust_new_hosts`` is False in CI, ``tofu=False``),
-  an unpinned node raises :class:`~higgsfield.errors.HostNotPinnedError`.
+- The connection opens lazily on first use (or at :meth:`connect`), with
+  ``ssh.connect_timeout`` for TCP, handshake and authentication together; only
+  connection establishment is retried (``ssh.retries`` times, exponential backoff),
+  never a command. A failed connection is remembered until :meth:`close`, so the
+  commands of one operation don't each pay the timeout and retries again.
+- Host keys are checked strictly against the project's known_hosts
+  (:mod:`higgsfield.remote.hostkeys`) during the key exchange, before authentication:
+  an unpinned node raises :class:`~higgsfield.errors.HostNotPinnedError`, a changed
+  key :class:`~higgsfield.errors.HostKeyError`, and neither is retried. A transport
+  never pins: only ``higgsfield setup`` does, after showing :meth:`scan_host_key`'s
+  fingerprint and asking.
 - Keys: the node's ``identity_file`` (when set), ssh-agent keys, and ``~/.ssh/id_*``.
   ``~/.ssh/config`` is not read: higgsfield.yml is the one source of truth.
 - Commands are argument lists joined with :func:`shlex.join`; each is bounded by
@@ -34,18 +37,20 @@ import secrets
 import shlex
 import socket
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncssh
 
-from higgsfield.errors import CommandError, ConnectError, HostKeyError, HostNotPinnedError
+from higgsfield.errors import CommandError, ConnectError, HostKeyError
 from higgsfield.remote.base import CommandResult, Timeouts, Transport
-from higgsfield.remote.hostkeys import HostKeyPolicy, PinnedHosts
+from higgsfield.remote.hostkeys import HostKeyPolicy, PinnedHosts, fingerprint, scan_host_key
 
 if TYPE_CHECKING:
     from higgsfield.config import Config, NodeConfig
+
+T = TypeVar("T")
 
 BACKOFF_S = 0.5
 BACKOFF_MAX_S = 5.0
@@ -61,34 +66,30 @@ def build_command(argv: Sequence[str]) -> str:
 class SSHTransport(Transport):
     def __init__(self, node: str, host: str, *, user: str, port: int = 22,
                  identity_file: str | None = None, pins: PinnedHosts,
-                 timeouts: Timeouts | None = None) -> None:
+                 trusted: Sequence[asyncssh.SSHKey] = (), timeouts: Timeouts | None = None) -> None:
         self.node = node
         self.host = host
         self.port = port
         self.user = user
         self.identity_file = identity_file
         self.pins = pins
+        self.trusted = list(trusted)
+        """Keys trusted for this transport alone, besides the pinned ones: those a user
+        accepted in a ``setup --dry-run``, which writes no pin."""
         self.timeouts = timeouts or Timeouts()
         self.fingerprint: str | None = None
         """The server host key's SHA256 fingerprint, once connected."""
-        self.pinned_now = False
-        """True when this transport pinned the node's key (first contact)."""
         self._conn: asyncssh.SSHClientConnection | None = None
+        self._failed: BaseException | None = None
         self._lock = asyncio.Lock()
 
     @classmethod
-    def from_config(cls, cfg: Config, node: NodeConfig, *, pin: bool = True,
-                    tofu: bool | None = None) -> SSHTransport:
-        """The transport for ``node`` with the user, port, key and timeouts of higgsfield.yml.
-
-        ``pin=False`` still verifies pinned keys but does not write new pins (read-only use).
-        ``tofu=False`` refuses a node with no pinned key; the default is ``cfg.trust_new_hosts``
-        (False in CI, see :func:`~higgsfield.workflows.ci_inputs.ci_config`).
-        """
-        trust = cfg.trust_new_hosts if tofu is None else tofu
+    def from_config(cls, cfg: Config, node: NodeConfig, *,
+                    trusted: Sequence[asyncssh.SSHKey] = ()) -> SSHTransport:
+        """The transport for ``node`` with the user, port, key, known_hosts and timeouts of higgsfield.yml."""
         return cls(str(node.name), node.host, user=cfg.node_user(node), port=cfg.node_port(node),
-                   identity_file=cfg.node_identity(node),
-                   pins=PinnedHosts(cfg.known_hosts_path, writable=pin, tofu=trust),
+                   identity_file=cfg.node_identity(node), pins=PinnedHosts(cfg.known_hosts_path),
+                   trusted=trusted,
                    timeouts=Timeouts(connect=cfg.ssh.connect_timeout, command=cfg.ssh.command_timeout,
                                      retries=cfg.ssh.retries))
 
@@ -98,14 +99,33 @@ class SSHTransport(Transport):
 
     # -- connection -------------------------------------------------------------
 
-    async def connect(self) -> asyncssh.SSHClientConnection:
+    async def connect(self) -> None:
+        await self._open()
+
+    async def _open(self) -> asyncssh.SSHClientConnection:
         """The open connection, opening it (with retries for connection errors) if needed."""
         async with self._lock:
+            if self._failed is not None:
+                raise self._failed
             if self._conn is None:
-                self._conn = await self._connect_with_retries()
+                try:
+                    self._conn = await self._with_retries(self._connect_once)
+                except (HostKeyError, ConnectError) as e:
+                    self._failed = e
+                    raise
             return self._conn
 
-    async def _connect_with_retries(self) -> asyncssh.SSHClientConnection:
+    async def scan_host_key(self) -> asyncssh.SSHKey:
+        """The host key the node offers, by a key exchange alone (no login), with the connect retries.
+
+        For ``higgsfield setup`` only, which shows its fingerprint before anything is sent.
+        """
+        async def once() -> asyncssh.SSHKey:
+            return await scan_host_key(self.host, self.port, self.timeouts.connect)
+
+        return await self._with_retries(once)
+
+    async def _with_retries(self, attempt_once: Callable[[], Awaitable[T]]) -> T:
         attempts = self.timeouts.retries + 1
         start = time.monotonic()
         last: BaseException | None = None
@@ -113,7 +133,7 @@ class SSHTransport(Transport):
             if attempt:
                 await asyncio.sleep(min(BACKOFF_S * 2 ** (attempt - 1), BACKOFF_MAX_S))
             try:
-                return await self._connect_once()
+                return await attempt_once()
             except (HostKeyError, ConnectError):
                 raise
             except socket.gaierror as e:
@@ -131,7 +151,8 @@ class SSHTransport(Transport):
                                       f"({tries}; connect timeout {self.timeouts.connect:g}s)")
 
     async def _connect_once(self) -> asyncssh.SSHClientConnection:
-        policy = HostKeyPolicy(self.pins, self.node, self.host, self.port)
+        policy = HostKeyPolicy([*self.pins.lookup(self.host, self.port), *self.trusted],
+                               self.node, self.host, self.port, self.pins.path)
         keys: list[str] | tuple[()] = [self.identity_file] if self.identity_file else ()
         if self.identity_file and not Path(self.identity_file).is_file():
             raise ConnectError(self.node, f"identity_file {self.identity_file} does not exist")
@@ -143,27 +164,24 @@ class SSHTransport(Transport):
                 keepalive_interval=30, keepalive_count_max=4,
             ), self.timeouts.connect + 1)
         except asyncssh.HostKeyNotVerifiable:
-            if policy.unpinned:
-                raise HostNotPinnedError(self.node, policy.refusal_message()) from None
-            raise HostKeyError(self.node, policy.refusal_message()) from None
+            raise policy.refusal() from None
         except (asyncssh.KeyImportError, asyncssh.KeyEncryptionError) as e:
             raise ConnectError(self.node, f"cannot load identity_file {self.identity_file}: {e}; add the key to "
                                           "ssh-agent and omit identity_file, or use an unencrypted key") from None
         except asyncssh.KeyExchangeFailed as e:
             if policy.pinned:  # the node offers no key of the pinned type: a changed key too
-                raise HostKeyError(self.node, f"{policy.refusal_message()} ({e.reason})") from None
+                raise policy.refusal(e.reason) from None
             raise
         except asyncssh.PermissionDenied:
             how = f"identity_file {self.identity_file}" if self.identity_file else "ssh-agent and ~/.ssh/id_*"
             raise ConnectError(self.node, f"authentication failed as {self.target} (keys tried: {how}); "
                                           "check ssh.user / identity_file in higgsfield.yml") from None
         key = conn.get_server_host_key()
-        self.fingerprint = policy.fingerprint or (str(key.get_fingerprint("sha256")) if key else None)
-        self.pinned_now = self.pinned_now or policy.pinned_now
+        self.fingerprint = fingerprint(key) if key else None
         return conn
 
     async def close(self) -> None:
-        conn, self._conn = self._conn, None
+        conn, self._conn, self._failed = self._conn, None, None
         if conn is not None:
             conn.close()
             with contextlib.suppress(Exception):
@@ -172,7 +190,7 @@ class SSHTransport(Transport):
     async def reconnect(self) -> None:
         """Close and open a fresh login session (e.g. so a new group membership applies)."""
         await self.close()
-        await self.connect()
+        await self._open()
 
     def _lost(self, argv: Sequence[str], e: BaseException) -> CommandError:
         conn, self._conn = self._conn, None
@@ -185,7 +203,7 @@ class SSHTransport(Transport):
 
     async def run(self, argv: Sequence[str], *, input: str | bytes | None = None,
                   timeout: float | None = None, check: bool = True) -> CommandResult:
-        conn = await self.connect()
+        conn = await self._open()
         command = build_command(argv)
         limit = timeout if timeout is not None else self.timeouts.command
         data = input.encode() if isinstance(input, str) else input
@@ -209,7 +227,7 @@ class SSHTransport(Transport):
         return result.check() if check else result
 
     async def stream(self, argv: Sequence[str], *, input: str | bytes | None = None) -> AsyncIterator[str]:
-        conn = await self.connect()
+        conn = await self._open()
         try:
             proc = await conn.create_process(build_command(argv), encoding="utf-8", errors="replace")
         except (asyncssh.DisconnectError, asyncssh.ChannelOpenError, OSError) as e:
@@ -245,7 +263,7 @@ class SSHTransport(Transport):
         """Write to a temporary name created with ``mode`` (never wider), then rename over ``path``."""
         if local_path is not None and not Path(local_path).is_file():
             raise FileNotFoundError(local_path)
-        conn = await self.connect()
+        conn = await self._open()
         parent, name = posixpath.split(path)
         tmp = posixpath.join(parent, f".{name}.{secrets.token_hex(4)}.tmp")
         try:

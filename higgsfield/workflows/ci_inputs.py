@@ -177,7 +177,7 @@ def ci_config(cfg: Config, environ: Mapping[str, str]) -> Config:
     if not known_hosts.is_file():
         raise ConfigError(f"{_rel(known_hosts, cfg)} is not in the repository: the runner verifies the nodes' host "
                           "keys against it; run 'higgsfield setup' on a laptop (it pins them) and commit the file")
-    out = cfg.refusing_new_hosts()
+    out = cfg.model_copy(deep=True)  # every command verifies against the pins: none trusts a new host
     out.ssh.identity_file = str(path)
     for node in out.nodes:
         node.identity_file = None

@@ -111,7 +111,8 @@ def test_doctor_refuses_an_unpinned_node_and_runs_nothing_there(tmp_path: Path) 
             checks = report.nodes[0].checks
             assert set(checks) <= {"ssh", "host key", "rendezvous"}
             assert checks["host key"].summary == "not pinned"
-            assert "node n1 is not pinned in" in (checks["host key"].problem or "")
+            assert f"[127.0.0.1]:{srv.port} offers host key SHA256:" in (checks["host key"].problem or "")
+            assert "not pinned in" in (checks["host key"].problem or "")
             assert (checks["host key"].fix or "").startswith("higgsfield setup")
             assert not cfg.known_hosts_path.exists()
 

@@ -104,26 +104,25 @@ def test_unknown_step_and_node_are_config_errors(tmp_path: Path) -> None:
         asyncio.run(provision(cfg, nodes=["gpu-9"]))
 
 
-def test_dry_run_changes_no_pins(tmp_path: Path, fake_steps: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dry_run_changes_no_pins(tmp_path: Path, fake_steps: None) -> None:
+    import asyncssh
+
+    from higgsfield.provision.trust import HostScan, NewHostKey
+
     port = _closed_port()
     cfg = _cfg(tmp_path, [{"host": "127.0.0.1", "port": port, "name": "gone", "user": "tester"}])
     known = cfg.known_hosts_path
     known.parent.mkdir(parents=True)
     pinned = f"[127.0.0.1]:{port} ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEtwJl8lWtZHGYBWr1vVu+sxrsBmHY3R3PmMtbBRGB8N\n"
     known.write_text(pinned)
-    seen: list[bool] = []
-    real = runner_mod.transport_for
-
-    def spy(cfg: Config, node: object, *, pin: bool = True) -> object:
-        seen.append(pin)
-        return real(cfg, node, pin=pin)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(runner_mod, "transport_for", spy)
-    asyncio.run(provision(cfg, dry_run=True, repin=["gone"]))
-    assert known.read_text() == pinned  # --repin is not applied by a dry run
-    assert seen == [False]  # and a dry run pins no new key
-    asyncio.run(provision(cfg, repin=["gone"]))
-    assert known.read_text() == "" and seen == [False, True]
+    new = asyncssh.generate_private_key("ssh-ed25519").convert_to_public()
+    scan = HostScan(new=[NewHostKey("gone", "127.0.0.1", port, new, replaces=("SHA256:old",))])  # an accepted --repin
+    report = asyncio.run(provision(cfg, dry_run=True, host_keys=scan))
+    assert known.read_text() == pinned  # a dry run pins nothing, even an accepted key
+    assert not report.ok and "cannot connect" in (report.nodes[0].error or "")
+    asyncio.run(provision(cfg, host_keys=scan))
+    assert known.read_text().splitlines() == [f"[127.0.0.1]:{port} {new.export_public_key().decode().strip()} "
+                                              "higgsfield:gone"]  # pinned before connecting, old key gone
 
 
 def test_an_unexpected_exception_is_that_nodes_result(tmp_path: Path, fake_steps: None,
@@ -140,8 +139,8 @@ def test_an_unexpected_exception_is_that_nodes_result(tmp_path: Path, fake_steps
         async def close(self) -> None:
             return None
 
-    def fake(cfg: Config, node: object, *, pin: bool = True) -> object:
-        return Buggy() if getattr(node, "name", None) == "buggy" else real(cfg, node, pin=pin)  # type: ignore[arg-type]
+    def fake(cfg: Config, node: object) -> object:
+        return Buggy() if getattr(node, "name", None) == "buggy" else real(cfg, node)  # type: ignore[arg-type]
 
     monkeypatch.setattr(runner_mod, "transport_for", fake)
     report = asyncio.run(provision(cfg, steps=["a", "b"], options=SetupOptions(cache_dir=tmp_path / "cache")))

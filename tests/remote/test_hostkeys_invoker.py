@@ -84,3 +84,18 @@ def test_hashed_entries_match_and_lookup_and_unpin_agree(tmp_path: Path) -> None
     assert known.read_text().splitlines() == [lines[1], *lines[3:]]
     # as asyncssh (and ssh) read it
     assert asyncssh.read_known_hosts(str(known)).match("10.0.0.1", "", 2222)[0] == [k1]
+
+
+def test_pin_replace_swaps_the_keys_of_one_node_only(tmp_path: Path) -> None:
+    pins = PinnedHosts(tmp_path / "known_hosts")
+    k1, k2, k3 = (asyncssh.generate_private_key("ssh-ed25519").convert_to_public() for _ in range(3))
+    pins.path.write_text("# my notes\n")
+    pins.pin("10.0.0.1", 2222, k1, comment="higgsfield:a")
+    pins.pin("10.0.0.1", 2222, k2)  # two keys pinned (e.g. two key types)
+    pins.pin("10.0.0.2", 2222, k3)
+    pins.pin("10.0.0.1", 2222, k3, comment="higgsfield:a", replace=True)
+    assert pins.lookup("10.0.0.1", 2222) == [k3] and pins.lookup("10.0.0.2", 2222) == [k3]
+    assert pins.path.read_text().startswith("# my notes\n")
+    text = pins.path.read_text()
+    pins.pin("10.0.0.1", 2222, k3, replace=True)  # already the only pin: the file is left alone
+    assert pins.path.read_text() == text

@@ -1,4 +1,4 @@
-"""SSHTransport against an in-process asyncssh server: pinning, refusal, quoting, timeouts, SFTP."""
+"""SSHTransport against an in-process asyncssh server: host keys verified, quoting, timeouts, SFTP."""
 
 from __future__ import annotations
 
@@ -12,12 +12,10 @@ from pathlib import Path
 
 import asyncssh
 import pytest
-from sshserver import closed_port, fake_server, silent_listener
+from sshserver import FakeServer, closed_port, fake_server, silent_listener
 
-from higgsfield.config import Config
 from higgsfield.errors import CommandError, ConnectError, HostKeyError, HostNotPinnedError
 from higgsfield.remote.base import Timeouts
-from higgsfield.remote.fanout import transport_for
 from higgsfield.remote.hostkeys import PinnedHosts, fingerprint
 from higgsfield.remote.ssh import SSHTransport, build_command
 
@@ -30,10 +28,15 @@ def _keygen() -> str:
 
 
 def _transport(port: int, key: Path, known: Path, *, connect: float = 5, retries: int = 0,
-               command: float = 10, writable: bool = True) -> SSHTransport:
+               command: float = 10) -> SSHTransport:
     return SSHTransport("n1", "127.0.0.1", user="tester", port=port, identity_file=str(key),
-                        pins=PinnedHosts(known, writable=writable),
-                        timeouts=Timeouts(connect=connect, command=command, retries=retries))
+                        pins=PinnedHosts(known), timeouts=Timeouts(connect=connect, command=command, retries=retries))
+
+
+def _pinned(known: Path, srv: FakeServer) -> Path:
+    """``known`` with ``srv``'s key pinned, as ``higgsfield setup`` leaves it."""
+    PinnedHosts(known).pin(srv.host, srv.port, srv.host_key.convert_to_public(), comment="higgsfield:n1")
+    return known
 
 
 def test_build_command_quotes_every_argument() -> None:
@@ -42,24 +45,49 @@ def test_build_command_quotes_every_argument() -> None:
         build_command([])
 
 
-def test_first_contact_pins_then_verifies(tmp_path: Path) -> None:
+def test_unpinned_node_is_refused_before_authentication_and_nothing_is_pinned(tmp_path: Path) -> None:
     known = tmp_path / "known_hosts"
 
     async def main() -> None:
         async with fake_server(tmp_path) as srv:
+            t = _transport(srv.port, srv.client_key_path, known, retries=2)
+            start = time.monotonic()
+            with pytest.raises(HostNotPinnedError) as err:
+                await t.run(["cat"], input="s3cret")
+            assert time.monotonic() - start < 3  # not retried
+            with pytest.raises(HostNotPinnedError):  # remembered: no second handshake
+                await t.put_bytes(b"s3cret", "token")
+            assert len(srv.connections) == 1
+            assert srv.auths == [] and srv.commands == [] and srv.sftp_sessions == []  # never even logged in
+            assert not known.exists() and t.fingerprint is None
+            msg = str(err.value)
+            assert msg == (f"n1: [127.0.0.1]:{srv.port} offers host key {fingerprint(srv.host_key)}, which is not "
+                           f"pinned in {known}: refusing to connect; run 'higgsfield setup' to check the "
+                           "fingerprint and pin it, then commit the file")
+            assert isinstance(err.value, HostKeyError)
+            await t.close()
+
+    asyncio.run(main())
+
+
+def test_pinned_key_verifies_and_nothing_is_written(tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+
+    async def main() -> None:
+        async with fake_server(tmp_path) as srv:
+            _pinned(known, srv)
+            subprocess.run([_keygen(), "-H", "-f", str(known)], check=True, capture_output=True)  # hashed entries too
+            known.with_name("known_hosts.old").unlink()
+            assert known.read_text().startswith("|1|")
+            before = known.read_bytes()
             t = _transport(srv.port, srv.client_key_path, known)
             r = await t.run(["echo", "a b", "$HOME"])
             assert r.stdout == "echo 'a b' '$HOME'\n"
-            assert t.pinned_now and t.fingerprint == fingerprint(srv.host_key)
+            assert t.fingerprint == fingerprint(srv.host_key)
+            assert srv.auths == ["tester"] and len(srv.connections) == 1  # what the refusals above never reach
             await t.close()
             await t.close()  # idempotent
-            line = known.read_text()
-            assert line.startswith(f"[127.0.0.1]:{srv.port} ssh-ed25519 ")
-            t2 = _transport(srv.port, srv.client_key_path, known)
-            assert (await t2.run(["true"])).ok
-            assert not t2.pinned_now and t2.fingerprint == fingerprint(srv.host_key)
-            await t2.close()
-            assert known.read_text() == line  # nothing appended on a verified contact
+            assert known.read_bytes() == before
 
     asyncio.run(main())
 
@@ -70,33 +98,80 @@ def test_changed_host_key_is_refused_before_any_command(tmp_path: Path) -> None:
     async def main() -> None:
         async with fake_server(tmp_path) as srv:
             port = srv.port
-            t = _transport(port, srv.client_key_path, known)
-            await t.run(["true"])
-            await t.close()
+            _pinned(known, srv)
+            old = fingerprint(srv.host_key)
+        before = known.read_bytes()
         async with fake_server(tmp_path, port=port) as srv2:  # same address, new host key
             t = _transport(port, srv2.client_key_path, known, retries=2)
             start = time.monotonic()
             with pytest.raises(HostKeyError) as err:
                 await t.run(["echo", "should-not-run"])
             assert time.monotonic() - start < 3  # not retried
-            assert srv2.commands == []
+            assert not isinstance(err.value, HostNotPinnedError)
+            assert srv2.commands == [] and srv2.auths == []
             msg = str(err.value)
-            assert "changed" in msg and fingerprint(srv2.host_key) in msg
+            assert msg.startswith(f"n1: host key of [127.0.0.1]:{port} changed: it offers "
+                                  f"{fingerprint(srv2.host_key)}, but {known} pins {old}. ")
             assert "higgsfield setup --repin n1" in msg
+            assert known.read_bytes() == before
 
     asyncio.run(main())
 
 
-def test_read_only_pins_are_not_written(tmp_path: Path) -> None:
+def test_trusted_keys_connect_without_writing_a_pin(tmp_path: Path) -> None:
+    """What a ``setup --dry-run`` does with a key the user accepted: use it, write nothing."""
     known = tmp_path / "known_hosts"
 
     async def main() -> None:
         async with fake_server(tmp_path) as srv:
-            t = _transport(srv.port, srv.client_key_path, known, writable=False)
-            assert (await t.run(["true"])).ok
-            assert not t.pinned_now and t.fingerprint == fingerprint(srv.host_key)
+            t = SSHTransport("n1", "127.0.0.1", user="tester", port=srv.port, identity_file=str(srv.client_key_path),
+                             pins=PinnedHosts(known), trusted=[srv.host_key.convert_to_public()])
+            assert (await t.run(["true"])).ok and t.fingerprint == fingerprint(srv.host_key)
             await t.close()
+            other = asyncssh.generate_private_key("ssh-ed25519").convert_to_public()
+            t2 = SSHTransport("n1", "127.0.0.1", user="tester", port=srv.port,
+                              identity_file=str(srv.client_key_path), pins=PinnedHosts(known), trusted=[other])
+            with pytest.raises(HostKeyError, match="changed"):
+                await t2.run(["true"])
         assert not known.exists()
+
+    asyncio.run(main())
+
+
+def test_scan_host_key_fetches_the_key_without_logging_in(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with fake_server(tmp_path) as srv:
+            t = _transport(srv.port, srv.client_key_path, tmp_path / "kh")
+            key = await t.scan_host_key()
+            assert fingerprint(key) == fingerprint(srv.host_key)
+            assert len(srv.connections) == 1 and srv.auths == [] and srv.commands == []
+        gone = _transport(closed_port(), tmp_path / "nokey", tmp_path / "kh", connect=1, retries=1)
+        with pytest.raises(ConnectError, match="cannot connect to tester@127.0.0.1.*2 attempts"):
+            await gone.scan_host_key()
+        assert not (tmp_path / "kh").exists()
+
+    asyncio.run(main())
+
+
+def test_a_failed_connection_is_remembered_until_close(tmp_path: Path) -> None:
+    key = tmp_path / "k"
+    key.write_bytes(asyncssh.generate_private_key("ssh-ed25519").export_private_key())
+
+    async def main() -> None:
+        t = _transport(closed_port(), key, tmp_path / "kh", connect=1, retries=1)
+        start = time.monotonic()
+        with pytest.raises(ConnectError) as first:
+            await t.connect()
+        assert time.monotonic() - start >= 0.4  # one backoff
+        start = time.monotonic()
+        with pytest.raises(ConnectError) as again:
+            await t.run(["true"])
+        assert again.value is first.value and time.monotonic() - start < 0.2  # not paid twice
+        await t.close()
+        start = time.monotonic()
+        with pytest.raises(ConnectError):
+            await t.run(["true"])
+        assert time.monotonic() - start >= 0.4  # after close: a fresh attempt, with its retries
 
     asyncio.run(main())
 
@@ -104,7 +179,7 @@ def test_read_only_pins_are_not_written(tmp_path: Path) -> None:
 def test_command_failure_timeout_and_stdin(tmp_path: Path) -> None:
     async def main() -> None:
         async with fake_server(tmp_path) as srv:
-            t = _transport(srv.port, srv.client_key_path, tmp_path / "kh")
+            t = _transport(srv.port, srv.client_key_path, _pinned(tmp_path / "kh", srv))
             r = await t.run(["exit", "3"], check=False)
             assert r.exit_status == 3 and "failing with 3" in r.stderr
             with pytest.raises(CommandError, match="exited 3: failing with 3"):
@@ -125,7 +200,7 @@ def test_command_failure_timeout_and_stdin(tmp_path: Path) -> None:
 def test_put_bytes_is_atomic_with_mode(tmp_path: Path) -> None:
     async def main() -> None:
         async with fake_server(tmp_path) as srv:
-            t = _transport(srv.port, srv.client_key_path, tmp_path / "kh")
+            t = _transport(srv.port, srv.client_key_path, _pinned(tmp_path / "kh", srv))
             await t.put_bytes(b"k3y", "dir/sub/key", mode=0o600)
             src = tmp_path / "local.bin"
             src.write_bytes(b"x" * 3_000_000)
@@ -179,49 +254,13 @@ def test_authentication_failure_is_not_retried(tmp_path: Path) -> None:
 
     async def main() -> None:
         async with fake_server(tmp_path) as srv:
-            t = _transport(srv.port, other, tmp_path / "kh", retries=3)
+            t = _transport(srv.port, other, _pinned(tmp_path / "kh", srv), retries=3)
             start = time.monotonic()
             with pytest.raises(ConnectError, match="authentication failed as tester@127.0.0.1"):
                 await t.run(["true"])
             assert time.monotonic() - start < 3
 
     asyncio.run(main())
-
-
-def test_unpinned_node_is_refused_without_trust_on_first_use(tmp_path: Path) -> None:
-    known = tmp_path / "known_hosts"
-
-    async def main() -> None:
-        async with fake_server(tmp_path) as srv:
-            t = SSHTransport("n1", "127.0.0.1", user="tester", port=srv.port,
-                             identity_file=str(srv.client_key_path), pins=PinnedHosts(known, tofu=False),
-                             timeouts=Timeouts(connect=5, retries=2))
-            with pytest.raises(HostNotPinnedError) as err:
-                await t.run(["echo", "should-not-run"])
-            assert srv.commands == [] and not known.exists()
-            assert f"node n1 is not pinned in {known}: run 'higgsfield setup' and commit the file" in str(err.value)
-            assert isinstance(err.value, HostKeyError)
-            # once pinned (here: hashed, as ssh-keygen -H writes it), the same transport settings connect
-            PinnedHosts(known).pin("127.0.0.1", srv.port, srv.host_key.convert_to_public())
-            subprocess.run([_keygen(), "-H", "-f", str(known)], check=True, capture_output=True)
-            assert known.read_text().startswith("|1|")
-            t2 = SSHTransport("n1", "127.0.0.1", user="tester", port=srv.port,
-                              identity_file=str(srv.client_key_path), pins=PinnedHosts(known, tofu=False))
-            assert (await t2.run(["true"])).ok
-            await t2.close()
-
-    asyncio.run(main())
-
-
-def test_from_config_follows_the_configs_trust_on_first_use(tmp_path: Path) -> None:
-    cfg = Config.model_validate({"name": "p", "nodes": [{"host": "gpu-1"}], "ssh": {"user": "u"}})
-    cfg.path = tmp_path / "higgsfield.yml"
-    assert SSHTransport.from_config(cfg, cfg.nodes[0]).pins.tofu
-    assert not SSHTransport.from_config(cfg, cfg.nodes[0], tofu=False).pins.tofu
-    ci = cfg.refusing_new_hosts()
-    assert cfg.trust_new_hosts and not ci.trust_new_hosts
-    assert not SSHTransport.from_config(ci, ci.nodes[0]).pins.tofu
-    assert not transport_for(ci, ci.nodes[0]).pins.tofu  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("kind", ["encrypted", "garbage"])
@@ -234,7 +273,7 @@ def test_unusable_identity_file_is_a_connect_error(tmp_path: Path, kind: str) ->
 
     async def main() -> None:
         async with fake_server(tmp_path) as srv:
-            t = _transport(srv.port, key, tmp_path / "kh", retries=2)
+            t = _transport(srv.port, key, _pinned(tmp_path / "kh", srv), retries=2)
             with pytest.raises(ConnectError) as err:
                 await t.run(["true"])
             msg = str(err.value)
@@ -247,7 +286,7 @@ def test_unusable_identity_file_is_a_connect_error(tmp_path: Path, kind: str) ->
 def test_cancelled_run_and_abandoned_stream_close_the_remote_command(tmp_path: Path) -> None:
     async def main() -> None:
         async with fake_server(tmp_path) as srv:
-            t = _transport(srv.port, srv.client_key_path, tmp_path / "kh")
+            t = _transport(srv.port, srv.client_key_path, _pinned(tmp_path / "kh", srv))
             task = asyncio.create_task(t.run(["hang"]))
             await _until(lambda: "hang" in srv.commands)
             task.cancel()

@@ -147,6 +147,10 @@ def make_cluster(bed, directory: Path, indices: tuple[int, ...]) -> Cluster:  # 
     (d / ".gitignore").write_text("env\n.higgsfield/\n")
     (d / "env").write_text(f"HF_TEST_SECRET={SECRET}\n")   # git-ignored: every run of the cluster carries it
     (d / "env").chmod(0o600)
+    # pinned as `higgsfield setup` leaves it (no other command trusts a new host): the bed's real host keys
+    (d / ".higgsfield").mkdir()
+    (d / ".higgsfield" / "known_hosts").write_text(
+        "".join(bed.known_hosts_line(bed.make_host(i)) + "\n" for i in indices))
     _git(d, "init", "-q", "-b", "main")
     _git(d, "add", "-A")
     _git(d, "commit", "-q", "-m", "test project")
