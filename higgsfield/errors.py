@@ -8,7 +8,7 @@
     ├── RemoteError                 a node could not be reached or a command failed
     │   ├── ConnectError            connect/auth failed or timed out
     │   ├── HostKeyError            the node's host key does not match the pinned one
-    │   │   └── HostNotPinnedError  the node has no pinned key and first contact is not trusted
+    │   │   └── HostNotPinnedError  the node has no pinned key (only ``higgsfield setup`` pins one)
     │   └── CommandError            a remote command exited non-zero or timed out
     ├── GroupError                  a fan-out step failed on some nodes; holds every result
     └── RunError                    a run is unknown, failed to launch, or failed
@@ -60,7 +60,7 @@ class HostKeyError(RemoteError):
 
 
 class HostNotPinnedError(HostKeyError):
-    """No key is pinned for the node, and this use (CI, doctor) does not trust on first contact."""
+    """No key is pinned for the node: every command but ``higgsfield setup`` refuses it (setup asks first)."""
 
 
 class CommandError(RemoteError):

@@ -6,6 +6,10 @@ step runs as its own task; one node failing or hanging never stops the others
 step's ``value``, or failed with the ``error`` and a one-line ``reason``.
 :meth:`Group.check` turns failures into one :class:`~higgsfield.errors.GroupError`
 that holds every result.
+
+:func:`open_group` connects every node first and refuses the whole operation when
+any node's host key is not the pinned one (:meth:`Group.connect`): no step runs
+anywhere on a cluster with an unverified member, and the error is that node's one line.
 """
 
 from __future__ import annotations
