@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import getpass
 import re
-from pathlib import Path
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -32,12 +33,28 @@ from pydantic import (
 
 from higgsfield import __version__
 from higgsfield.errors import ConfigError
+from higgsfield.names import (
+    LOCAL_HOSTS,
+    MAX_NAME,
+    NAME_RE,
+    SECRET_RE,
+    check_host,
+    check_node_name,
+    check_secret_name,
+    check_text,
+    check_user,
+)
+from higgsfield.text import shown
+
+__all__ = ["CONFIG_FILE", "LOCAL_HOSTS", "NAME_RE", "SECRET_RE", "Config", "NodeConfig", "SSHConfig",
+           "find_config", "json_schema", "load_config", "parse_config"]
 
 CONFIG_FILE = "higgsfield.yml"
-NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-SECRET_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
-LOCAL_HOSTS = frozenset({"localhost", "local"})
-BRANCH_RE = re.compile(r"^[A-Za-z0-9._/-]+$")
+BRANCH_RE = re.compile(r"\A[A-Za-z0-9._/-]{1,200}\Z")
+#: A config is a few KB; anything this big is the wrong file (and would take PyYAML seconds).
+MAX_CONFIG_BYTES = 256 * 1024
+#: YAML nodes visited, aliases expanded, before a config is called an alias bomb.
+MAX_YAML_NODES = 100_000
 
 
 class _Model(BaseModel):
@@ -66,9 +83,40 @@ Nproc = Annotated[Annotated[int, Field(ge=1)] | Literal["auto"], BeforeValidator
 
 
 def _refuse_root(user: str | None) -> str | None:
-    if user == "root":
-        raise ValueError("'root' is refused: use a non-root user with passwordless sudo")
-    return user
+    return None if user is None else check_user(user)
+
+
+def _checked(*fields: str, check: Callable[[Any], Any]) -> Any:
+    """A field validator running ``check`` on each set value (None, the default, is left alone)."""
+    return field_validator(*fields)(classmethod(lambda cls, v: v if v is None else check(v)))
+
+
+def _state_dir(v: str) -> str:
+    check_text(v)
+    parts = PurePosixPath(v).parts
+    if v.startswith("-"):
+        raise ValueError(f"{shown(v)} starts with '-'")
+    if ".." in parts:
+        raise ValueError(f"{shown(v)} contains '..': name the directory itself")
+    if len(parts) <= 1 and (not parts or parts[0] in ("/", ".") or parts[0].startswith("~")):
+        raise ValueError(f"{shown(v)} is the root or a home directory itself: higgsfield needs a "
+                         "directory of its own there, e.g. ~/.higgsfield")
+    return v
+
+
+def _pip_source(v: str) -> str:
+    check_text(v)
+    if v.startswith("-"):
+        raise ValueError(f"{shown(v)} starts with '-', which pip would read as an option: give a requirement, "
+                         "a git+https:// URL or a path")
+    return v
+
+
+def _index_url(v: str) -> str:
+    check_text(v)
+    if not re.fullmatch(r"https?://\S+", v):
+        raise ValueError(f"{shown(v)} is not an http(s):// URL")
+    return v
 
 
 class SSHConfig(_Model):
@@ -84,6 +132,7 @@ class SSHConfig(_Model):
     retries: Int = Field(2, ge=0, le=10, description="Connection retries (with backoff); commands are never retried.")
 
     _user = field_validator("user")(classmethod(lambda cls, v: _refuse_root(v)))
+    _paths = _checked("identity_file", "known_hosts", check=check_text)
 
 
 class NodeConfig(_Model):
@@ -97,10 +146,13 @@ class NodeConfig(_Model):
     nproc_per_node: Nproc | None = Field(None, description="Overrides nproc_per_node.")
 
     _user = field_validator("user")(classmethod(lambda cls, v: _refuse_root(v)))
+    _host = _checked("host", check=check_host)
+    _name = _checked("name", check=check_node_name)
+    _identity = _checked("identity_file", check=check_text)
 
     @property
     def is_local(self) -> bool:
-        return self.host in LOCAL_HOSTS
+        return self.host.lower() in LOCAL_HOSTS
 
 
 class DockerConfig(_Model):
@@ -109,6 +161,8 @@ class DockerConfig(_Model):
     dockerfile: str = Field("Dockerfile", description="Dockerfile, relative to the project.")
     base_image: str | None = Field(None, description="Passed as the BASE_IMAGE build argument when set.")
 
+    _text = _checked("dockerfile", "base_image", check=check_text)
+
 
 class InstallConfig(_Model):
     """How GitHub Actions jobs install higgsfield (the version that generated them)."""
@@ -116,6 +170,9 @@ class InstallConfig(_Model):
     source: str = Field(f"higgsfield=={__version__}",
                         description="A pip requirement: 'higgsfield==X', 'git+https://...', a wheel URL.")
     index_url: str | None = Field(None, description="Extra pip index for private installs.")
+
+    _source = _checked("source", check=_pip_source)
+    _index = _checked("index_url", check=_index_url)
 
 
 class Config(_Model):
@@ -137,29 +194,32 @@ class Config(_Model):
 
     path: Path | None = Field(None, exclude=True, description="Where this config was read from (not a YAML key).")
 
+    _state = _checked("state_dir", check=_state_dir)
+
     @field_validator("default_branch")
     @classmethod
     def _default_branch(cls, v: str) -> str:
         # It is written into the generated workflows (on.push.branches): a git branch name, nothing else.
-        if (not BRANCH_RE.match(v) or ".." in v or v.startswith(("-", "/")) or v.endswith(("/", ".", ".lock"))
+        if (not BRANCH_RE.fullmatch(v) or ".." in v or v.startswith(("-", "/")) or v.endswith(("/", ".", ".lock"))
                 or "//" in v or "/." in v or v.startswith(".")):
-            raise ValueError(f"{v!r} is not a valid git branch name: use letters, digits and . _ / - "
+            raise ValueError(f"{shown(v)} is not a valid git branch name: use letters, digits and . _ / - "
                              "(no '..', not starting with '-', '/' or '.')")
         return v
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not NAME_RE.match(v):
-            raise ValueError(f"'{v}' is not a valid name: use letters, digits and _, not starting with a digit")
+        if not NAME_RE.fullmatch(v):
+            raise ValueError(f"{shown(v)} is not a valid name: use letters, digits and _, not starting with a digit")
+        if len(v) > MAX_NAME:
+            raise ValueError(f"{shown(v)} is too long: a project name has at most {MAX_NAME} characters")
         return v
 
     @field_validator("secrets")
     @classmethod
     def _secrets(cls, v: list[str]) -> list[str]:
         for s in v:
-            if not SECRET_RE.match(s):
-                raise ValueError(f"'{s}' is not a valid secret name: use UPPER_CASE letters, digits and _")
+            check_secret_name(s)
         if len(set(v)) != len(v):
             raise ValueError("a secret is listed twice")
         return v
@@ -173,16 +233,26 @@ class Config(_Model):
 
     @model_validator(mode="after")
     def _unique_nodes(self) -> Config:
-        seen: dict[str, int] = {}
+        # Two entries for one login on one machine would share one state directory, so one run
+        # directory: the same host in another case, 'localhost' and 'local', the same name twice.
+        names: dict[str, int] = {}
+        logins: dict[tuple[str, int, str | None], int] = {}
         for i, node in enumerate(self.nodes):
+            port = self.node_port(node)
             if node.name is None:
-                port = self.node_port(node)
                 node.name = node.host if port == 22 or node.is_local else f"{node.host}:{port}"
-            key = node.name
-            if key in seen:
-                raise _NodeDup(i, f"node '{key}' is listed twice (also nodes[{seen[key]}]); "
+            key = node.name.lower()
+            if key in names:
+                raise _NodeDup(i, f"node {shown(node.name)} is listed twice (also nodes[{names[key]}]); "
                                   "give each node a distinct host, port or name")
-            seen[key] = i
+            names[key] = i
+            login = ("localhost", 0, None) if node.is_local else \
+                (node.host.lower().rstrip("."), port, node.user or self.ssh.user)
+            if login in logins:
+                what = "this machine" if node.is_local else f"{node.host} port {port}"
+                raise _NodeDup(i, f"node {shown(node.name)} is {what} again (also nodes[{logins[login]}]): two "
+                                  "nodes for one login would share one state directory; list each machine once")
+            logins[login] = i
         return self
 
     # -- derived values -------------------------------------------------------
@@ -226,7 +296,7 @@ class Config(_Model):
             if n.name == name or n.host == name:
                 return n
         known = ", ".join(str(n.name) for n in self.nodes)
-        raise ConfigError(f"{self.path or CONFIG_FILE}: no node named '{name}' (nodes: {known})")
+        raise ConfigError(f"{self.path or CONFIG_FILE}: no node named {shown(name)} (nodes: {known})")
 
 
 class _NodeDup(ValueError):
@@ -251,19 +321,45 @@ def find_config(start: Path | None = None) -> Path:
 def load_config(path: Path | str | None = None) -> Config:
     """Read, validate and return the config; raises ConfigError with file:line: field: message."""
     p = Path(path) if path else find_config()
+    return parse_config(read_config_text(p), p)
+
+
+def read_config_text(p: Path) -> str:
+    """The text of the config file: a regular file, at most MAX_CONFIG_BYTES, UTF-8, not binary."""
     try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: file not found") from None
+        if not p.is_file():
+            # A FIFO or /dev/zero would block or never end; a directory cannot be read.
+            raise ConfigError(f"{p}: file not found" if not p.exists() else f"{p}: not a regular file")
+        with open(p, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as e:
-        raise ConfigError(f"{p}: cannot read: {e.strerror}") from None
-    return parse_config(text, p)
+        raise ConfigError(f"{p}: cannot read: {e.strerror or e}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{p}: larger than {MAX_CONFIG_BYTES // 1024} KiB; a higgsfield.yml is a few KB, "
+                          "is this the right file?")
+    return decode_text(data, p, "YAML")
+
+
+def decode_text(data: bytes, p: Path, kind: str) -> str:
+    """``data`` as UTF-8 text (a BOM is dropped); ConfigError naming the line of a bad byte or a NUL."""
+    if b"\x00" in data:
+        line = data[:data.index(b"\x00")].count(b"\n") + 1
+        raise ConfigError(f"{p}:{line}: a NUL byte: this is a binary file, not {kind} text")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise ConfigError(f"{p}:{line}: byte 0x{data[e.start]:02x} is not UTF-8: save the file as UTF-8 "
+                          f"{kind} text") from None
 
 
 def parse_config(text: str, path: Path) -> Config:
+    """Validate the config ``text`` read from ``path``; every problem is one ConfigError line."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES // 1024} KiB; a higgsfield.yml is a few KB")
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
-        _check_duplicate_keys(root, path)
+        _check_keys(root, path)
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
@@ -272,8 +368,17 @@ def parse_config(text: str, path: Path) -> Config:
         if e.problem and e.context and e.problem.startswith("but "):  # "expected X ... but found Y"
             what = f"{e.context}, {e.problem}"
         raise ConfigError(f"{path}{line}: invalid YAML: {what}") from None
+    except yaml.reader.ReaderError as e:
+        at = text[:e.position].count("\n") + 1
+        char = e.character if isinstance(e.character, str) else chr(e.character)
+        raise ConfigError(f"{path}:{at}: invalid YAML: character U+{ord(char):04X} is not allowed in YAML "
+                          "text") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+        raise ConfigError(f"{path}: invalid YAML: {' '.join(str(e).split())}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid YAML: nested too deeply") from None
+    except (ValueError, OverflowError) as e:  # a constructor's own check: an int of 5000 digits, 2020-13-45
+        raise ConfigError(f"{path}: invalid YAML: a value cannot be read ({shown(str(e))})") from None
     if data is None:
         raise ConfigError(f"{path}: the file is empty; it needs at least 'name' and 'nodes'")
     if not isinstance(data, dict):
@@ -282,6 +387,8 @@ def parse_config(text: str, path: Path) -> Config:
         cfg = Config.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_format_validation(e, root, path)) from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply") from None
     cfg.path = path.resolve()
     return cfg
 
@@ -290,22 +397,36 @@ _STR_TAG = "tag:yaml.org,2002:str"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
-def _check_duplicate_keys(node: yaml.Node | None, path: Path) -> None:
-    if isinstance(node, yaml.MappingNode):
-        seen: set[Any] = set()
-        for k, v in node.value:
-            if not isinstance(k, yaml.ScalarNode):
-                raise ConfigError(f"{path}:{k.start_mark.line + 1}: a key must be a name, not a list or mapping")
-            if k.tag not in (_STR_TAG, _MERGE_TAG):
-                raise ConfigError(f"{path}:{k.start_mark.line + 1}: key '{k.value}' must be a name, not a number "
-                                  "or bool")
-            if k.value in seen:
-                raise ConfigError(f"{path}:{k.start_mark.line + 1}: key '{k.value}' appears twice")
-            seen.add(k.value)
-            _check_duplicate_keys(v, path)
-    elif isinstance(node, yaml.SequenceNode):
-        for item in node.value:
-            _check_duplicate_keys(item, path)
+def _check_keys(root: yaml.Node | None, path: Path) -> None:
+    """Keys are names, each once per mapping; an alias bomb is refused before anything expands it.
+
+    The walk follows aliases as the loader will (that is where a bomb's cost is), but
+    counts every node it visits and stops at MAX_YAML_NODES: a config is a few hundred.
+    """
+    stack: list[yaml.Node] = [root] if root is not None else []
+    visited = 0
+    while stack:
+        node = stack.pop()
+        visited += 1
+        if visited > MAX_YAML_NODES:
+            raise ConfigError(f"{path}:{node.start_mark.line + 1}: invalid YAML: anchors and aliases expand to more "
+                              f"than {MAX_YAML_NODES} values; write the values out (an alias bomb?)")
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            values = []
+            for k, v in node.value:
+                if not isinstance(k, yaml.ScalarNode):
+                    raise ConfigError(f"{path}:{k.start_mark.line + 1}: a key must be a name, not a list or mapping")
+                if k.tag not in (_STR_TAG, _MERGE_TAG):
+                    raise ConfigError(f"{path}:{k.start_mark.line + 1}: key {shown(k.value)} must be a name, "
+                                      "not a number or bool")
+                if k.value in seen:
+                    raise ConfigError(f"{path}:{k.start_mark.line + 1}: key {shown(k.value)} appears twice")
+                seen.add(k.value)
+                values.append(v)
+            stack.extend(reversed(values))   # in document order, so the first problem is the one reported
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(reversed(node.value))
 
 
 def _line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
@@ -364,15 +485,15 @@ def _format_validation(err: ValidationError, root: yaml.Node | None, path: Path)
     given = e.get("input")
     if kind == "extra_forbidden":
         allowed = _allowed_keys(loc[:-1])
-        msg = f"unknown key '{loc[-1]}'" + (f" (allowed: {', '.join(allowed)})" if allowed else "")
+        msg = f"unknown key {shown(loc[-1])}" + (f" (allowed: {', '.join(allowed)})" if allowed else "")
     elif kind == "missing":
         msg = "is required"
     elif kind in ("greater_than_equal", "less_than_equal") and loc and loc[-1] == "port":
-        msg = f"must be between 1 and 65535 (got {given})"
+        msg = f"must be between 1 and 65535 (got {shown(given)})"
     elif kind in _FRIENDLY:
-        msg = f"{_FRIENDLY[kind]} (got {given!r})"
+        msg = f"{_FRIENDLY[kind]} (got {shown(given)})"
     elif kind == "literal_error":
-        msg = f"must be {e['ctx']['expected']} (got {given!r})"
+        msg = f"must be {e['ctx']['expected']} (got {shown(given)})"
     elif kind == "too_short" and loc == ("nodes",):
         msg = "list at least one node"
     elif kind == "value_error":
@@ -380,7 +501,7 @@ def _format_validation(err: ValidationError, root: yaml.Node | None, path: Path)
     else:
         msg = e["msg"][0].lower() + e["msg"][1:]
         if given is not None and not isinstance(given, (dict, list)):
-            msg += f" (got {given!r})"
+            msg += f" (got {shown(given)})"
     line = _line_of(root, loc)
     where = f"{path}:{line}" if line else str(path)
     field = _field_path(loc)

@@ -22,12 +22,16 @@ Use::
 from __future__ import annotations
 
 import ast
+import keyword
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from higgsfield.errors import ExperimentError
+from higgsfield.names import NAME_RE
 from higgsfield.params import ParamSpec, check_name
+from higgsfield.text import one_line, shown
 
 MODULE = "higgsfield.experiment"
 _SKIP_DIRS = {"__pycache__", ".git", ".venv", "venv", "node_modules", ".mypy_cache", ".ruff_cache"}
@@ -59,11 +63,13 @@ def discover(src_dir: Path) -> list[DiscoveredExperiment]:
     found: dict[str, DiscoveredExperiment] = {}
     for file in sorted(_python_files(src_dir)):
         for exp in _parse_file(file, src_dir):
-            other = found.get(exp.name)
+            # Case-insensitively: run_Alpaca.yml and run_alpaca.yml are one file on macOS and Windows.
+            other = found.get(exp.name.lower())
             if other is not None:
+                same = "" if other.name == exp.name else f" (as '{other.name}': names may not differ only in case)"
                 raise ExperimentError(f"{_rel(exp.file)}:{exp.line}: experiment '{exp.name}' is already defined "
-                                      f"at {_rel(other.file)}:{other.line}; experiment names must be unique")
-            found[exp.name] = exp
+                                      f"at {_rel(other.file)}:{other.line}{same}; experiment names must be unique")
+            found[exp.name.lower()] = exp
     return sorted(found.values(), key=lambda e: e.name)
 
 
@@ -73,16 +79,15 @@ def find_experiment(src_dir: Path, name: str) -> DiscoveredExperiment:
         if e.name == name:
             return e
     known = ", ".join(e.name for e in exps) or f"none found under {src_dir}"
-    raise ExperimentError(f"no experiment named '{name}' (experiments: {known})")
+    raise ExperimentError(f"no experiment named {shown(name)} (experiments: {known})")
 
 
 def _python_files(root: Path) -> list[Path]:
-    out = []
-    for p in root.rglob("*.py"):
-        rel = p.relative_to(root).parts
-        if any(part in _SKIP_DIRS or part.startswith(".") for part in rel[:-1]):
-            continue
-        out.append(p)
+    """Every ``*.py`` under ``root``; symlinked directories are not followed (a loop would never end)."""
+    out: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
+        out.extend(Path(dirpath) / f for f in filenames if f.endswith(".py"))
     return out
 
 
@@ -94,9 +99,21 @@ def _rel(p: Path) -> str:
 
 
 def _module_name(file: Path, root: Path) -> str:
+    """The dotted name the node imports; ExperimentError when a part is not an identifier (``train.v2.py``)."""
     parts = list(file.relative_to(root).with_suffix("").parts)
+    for part in parts:
+        if not NAME_RE.fullmatch(part) or keyword.iskeyword(part):
+            kind = "file" if part == parts[-1] else "directory"
+            fixed = "".join(c if c.isalnum() and c.isascii() else "_" for c in part)
+            fixed = fixed if fixed[:1].isalpha() or fixed[:1] == "_" else f"_{fixed}"
+            raise ExperimentError(f"{_rel(file)}: it defines an experiment, but {kind} name {shown(part)} is not a "
+                                  f"Python identifier, so the node cannot import it: rename it (e.g. "
+                                  f"{shown(fixed + ('_' if keyword.iskeyword(fixed) else ''))})")
     if parts[-1] == "__init__":
         parts = parts[:-1]
+    if not parts:
+        raise ExperimentError(f"{_rel(file)}: experiments cannot live in src/__init__.py: move them to a module "
+                              "such as src/train.py")
     return ".".join(parts)
 
 
@@ -149,14 +166,28 @@ def _dotted(node: ast.expr) -> str | None:
 def _parse_file(file: Path, root: Path) -> list[DiscoveredExperiment]:
     try:
         source = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ExperimentError(f"{_rel(file)}: cannot read: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ExperimentError(f"{_rel(file)}: byte 0x{e.object[e.start]:02x} at offset {e.start} is not UTF-8: "
+                              "save the file as UTF-8") from None
+    except OSError as e:
+        raise ExperimentError(f"{_rel(file)}: cannot read: {e.strerror or e}") from None
     if "higgsfield" not in source:
         return []
     try:
+        return _parse_source(file, root, source)
+    except (RecursionError, MemoryError):
+        # CPython's parser and ast.literal_eval/unparse give up on deeply nested code this way.
+        raise ExperimentError(f"{_rel(file)}: an expression is nested too deeply for Python to parse; "
+                              "simplify it") from None
+
+
+def _parse_source(file: Path, root: Path, source: str) -> list[DiscoveredExperiment]:
+    try:
         tree = ast.parse(source, filename=str(file))
     except SyntaxError as e:
-        raise ExperimentError(f"{_rel(file)}:{e.lineno}: syntax error: {e.msg}") from None
+        raise ExperimentError(f"{_rel(file)}:{e.lineno}: syntax error: {one_line(str(e.msg), 200)}") from None
+    except ValueError as e:  # "source code string cannot contain null bytes" (3.11)
+        raise ExperimentError(f"{_rel(file)}: cannot parse: {e}") from None
     aliases = _Aliases()
     aliases.visit(tree)
     if not aliases.funcs and not aliases.modules:
@@ -198,7 +229,14 @@ def _literal(file: Path, call: ast.Call, node: ast.expr, what: str) -> Any:
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         raise ExperimentError(f"{_rel(file)}:{node.lineno}: {what} must be a literal value "
                               f"(a number, string, bool, None or list of them), not "
-                              f"'{ast.unparse(node)}'") from None
+                              f"{shown(_source_of(node))}") from None
+
+
+def _source_of(node: ast.expr) -> str:
+    try:
+        return ast.unparse(node)
+    except (RecursionError, ValueError):
+        return type(node).__name__
 
 
 def _call_args(file: Path, call: ast.Call, names: tuple[str, ...], kind: str) -> dict[str, Any]:
@@ -233,7 +271,9 @@ def _build(file: Path, root: Path, func: ast.FunctionDef | ast.AsyncFunctionDef,
         raise ExperimentError(f"{loc}: {e}") from None
     seed = args.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ExperimentError(f"{loc}: @experiment('{name}') seed must be an integer (got {seed!r})")
+        raise ExperimentError(f"{loc}: @experiment('{name}') seed must be an integer (got {shown(seed)})")
+    if seed is not None and not -(2**63) <= seed < 2**64:
+        raise ExperimentError(f"{loc}: @experiment('{name}') seed must fit in 64 bits (torch.manual_seed's range)")
     n_args = len(func.args.args) + len(func.args.posonlyargs)
     if n_args != 1 or func.args.vararg or func.args.kwonlyargs:
         raise ExperimentError(f"{_rel(file)}:{func.lineno}: experiment '{name}': function '{func.name}' must take "

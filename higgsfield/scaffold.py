@@ -91,10 +91,11 @@ def deploy_key_paths(project: str) -> tuple[Path, Path]:
 
 
 def check_project_name(name: str) -> str:
-    from higgsfield.config import NAME_RE
+    from higgsfield.names import MAX_NAME, NAME_RE
+    from higgsfield.text import shown
 
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise ScaffoldError(f"'{name}' is not a valid project name: use letters, digits and _, "
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name) or len(name) > MAX_NAME:
+        raise ScaffoldError(f"{shown(name)} is not a valid project name: use 1-{MAX_NAME} letters, digits and _, "
                             "not starting with a digit (e.g. my_llama)")
     return name
 

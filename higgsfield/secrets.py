@@ -7,20 +7,39 @@ are only handed to transports as stdin payloads, never put in argv or logs.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from higgsfield.config import Config
+from higgsfield.config import Config, decode_text
 from higgsfield.errors import ConfigError
+from higgsfield.text import shown
+
+_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: An env file holds a few secrets; anything bigger is the wrong file.
+MAX_ENV_BYTES = 1024 * 1024
 
 
 def load_env_file(path: Path) -> dict[str, str]:
-    """``KEY=VALUE`` lines; ``#`` comments and blank lines skipped; optional quotes removed."""
+    """``KEY=VALUE`` lines; ``#`` comments and blank lines skipped; optional quotes removed.
+
+    Lines end at ``\\n`` only (``str.splitlines`` would also split a value at U+2028 or
+    a form feed). A file that is not UTF-8 text, a key that is not a variable name and a
+    key set twice are refused, naming the line.
+    """
     if not path.is_file():
         return {}
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_ENV_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
+    if len(data) > MAX_ENV_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_ENV_BYTES // 1024} KiB; an env file holds KEY=VALUE lines")
+    text = decode_text(data, path, "KEY=VALUE")
     out: dict[str, str] = {}
-    for n, raw in enumerate(path.read_text().splitlines(), 1):
-        line = raw.strip()
+    for n, raw in enumerate(text.split("\n"), 1):
+        line = raw.rstrip("\r").strip()
         if not line or line.startswith("#"):
             continue
         if line.startswith("export "):
@@ -29,6 +48,10 @@ def load_env_file(path: Path) -> dict[str, str]:
         key = key.strip()
         if not sep or not key:
             raise ConfigError(f"{path}:{n}: expected KEY=VALUE")
+        if not _KEY_RE.fullmatch(key):
+            raise ConfigError(f"{path}:{n}: {shown(key)} is not a variable name: use letters, digits and _")
+        if key in out:
+            raise ConfigError(f"{path}:{n}: {key} is set twice; keep one line")
         value = value.strip()
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
             value = value[1:-1]

@@ -192,13 +192,15 @@ def test_init_refuses_existing_directory(tmp_path: Path) -> None:
     assert not home.exists()
 
 
-@pytest.mark.parametrize("name", ["1abc", "my-proj", "a b", "../escape", "x/y", "", "ünï"])
-def test_init_refuses_bad_names(tmp_path: Path, name: str) -> None:
+@pytest.mark.parametrize(("name", "quoted"), [
+    ("1abc", "'1abc'"), ("my-proj", "'my-proj'"), ("a b", "'a b'"), ("../escape", "'../escape'"), ("x/y", "'x/y'"),
+    ("", "''"), ("ünï", "'ünï'"), ("demo\n", "'demo\\n'"), ("a" * 65, "'" + "a" * 60 + "…' (65 chars)")])
+def test_init_refuses_bad_names(tmp_path: Path, name: str, quoted: str) -> None:
     home = tmp_path / "home"
     work = tmp_path / "work"
     work.mkdir()
     proc = run_cli(work, "init", name, home=home)
-    assert_one_line_error(proc, f"'{name}' is not a valid project name: use letters, digits and _, "
+    assert_one_line_error(proc, f"{quoted} is not a valid project name: use 1-64 letters, digits and _, "
                                 "not starting with a digit (e.g. my_llama)")
     assert list(work.iterdir()) == [] and not (tmp_path / "escape").exists()
     assert not home.exists()

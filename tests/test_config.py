@@ -204,9 +204,29 @@ def test_quoted_number_and_auto_are_accepted(tmp_path: Path) -> None:
     assert cfg.nodes[0].port == 2201 and cfg.nproc_per_node == "auto"
 
 
-def test_same_host_distinct_names_is_allowed() -> None:
-    cfg = parse_config("name: a\nnodes:\n  - {host: h, name: one}\n  - {host: h, name: two}\n", Path("x.yml"))
+def test_same_host_distinct_users_is_allowed() -> None:
+    # Two logins on one machine: two homes, two state directories (the test bed's layout on one box).
+    cfg = parse_config("name: a\nnodes:\n  - {host: h, name: one, user: u1}\n  - {host: h, name: two, user: u2}\n",
+                       Path("x.yml"))
     assert [n.name for n in cfg.nodes] == ["one", "two"]
+
+
+@pytest.mark.parametrize("nodes", [
+    "  - {host: h, name: one}\n  - {host: h, name: two}",          # one login, two names: one state dir
+    "  - {host: gpu-1}\n  - {host: GPU-1, name: b}",               # DNS names ignore case
+    "  - {host: localhost}\n  - {host: local, name: other}",        # both mean this machine
+    "  - {host: localhost}\n  - {host: LOCALHOST, name: b}",
+    "  - {host: h, user: u}\n  - {host: h., name: h2, user: u}",     # a trailing dot is the same name
+])
+def test_one_login_listed_twice_is_refused(nodes: str) -> None:
+    with pytest.raises(ConfigError, match=r"^x.yml:4: nodes\[1\]: node '.*' is .* again \(also nodes\[0\]\): two nodes "
+                                          "for one login would share one state directory; list each machine once$"):
+        parse_config(f"name: a\nnodes:\n{nodes}\n", Path("x.yml"))
+
+
+def test_node_names_differing_in_case_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"nodes\[1\]: node 'A' is listed twice \(also nodes\[0\]\)"):
+        parse_config("name: a\nnodes:\n  - {host: h1, name: a}\n  - {host: h2, name: A}\n", Path("x.yml"))
 
 
 def test_find_config_walks_up(tmp_path: Path) -> None:

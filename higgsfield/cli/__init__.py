@@ -107,6 +107,7 @@ def cli(ctx: click.Context, debug: bool, config_path: str | None) -> None:
 
 def main(argv: list[str] | None = None) -> Any:
     from higgsfield.errors import HiggsfieldError
+    from higgsfield.text import one_line
 
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args or os.environ.get("HIGGSFIELD_DEBUG") == "1"
@@ -115,13 +116,22 @@ def main(argv: list[str] | None = None) -> Any:
     except HiggsfieldError as e:
         if debug:
             raise
-        click.echo(f"error: {e}", err=True)
+        click.echo(f"error: {one_line(str(e))}", err=True)
         sys.exit(e.exit_code)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
+    except click.UsageError as e:
+        # click's own form is four lines (usage, hint, blank, error); ours is the error and where help is.
+        if debug:
+            raise
+        where = e.ctx.command_path if e.ctx is not None else "higgsfield"
+        click.echo(f"error: {one_line(e.format_message())} (see '{where} --help')", err=True)
+        sys.exit(2)
     except click.ClickException as e:
-        e.show()
+        if debug:
+            raise
+        click.echo(f"error: {one_line(e.format_message())}", err=True)
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
@@ -134,8 +144,8 @@ def main(argv: list[str] | None = None) -> Any:
     except Exception as e:
         if debug:
             raise
-        click.echo(f"error: internal error: {type(e).__name__}: {e} (re-run with --debug for the traceback)",
-                   err=True)
+        click.echo(f"error: internal error: {type(e).__name__}: {one_line(str(e), 500)} "
+                   "(re-run with --debug for the traceback)", err=True)
         sys.exit(1)
 
 

@@ -26,3 +26,28 @@ def console(stderr: bool = False) -> Console:
     from rich.console import Console
 
     return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+# -- argument checks: a bad name is a usage error (exit 2) before any config is read or node contacted --
+
+def experiment_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A click callback: ``value`` is an experiment name (an identifier)."""
+    from higgsfield.names import check_identifier
+
+    if value is None:
+        return None
+    try:
+        return check_identifier(value, "experiment name")
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def run_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A click callback: ``value`` is a run name (or an experiment name, which is one too)."""
+    from higgsfield.names import is_run_name
+    from higgsfield.text import shown
+
+    if value is None or is_run_name(value):
+        return value
+    raise click.BadParameter(f"{shown(value)} is not a run or experiment name: use 1-64 letters, digits, "
+                             "'.', '_' or '-', starting with a letter or digit")

@@ -20,6 +20,7 @@ import click
 
 from higgsfield.cli._common import console, get_config
 from higgsfield.errors import HiggsfieldError
+from higgsfield.text import one_line
 
 
 class _CIGroup(click.Group):
@@ -30,7 +31,7 @@ class _CIGroup(click.Group):
             return super().invoke(ctx)
         except HiggsfieldError as e:
             if _on_github(os.environ):
-                click.echo(f"::error title=higgsfield ci {ctx.invoked_subcommand}::{_escape(str(e))}")
+                click.echo(f"::error title=higgsfield ci {ctx.invoked_subcommand}::{_escape(one_line(str(e)))}")
             raise
 
 
@@ -66,6 +67,7 @@ def run(ctx: click.Context, experiment: str) -> None:
     from higgsfield.orchestrator import start_run
     from higgsfield.workflows.ci_inputs import ci_config, run_inputs
 
+    _check_experiment_name(experiment)
     cfg = ci_config(get_config(ctx), os.environ)
     exp = find_experiment(cfg.project_dir / "src", experiment)
     inputs = run_inputs(exp, os.environ, total_nodes=len(cfg.nodes))
@@ -101,6 +103,16 @@ def kill(ctx: click.Context, target: str | None) -> None:
     lines = [f"{r.run}: {r.state}" for r in stopped]
     lines.append("check with: higgsfield status")
     _summary(lines, title=f"Kill {name}")
+
+
+def _check_experiment_name(name: str) -> None:
+    from higgsfield.errors import ExperimentError
+    from higgsfield.names import check_identifier
+
+    try:
+        check_identifier(name, "experiment name")
+    except ValueError as e:
+        raise ExperimentError(str(e)) from None
 
 
 def _summary(lines: list[str], title: str) -> None:

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from higgsfield.cli._common import console, get_config
+from higgsfield.cli._common import console, experiment_name, get_config, run_name
+from higgsfield.text import shown
 
 if TYPE_CHECKING:
     from higgsfield.config import Config
@@ -51,22 +52,27 @@ def _follow(cfg: Config, status: RunStatus, *, follow: bool, node: str | None = 
                  color=sys.stdout.isatty())
 
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_since(value: str, now: float | None = None) -> float:
     """``--since``: ``30s``/``10m``/``2h``/``1d`` ago, or an ISO time (local unless it names a zone) -> UNIX time."""
     text = value.strip()
-    m = _DURATION.match(text.lower())
+    m = _DURATION.fullmatch(text.lower())
     if m:
-        return (time.time() if now is None else now) - float(m.group(1)) * _UNIT_S[m.group(2)]
+        ago = (time.time() if now is None else now) - float(m.group(1)) * _UNIT_S[m.group(2)]
+        return ago if ago > 0 else 0.0   # "99999d" (or 1e400 s: -inf) means since the start
     try:
         when = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
     except ValueError:
-        raise click.BadParameter(f"'{value}' is neither a duration ago (30s, 10m, 2h, 1d) "
+        raise click.BadParameter(f"{shown(value)} is neither a duration ago (30s, 10m, 2h, 1d) "
                                  "nor a time (2026-11-30T10:00, local time)") from None
-    return when.timestamp()  # a naive time is local time
+    try:
+        return max(when.timestamp(), 0.0)  # a naive time is local time
+    except (ValueError, OverflowError, OSError):
+        # The platform cannot place it (0001-01-01): long before any log line, so every line.
+        return 0.0
 
 
 def _since_option(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
@@ -74,12 +80,12 @@ def _since_option(ctx: click.Context, param: click.Parameter, value: str | None)
 
 
 @click.command()
-@click.argument("experiment")
+@click.argument("experiment", callback=experiment_name)
 @click.option("--param", "-p", "params", multiple=True, metavar="NAME=VALUE", help="A param value (repeatable).")
-@click.option("--run-name", default=None, help="Name of the run; default: EXPERIMENT-DATE-TIME-XXXX. "
+@click.option("--run-name", default=None, callback=run_name, help="Name of the run; default: EXPERIMENT-DATE-TIME-XXXX. "
               "Re-using a finished run's name resumes from its checkpoints.")
-@click.option("--nodes", type=int, default=None, help="Use the first K nodes of higgsfield.yml.")
-@click.option("--max-restarts", type=int, default=0, show_default=True,
+@click.option("--nodes", type=click.IntRange(min=1), default=None, help="Use the first K nodes of higgsfield.yml.")
+@click.option("--max-restarts", type=click.IntRange(0, 1000), default=0, show_default=True,
               help="torchrun restarts of crashed workers (they resume from the last checkpoint).")
 @click.option("--exclusive", is_flag=True, help="Take whole nodes (every GPU/slot), queueing until they are free.")
 @click.option("--detach", "-d", is_flag=True, help="Start and return; follow with 'higgsfield logs RUN -f'.")
@@ -136,10 +142,10 @@ def _wait_final(cfg: Config, run_name: str, timeout: float = 30.0) -> RunStatus:
 
 
 @click.command()
-@click.argument("target", metavar="EXPERIMENT|RUN")
+@click.argument("target", metavar="EXPERIMENT|RUN", callback=run_name)
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the run ends.")
 @click.option("--node", default=None, help="Only this node.")
-@click.option("--rank", "ranks", type=int, multiple=True, help="Only this global rank (repeatable).")
+@click.option("--rank", "ranks", type=click.IntRange(min=0), multiple=True, help="Only this global rank (repeatable).")
 @click.option("--since", metavar="T", callback=_since_option,
               help="Only lines written since T: 30s, 10m, 2h, 1d ago, or a local time like 2026-11-30T10:00. "
                    "The launcher's log has no line times: shown whole if it changed since T, "
@@ -206,7 +212,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("target", metavar="EXPERIMENT|RUN")
+@click.argument("target", metavar="EXPERIMENT|RUN", callback=run_name)
 @click.pass_context
 def kill(ctx: click.Context, target: str) -> None:
     """Stop a run (or every active run of an experiment) on every node."""

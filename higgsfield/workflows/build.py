@@ -63,7 +63,17 @@ def build_workflows(cfg: Config, src_dir: Path | None = None, out_dir: Path | No
     experiments = discover(src_dir)
     files = render_workflows(cfg, experiments)
     result = BuildResult(out_dir=out_dir, experiments=[e.name for e in experiments])
+    if out_dir.exists() and not out_dir.is_dir():
+        raise HiggsfieldError(f"{out_dir} is not a directory: the workflows go there; move it away")
+    try:
+        _apply(files, out_dir, result, check)
+    except OSError as e:
+        raise HiggsfieldError(f"cannot write the workflows in {out_dir}: {e.strerror or e}") from None
+    return result
 
+
+def _apply(files: dict[str, str], out_dir: Path, result: BuildResult, check: bool) -> None:
+    """Compare, remove stale files and write new ones; every check that can refuse runs before any write."""
     for name in files:
         path = out_dir / name
         if path.exists() and not is_generated(path):
@@ -83,7 +93,6 @@ def build_workflows(cfg: Config, src_dir: Path | None = None, out_dir: Path | No
         result.written.append(name)
         if not check:
             _write(path, text)
-    return result
 
 
 def _write(path: Path, text: str) -> None:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from higgsfield.errors import ConfigError, ParamError
 from higgsfield.params import RUN_NAME_RE, check_run_name, parse_assignments, resolve
+from higgsfield.text import shown
 
 if TYPE_CHECKING:
     from higgsfield.config import Config
@@ -47,6 +48,7 @@ ENV_SSH_KEY_FILE = "HIGGSFIELD_SSH_KEY_FILE"
 #: Run names go into paths and container names on the nodes.
 #: A kill target is a run name or an experiment name.
 TARGET_RE = RUN_NAME_RE
+_MAX_KEY_BYTES = 64 * 1024
 _REGENERATE = "run 'higgsfield build-experiments' and commit .github/workflows"
 
 
@@ -103,7 +105,7 @@ def parse_more_params(text: str) -> dict[str, str]:
     try:
         words = shlex.split(text, comments=False, posix=True)
     except ValueError as e:
-        raise ParamError(f"more_params: {e} in {text!r}") from None
+        raise ParamError(f"more_params: {e} in {shown(text)}") from None
     try:
         return parse_assignments(words)
     except ParamError as e:
@@ -128,11 +130,11 @@ def parse_nodes(text: str, total_nodes: int) -> int | None:
     except ValueError:
         number = float("nan")
     if not number.is_integer():
-        raise ParamError(f"nodes must be a whole number of nodes, got {raw!r}")
+        raise ParamError(f"nodes must be a whole number of nodes, got {shown(raw)}")
     count = int(number)
     if not 1 <= count <= total_nodes:
         raise ParamError(f"nodes must be between 1 and {total_nodes} (higgsfield.yml lists {total_nodes}), "
-                         f"got {count}")
+                         f"got {shown(raw)}")
     return count
 
 
@@ -141,8 +143,8 @@ def kill_target(argument: str | None, environ: Mapping[str, str]) -> str:
     target = (argument if argument is not None else environ.get(ENV_KILL_TARGET, "")).strip()
     if not target:
         raise ParamError(f"nothing to kill: pass a run or experiment name (or set {ENV_KILL_TARGET})")
-    if not TARGET_RE.match(target):
-        raise ParamError(f"{target!r} is not a run or experiment name: use letters, digits, _ . or -")
+    if not TARGET_RE.fullmatch(target):
+        raise ParamError(f"{shown(target)} is not a run or experiment name: use letters, digits, _ . or -")
     return target
 
 
@@ -165,9 +167,16 @@ def ci_config(cfg: Config, environ: Mapping[str, str]) -> Config:
                           f"and name it there; {_REGENERATE}")
     path = Path(key_file)
     try:
-        text = path.read_text()
+        if not path.is_file():  # a FIFO or /dev/zero would block or never end
+            raise ConfigError(f"{path}: cannot read the SSH key: "
+                              + ("not a regular file" if path.exists() else "no such file"))
+        with open(path, "rb") as f:
+            text = f.read(_MAX_KEY_BYTES + 1).decode("ascii", errors="replace")
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read the SSH key: {e.strerror}") from None
+        raise ConfigError(f"{path}: cannot read the SSH key: {e.strerror or e}") from None
+    if len(text) > _MAX_KEY_BYTES or "\ufffd" in text:
+        raise ConfigError(f"{path}: not an SSH private key (too big or not text): the SSH_KEY secret must be the "
+                          "private deploy key, as 'higgsfield show-deploy-key' names it")
     if not text.strip():
         raise ConfigError("the SSH_KEY secret is empty or not set: add the private deploy key as a repository "
                           "secret named SSH_KEY (Settings > Secrets and variables > Actions)")

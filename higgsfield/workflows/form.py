@@ -29,6 +29,7 @@ from typing import Any
 from higgsfield.discovery import DiscoveredExperiment
 from higgsfield.errors import ExperimentError
 from higgsfield.params import ParamSpec
+from higgsfield.text import shown
 from higgsfield.workflows.ci_inputs import ENV_MORE_PARAMS, ENV_NODES, ENV_PARAM_PREFIX, ENV_RUN_NAME
 
 #: Inputs a workflow_dispatch form may have: GitHub's limit as actionlint 1.7.7 checks it.
@@ -113,7 +114,7 @@ def _param_input(experiment: str, spec: ParamSpec) -> FormInput:
         kind = "string"
     for value in (default, *(options or ())):
         if isinstance(value, str) and _EXPRESSION in value:
-            raise ExperimentError(f"{where}: {value!r} contains '{_EXPRESSION}', which GitHub reads as an "
+            raise ExperimentError(f"{where}: {shown(value)} contains '{_EXPRESSION}', which GitHub reads as an "
                                   "expression; a form cannot carry it")
     description = spec.description.strip() or f"{spec.type} parameter"
     # GitHub shows descriptions only, but keep anything that looks like an expression inert all the same.

@@ -83,7 +83,7 @@ def test_run_name_and_nodes(alpaca) -> None:  # type: ignore[no-untyped-def]
     for bad in ("3", "0", "-1", "1.5", "two"):
         with pytest.raises(ParamError, match="nodes must be"):
             run_inputs(alpaca, form(data="x", HIGGSFIELD_NODES=bad), 2)
-    for bad in ("a b", "$(id)", "-x", "x" * 97, "a/b", "run\n", ".hidden"):
+    for bad in ("a b", "$(id)", "-x", "x" * 97, "a/b", "ru\nn", ".hidden"):
         with pytest.raises(ParamError, match="run_name"):
             run_inputs(alpaca, form(data="x", HIGGSFIELD_RUN_NAME=bad), 2)
 

@@ -16,6 +16,7 @@ from higgsfield.discovery import discover
 from higgsfield.errors import ExperimentError, HiggsfieldError
 from higgsfield.workflows import HEADER_MARKER, build_workflows, render_workflows
 from higgsfield.workflows.form import MAX_INPUTS
+from higgsfield.workflows.render import PINNED_ACTIONS
 
 
 def hf(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -112,8 +113,11 @@ def test_jobs_are_thin_and_pinned(project: Path) -> None:
         commands = [s["run"] for _j, s in steps(wf) if "run" in s and "higgsfield ci" in s["run"]]
         assert len(commands) == 1, name
         for _job, step in steps(wf):
-            if "uses" in step:
-                assert re.fullmatch(r"actions/(checkout@v4|setup-python@v5)", step["uses"]), step
+            if "uses" in step:  # a full commit SHA, the release named in a comment beside it
+                assert re.fullmatch(r"actions/(checkout|setup-python)@[0-9a-f]{40}", step["uses"]), step
+                action, sha = step["uses"].split("@")
+                assert f"uses: {action}@{sha} # {PINNED_ACTIONS[action][1]}\n" in text
+                assert PINNED_ACTIONS[action][0] == sha
         for job in wf["jobs"].values():
             assert isinstance(job.get("timeout-minutes"), int)
         job = wf["jobs"]["deploy" if name == "deploy.yml" else next(iter(wf["jobs"]))]
