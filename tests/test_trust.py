@@ -11,8 +11,9 @@ On a real sshd (test-bed host 23, this file's own, so its log shows every login)
   terminal; a "n" at the prompt -> nothing pinned or sent; "y" -> pinned, then
   provisioned; ``--accept-new-host-keys``; ``--repin`` shows and asks too; a dry run pins nothing.
 
-And on an in-process asyncssh server (no root needed): ``run`` with a secret against an
-unpinned server never logs in, so no session, command or secret ever reaches it.
+And on an in-process asyncssh server (no root needed, so these run in ``make test-fast``):
+``run`` with a secret against an unpinned server never logs in, so no session, command
+or secret ever reaches it; setup fetches the key without a login and asks before sending.
 """
 
 from __future__ import annotations
@@ -371,3 +372,24 @@ def test_run_with_a_secret_never_reaches_an_unpinned_server(tmp_path: Path) -> N
         assert len(srv.connections) == 1  # it was reached...
         assert srv.auths == [] and srv.commands == [] and srv.sftp_sessions == []  # ...and never logged into
         assert not (project / ".higgsfield" / "known_hosts").exists()
+
+
+@pytest.mark.timeout(120)
+def test_setup_shows_and_asks_before_anything_reaches_a_new_server(tmp_path: Path) -> None:
+    """The same flow as on the test bed, without root: the key is fetched without a login, then asked for."""
+    with _server_thread(tmp_path) as srv:
+        project = make_project(tmp_path / "p", srv.host, srv.port, "tester", "n1", srv.client_key_path)
+        known = project / ".higgsfield" / "known_hosts"
+        offered = str(srv.host_key.get_fingerprint("sha256"))
+        for answer in (None, "n\n"):  # no terminal; a terminal that says no
+            proc = hf(project, "setup", "--step", "os", answer=answer)
+            assert proc.returncode == 1 and f"n1  [127.0.0.1]:{srv.port}  ED25519  {offered}" in proc.stdout
+            assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+            assert srv.auths == [] and srv.commands == [] and not known.exists()
+        assert len(srv.connections) == 2  # one bare key exchange per try
+        proc = hf(project, "setup", "--step", "os", answer="y\n")
+        # pinned, then provisioned: the stand-in server answers `uname -sm` with its own command line,
+        # so the os check fails, after it ran there with the pinned key
+        assert known.read_text().startswith(f"[127.0.0.1]:{srv.port} ssh-ed25519 ")
+        assert srv.auths == ["tester"] and "uname -sm" in srv.commands
+        assert proc.returncode == 1 and "n1: os: n1 runs uname -sm" in proc.stdout
