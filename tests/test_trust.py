@@ -393,3 +393,15 @@ def test_setup_shows_and_asks_before_anything_reaches_a_new_server(tmp_path: Pat
         assert known.read_text().startswith(f"[127.0.0.1]:{srv.port} ssh-ed25519 ")
         assert srv.auths == ["tester"] and "uname -sm" in srv.commands
         assert proc.returncode == 1 and "n1: os: n1 runs uname -sm" in proc.stdout
+
+
+def test_only_setup_writes_a_pin() -> None:
+    """No module but :mod:`higgsfield.provision.trust` (what setup runs) calls ``PinnedHosts.pin``."""
+    import ast
+
+    callers = set()
+    for path in (REPO / "higgsfield").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "pin":
+                callers.add(str(path.relative_to(REPO)))
+    assert callers == {"higgsfield/provision/trust.py"}

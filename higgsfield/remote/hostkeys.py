@@ -20,7 +20,7 @@ Nothing here trusts a key on first use. A pin is written only by ``higgsfield se
 Entries may be plain (``host``, ``[host]:port``, comma-separated) or hashed
 (``|1|salt|hash``, as ``ssh-keygen -H`` writes them); ``@cert-authority`` and
 ``@revoked`` lines and comments are ignored by :meth:`PinnedHosts.lookup` and left
-alone by :meth:`PinnedHosts.unpin`.
+alone when :meth:`PinnedHosts.pin` replaces a node's keys.
 
 Use::
 
@@ -165,12 +165,8 @@ class PinnedHosts:
             with open(self.path, "a") as f:
                 f.write(line + "\n")
 
-    def unpin(self, host: str, port: int) -> int:
-        """Remove every key pinned for ``host:port``; returns how many lines went."""
-        with self._locked():
-            return self._unpin_locked(host, port)
-
     def _unpin_locked(self, host: str, port: int) -> int:
+        """Remove every key pinned for ``host:port`` (the caller holds the lock); returns how many lines went."""
         name = entry_name(host, port)
         lines = self._lines()
         keep = [ln for ln in lines if _entry_for(ln, name) is None]

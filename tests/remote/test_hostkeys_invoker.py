@@ -12,7 +12,7 @@ from higgsfield.remote.hostkeys import PinnedHosts, entry_name
 from higgsfield.remote.invoker import invoker_argv, node_state_dir
 
 
-def test_pin_lookup_unpin(tmp_path: Path) -> None:
+def test_pin_lookup_replace(tmp_path: Path) -> None:
     pins = PinnedHosts(tmp_path / ".higgsfield" / "known_hosts")
     k1 = asyncssh.generate_private_key("ssh-ed25519").convert_to_public()
     k2 = asyncssh.generate_private_key("ssh-ed25519").convert_to_public()
@@ -25,8 +25,8 @@ def test_pin_lookup_unpin(tmp_path: Path) -> None:
     assert "[10.0.0.1]:2222 ssh-ed25519" in text
     assert pins.lookup("10.0.0.1", 22) == [k1]
     assert pins.lookup("10.0.0.1", 2222) == [k2]  # exact port: no fallback to the port-less entry
-    assert pins.unpin("10.0.0.1", 2222) == 1
-    assert pins.lookup("10.0.0.1", 2222) == [] and pins.lookup("10.0.0.1", 22) == [k1]
+    pins.pin("10.0.0.1", 2222, k1, replace=True)
+    assert pins.lookup("10.0.0.1", 2222) == [k1] and pins.lookup("10.0.0.1", 22) == [k1]
     # the file is plain OpenSSH format: asyncssh (like ssh) reads it
     assert asyncssh.read_known_hosts(str(pins.path)).match("10.0.0.1", "", None)[0] == [k1]
 
@@ -56,7 +56,7 @@ def _hashed(name: str) -> str:
     return f"|1|{base64.b64encode(salt).decode()}|{base64.b64encode(digest).decode()}"
 
 
-def test_hashed_entries_match_and_lookup_and_unpin_agree(tmp_path: Path) -> None:
+def test_hashed_entries_match_and_lookup_and_replace_agree(tmp_path: Path) -> None:
     k1, k2, k3 = (asyncssh.generate_private_key("ssh-ed25519").convert_to_public() for _ in range(3))
 
     def line(host: str, key: asyncssh.SSHKey) -> str:
@@ -79,9 +79,9 @@ def test_hashed_entries_match_and_lookup_and_unpin_agree(tmp_path: Path) -> None
     assert pins.lookup("10.0.0.1", 22) == [k1, k2]
     assert pins.lookup("10.0.0.1", 2222) == [k1]
     assert pins.lookup("10.0.0.3", 22) == []
-    assert pins.unpin("10.0.0.1", 22) == 2  # exactly what lookup found
-    assert pins.lookup("10.0.0.1", 22) == []
-    assert known.read_text().splitlines() == [lines[1], *lines[3:]]
+    pins.pin("10.0.0.1", 22, k3, replace=True)  # drops exactly what lookup found, plain and hashed
+    assert pins.lookup("10.0.0.1", 22) == [k3]
+    assert known.read_text().splitlines() == [lines[1], *lines[3:], line("10.0.0.1", k3)]
     # as asyncssh (and ssh) read it
     assert asyncssh.read_known_hosts(str(known)).match("10.0.0.1", "", 2222)[0] == [k1]
 
