@@ -185,9 +185,10 @@ def _parse_source(file: Path, root: Path, source: str) -> list[DiscoveredExperim
     try:
         tree = ast.parse(source, filename=str(file))
     except SyntaxError as e:
-        raise ExperimentError(f"{_rel(file)}:{e.lineno}: syntax error: {one_line(str(e.msg), 200)}") from None
-    except ValueError as e:  # "source code string cannot contain null bytes" (3.11)
-        raise ExperimentError(f"{_rel(file)}: cannot parse: {e}") from None
+        at = f":{e.lineno}" if e.lineno else ""   # a NUL byte: no line
+        raise ExperimentError(f"{_rel(file)}{at}: syntax error: {one_line(str(e.msg), 200)}") from None
+    except ValueError as e:  # "source code string cannot contain null bytes" (3.11, from compile())
+        raise ExperimentError(f"{_rel(file)}: syntax error: {one_line(str(e), 200)}") from None
     aliases = _Aliases()
     aliases.visit(tree)
     if not aliases.funcs and not aliases.modules:

@@ -18,8 +18,9 @@ from typing import Any
 LIMIT = 60
 #: Characters of a whole one-line message before the CLI cuts it.
 MESSAGE_LIMIT = 2000
-# C0 (tab too), DEL, C1, and the Unicode line/paragraph separators: never shown raw.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# C0 (tab too), DEL, C1, the Unicode line/paragraph separators, and lone surrogates (which no
+# UTF-8 file holds, but a YAML "\\udcff" escape makes, and which no terminal can print): never shown raw.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 
 
 def shown(value: Any, limit: int = LIMIT) -> str:
@@ -59,7 +60,7 @@ def _short(value: Any, limit: int, depth: int) -> str:
 
 
 def has_control(text: str) -> bool:
-    """True when ``text`` holds a control character (tab, newline, escape, NUL, DEL, C1, U+2028/9)."""
+    """True when ``text`` holds a control character (tab, newline, escape, NUL, DEL, C1, U+2028/9, a surrogate)."""
     return _CONTROL.search(text) is not None
 
 
