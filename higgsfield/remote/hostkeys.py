@@ -117,11 +117,15 @@ class PinnedHosts:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
 
-    def _lines(self) -> list[str]:
+    def _raw_lines(self) -> list[bytes]:
         try:
-            return self.path.read_text().splitlines()
+            return self.path.read_bytes().splitlines()
         except FileNotFoundError:
             return []
+
+    def _lines(self) -> list[str]:
+        # A byte that is not UTF-8 (a hand edit) spoils its own line only, as in OpenSSH.
+        return [ln.decode(errors="replace") for ln in self._raw_lines()]
 
     def lookup(self, host: str, port: int) -> list[asyncssh.SSHKey]:
         """The keys pinned for exactly ``host:port`` (no wildcard or port-less fallback)."""
@@ -152,6 +156,7 @@ class PinnedHosts:
         Pinning a key that is already the only one pinned changes nothing.
         """
         keytype, b64 = key.export_public_key("openssh").decode().split()[:2]
+        comment = "".join(c if c.isprintable() and not c.isspace() else "_" for c in comment)  # one line, one field
         line = f"{entry_name(host, port)} {keytype} {b64}" + (f" {comment}" if comment else "")
         with self._locked():
             pinned = self.lookup(host, port)
@@ -159,8 +164,8 @@ class PinnedHosts:
                 return
             if replace and pinned:
                 self._unpin_locked(host, port)
-            existing = self.path.read_text() if self.path.exists() else ""
-            if existing and not existing.endswith("\n"):
+            existing = self.path.read_bytes() if self.path.exists() else b""
+            if existing and not existing.endswith(b"\n"):
                 line = "\n" + line
             with open(self.path, "a") as f:
                 f.write(line + "\n")
@@ -168,11 +173,11 @@ class PinnedHosts:
     def _unpin_locked(self, host: str, port: int) -> int:
         """Remove every key pinned for ``host:port`` (the caller holds the lock); returns how many lines went."""
         name = entry_name(host, port)
-        lines = self._lines()
-        keep = [ln for ln in lines if _entry_for(ln, name) is None]
+        lines = self._raw_lines()
+        keep = [ln for ln in lines if _entry_for(ln.decode(errors="replace"), name) is None]  # others byte for byte
         if len(keep) != len(lines):
             tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text("".join(f"{ln}\n" for ln in keep))
+            tmp.write_bytes(b"".join(ln + b"\n" for ln in keep))
             os.replace(tmp, self.path)
         return len(lines) - len(keep)
 

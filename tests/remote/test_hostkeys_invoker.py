@@ -99,3 +99,18 @@ def test_pin_replace_swaps_the_keys_of_one_node_only(tmp_path: Path) -> None:
     text = pins.path.read_text()
     pins.pin("10.0.0.1", 2222, k3, replace=True)  # already the only pin: the file is left alone
     assert pins.path.read_text() == text
+
+
+def test_a_comment_stays_one_field_and_a_bad_byte_spoils_only_its_line(tmp_path: Path) -> None:
+    pins = PinnedHosts(tmp_path / "known_hosts")
+    k1, k2 = (asyncssh.generate_private_key("ssh-ed25519").convert_to_public() for _ in range(2))
+    pins.path.write_bytes(b"\xff\xfe garbage line\n")
+    pins.pin("10.0.0.1", 22, k1, comment="higgsfield:gpu 1\n10.0.0.9 ssh-ed25519 AAAA")
+    pins.pin("10.0.0.2", 22, k2)
+    lines = pins.path.read_bytes().splitlines()
+    assert len(lines) == 3 and lines[0] == b"\xff\xfe garbage line"
+    assert lines[1].endswith(b" higgsfield:gpu_1_10.0.0.9_ssh-ed25519_AAAA")
+    assert pins.lookup("10.0.0.1", 22) == [k1] and pins.lookup("10.0.0.9", 22) == []
+    assert pins.lookup("10.0.0.2", 22) == [k2]
+    pins.pin("10.0.0.2", 22, k1, replace=True)  # a rewrite keeps the other lines byte for byte
+    assert pins.path.read_bytes().splitlines()[:2] == lines[:2] and pins.lookup("10.0.0.2", 22) == [k1]
