@@ -35,6 +35,7 @@ demo: install
 lint: install
 	$(BIN)/ruff check higgsfield tests bench src scripts
 	$(BIN)/mypy higgsfield
+	$(BIN)/lint-imports --config .importlinter
 
 testbed: install tools
 	$(BIN)/python scripts/testbed/testbed.py up
