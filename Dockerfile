@@ -1,6 +1,6 @@
 # The training image for this repository's experiments (built on every node by
-# `higgsfield deploy`; its tag is a hash of this file and requirements.txt, so an
-# unchanged image is never rebuilt).
+# `higgsfield deploy`; its tag is a hash of this file, requirements.txt and the
+# base image, so an unchanged image is never rebuilt).
 #
 #   docker build -t hf-higgsfield .                                 # CUDA PyTorch base
 #   docker build --build-arg BASE_IMAGE=higgsfield-testbase:torch2.13 \
@@ -18,9 +18,13 @@ WORKDIR /workspace
 COPY requirements.txt /tmp/requirements.txt
 RUN if [ "$INSTALL_REQUIREMENTS" = "true" ]; then python3 -m pip install --no-cache-dir -r /tmp/requirements.txt; fi
 
-# The higgsfield package itself: this repo is its source. (A user project's
-# Dockerfile, from `higgsfield init`, installs the wheel the invoker puts in
-# .higgsfield-wheel/ instead, so the image matches the nodes' version.)
+# The higgsfield package itself, from this checkout, so the image also runs on
+# its own (`docker run IMAGE python -m torch.distributed.run ... -m
+# higgsfield.entrypoint RUN_DIR`, as tests/test_dockerfile.py does). Under
+# `higgsfield run` this copy is shadowed: every run mounts the node's invoker
+# package (the exact build `higgsfield setup` installed) read-only at
+# /opt/higgsfield-invoker, first on PYTHONPATH. A project from `higgsfield init`
+# installs no higgsfield at all and relies on that mount alone.
 COPY pyproject.toml README.md /opt/higgsfield-src/
 COPY higgsfield /opt/higgsfield-src/higgsfield
 COPY templates /opt/higgsfield-src/templates

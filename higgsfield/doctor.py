@@ -2,7 +2,8 @@
 
 Per node: reachable over SSH, host key pinned and matching, passwordless sudo, Docker
 usable by the login user, GPUs (count, driver, CUDA) or none, free disk where images
-and checkpoints go, clock skew against this machine, the invoker at this version; and
+and checkpoints go, clock skew against this machine, the invoker at this version, the
+project environment that ``runtime: process`` runs in (present / stale / missing); and
 across nodes: node 0 reachable from the others on the rendezvous port range (node 0
 listens briefly on a free port there, the others connect).
 
@@ -20,6 +21,7 @@ Use::
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import Sequence
@@ -31,7 +33,7 @@ from higgsfield.errors import ConnectError, HiggsfieldError, HostKeyError, HostN
 from higgsfield.ports import RENDEZVOUS_PORTS
 from higgsfield.remote.base import CommandResult, Transport
 from higgsfield.remote.fanout import transport_for
-from higgsfield.remote.invoker import invoker_bin
+from higgsfield.remote.invoker import invoker_argv, invoker_bin
 
 if TYPE_CHECKING:
     from higgsfield.config import Config, NodeConfig
@@ -134,7 +136,7 @@ async def _diagnose_node(cfg: Config, node: NodeConfig, t: Transport) -> NodeDia
     if not await _connect(cfg, node, t, d):
         return d
     for name, probe in (("sudo", _sudo), ("docker", _docker), ("gpus", _gpus), ("disk", _disk),
-                        ("clock", _clock), ("invoker", _invoker)):
+                        ("clock", _clock), ("invoker", _invoker), ("environment", _environment)):
         try:
             d.checks[name] = await probe(cfg, node, t)
         except HiggsfieldError as e:
@@ -264,6 +266,34 @@ async def _invoker(cfg: Config, node: NodeConfig, t: Transport) -> Probe:
         return Probe(False, m.group(1), f"invoker {m.group(1)} differs from this higgsfield "
                      f"{higgsfield.__version__}", "higgsfield setup --step invoker", {"version": m.group(1)})
     return Probe(True, m.group(1), data={"version": m.group(1)})
+
+
+async def _environment(cfg: Config, node: NodeConfig, t: Transport) -> Probe:
+    """The project environment of ``runtime: process`` (built by deploy): present, stale or missing."""
+    if cfg.runtime == "docker":
+        return Probe(True, "not used (runtime: docker)")
+    argv = [*invoker_argv(cfg, node), "env", "--project", cfg.name, "--check"]
+    if node.is_local:
+        argv += ["--code-dir", str(cfg.project_dir)]
+    r = await _run(t, argv)
+    try:
+        st = json.loads(r.stdout) if r.ok else None
+    except ValueError:
+        st = None
+    if not isinstance(st, dict) or "state" not in st:
+        why = (r.stderr.strip().splitlines() or ["no answer"])[-1]
+        return Probe(False, "?", f"cannot read the project environment ({why})", "higgsfield setup --step invoker")
+    state = str(st["state"])
+    data = {k: st.get(k) for k in ("state", "key", "wanted", "python", "torch")}
+    if state == "present":
+        return Probe(True, f"present {st.get('key')}, torch {st.get('torch') or '?'}", data=data)
+    # runtime auto uses it only where no image runs; there a missing environment is not (yet) a problem
+    ok = cfg.runtime == "auto"
+    if state == "stale":
+        return Probe(ok, f"stale {st.get('key')}", "the project environment was built for another "
+                     "requirements.txt than the deployed one", "higgsfield deploy", data)
+    return Probe(ok, "missing", "no project environment for runtime: process (a venv with torch and "
+                 "requirements.txt)", "higgsfield deploy", data)
 
 
 async def _rendezvous(cfg: Config, chosen: list[NodeConfig], transports: dict[str, Transport],

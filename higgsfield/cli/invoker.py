@@ -4,7 +4,7 @@ Hidden from ``--help``. Input arrives as JSON on stdin (so secrets never appear 
 argv; ``deploy`` reads a tar there), output is JSON on stdout (``logs`` prints
 ``RANK<TAB>LINE`` per line, and ``#hb`` lines as a heartbeat with ``--heartbeat``).
 
-    version | free-port | deployed | deploy | build | start | status | logs | kill | queue
+    version | free-port | deployed | deploy | build | env | start | status | logs | kill | queue
 """
 
 from __future__ import annotations
@@ -89,6 +89,23 @@ def build(ctx: click.Context, project: str, code_dir: str | None, dockerfile: st
 
     _emit(_build(_state(ctx), project, code_dir=Path(code_dir) if code_dir else None, dockerfile=dockerfile,
                  base_image=base_image, runtime=runtime))
+
+
+@invoker.command("env")
+@click.option("--project", required=True)
+@click.option("--code-dir", default=None, help="For this tree (default: the deployed code).")
+@click.option("--check", is_flag=True, help="Only report: present, stale or missing.")
+@click.pass_context
+def env_cmd(ctx: click.Context, project: str, code_dir: str | None, check: bool) -> None:
+    """Build the project's environment for runtime: process (JSON lines: progress, then the result)."""
+    from higgsfield.invoker import environment
+
+    code = Path(code_dir) if code_dir else None
+    if check:
+        _emit(environment.status(_state(ctx), project, code))
+        return
+    result = environment.build(_state(ctx), project, code_dir=code, progress=lambda m: _emit({"progress": m}))
+    _emit({"result": result})
 
 
 @invoker.command("queue")

@@ -16,6 +16,11 @@ link), and pruning keeps the releases of active runs.
 
 The image tag is a hash of the Dockerfile, requirements.txt and the base image
 (:func:`higgsfield.invoker.containers.image_tag`): an unchanged image is never rebuilt.
+The image holds no higgsfield of its own that runs depend on: every run mounts the
+invoker's package (:mod:`higgsfield.invoker.containers`), so the nodes' exact build
+(a checkout, a fork, a pre-release) runs without any package index, and an invoker
+upgrade needs no rebuild. ``runtime: process`` gets a venv instead of an image
+(:mod:`higgsfield.invoker.environment`).
 """
 
 from __future__ import annotations
@@ -157,26 +162,6 @@ def prune(state_dir: Path, project: str, keep: int = KEEP_RELEASES) -> list[str]
     return removed
 
 
-def _stage_wheel(state_dir: Path, code: Path) -> str | None:
-    """Copy the invoker's wheel (left by ``higgsfield setup`` in ``<state>/wheels``) into the build context.
-
-    A Dockerfile may install ``.higgsfield-wheel/*.whl`` so the image carries the
-    nodes' exact higgsfield; the wheel's name (version + source hash) joins the image
-    tag, so an upgrade rebuilds. Runs mount the invoker's package anyway
-    (:mod:`higgsfield.invoker.containers`), so an image without it works too.
-    """
-    wheels = sorted((Path(state_dir) / "wheels").glob("higgsfield-*.whl"), key=lambda p: p.stat().st_mtime)
-    dest = code / ".higgsfield-wheel"
-    if not wheels:
-        return None
-    if code.parent.name != "releases":  # never write into a user's working tree (a localhost node)
-        return None
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir()
-    shutil.copy2(wheels[-1], dest / wheels[-1].name)
-    return wheels[-1].name
-
-
 def current_image(state_dir: Path, project: str) -> str | None:
     try:
         return str(json.loads((project_root(state_dir, project) / "image.json").read_text())["tag"])
@@ -207,8 +192,7 @@ def build(state_dir: Path, project: str, *, code_dir: Path | None = None, docker
             return {"skipped": "no Docker engine answers: runs use the process runtime"}
         raise RunError("no Docker engine answers on this node (is the user in the docker group? "
                        "run 'higgsfield setup')")
-    wheel = _stage_wheel(state_dir, code.resolve())
-    tag = containers.image_tag(project, code.resolve(), dockerfile, (base_image or "") + (wheel or ""))
+    tag = containers.image_tag(project, code.resolve(), dockerfile, base_image)
     t0 = time.monotonic()
     built = False
     if not containers.image_exists(tag):

@@ -192,6 +192,10 @@ def _launch(state_dir: Path, rd: RunDir, spec: dict[str, Any], secrets: dict[str
         raise RunError(f"project '{spec['project']}' is not deployed on this node ({code_dir} is missing): "
                        "run 'higgsfield deploy'")
     runtime, image = choose_runtime(state_dir, spec)
+    if runtime == "process":  # torchrun in the project environment that deploy built (never the invoker's venv)
+        from higgsfield.invoker.environment import python_for_run
+
+        spec = {**spec, "python": python_for_run(state_dir, spec["project"], code_dir)}
     gpus = detect_gpus()
     nproc = resolve_nproc(spec.get("nproc"), gpus)
     cap = queue.capacity(gpus)

@@ -10,6 +10,11 @@
 3. Every node builds the image from the deployed Dockerfile with a tag hashed from the
    Dockerfile, requirements.txt and the base image; a tag that exists is not rebuilt.
    (``runtime: process`` skips the build; ``auto`` skips it where Docker is absent.)
+4. Where runs will be plain processes (``runtime: process``, or ``auto`` on a node
+   without an image), every node builds the project environment instead: a venv keyed
+   by a hash of requirements.txt, with torch added when it is not listed
+   (:mod:`higgsfield.invoker.environment`). An unchanged one is kept. Its progress
+   streams back as lines prefixed by the node's name.
 
 A ``localhost`` node runs from the working tree itself: nothing is shipped, only the
 image is built (from the project directory).
@@ -35,10 +40,12 @@ from typing import Any
 
 from higgsfield.config import Config
 from higgsfield.errors import HiggsfieldError
-from higgsfield.orchestrator._output import invoke
+from higgsfield.orchestrator._output import decode, invoke
 from higgsfield.remote import Group, Transport, open_group
+from higgsfield.remote.invoker import invoker_argv
 
 GIT_TIMEOUT_S = 300.0
+ENV_TIMEOUT_S = 3600.0
 
 
 class DeployError(HiggsfieldError):
@@ -55,8 +62,13 @@ class NodeDeploy:
     image: str | None = None
     built: bool = False
     skipped_build: str | None = None
+    env: str | None = None
+    """The project environment's key (runtime: process), or None where runs use the image."""
+    env_built: bool = False
+    env_python: str | None = None
     seconds: float = 0.0
     build_seconds: float = 0.0
+    env_seconds: float = 0.0
 
 
 @dataclass
@@ -153,10 +165,17 @@ async def deploy_async(cfg: Config, *, dirty: bool = False, console: Any = None)
         built = await invoke(t, cfg, build_args, timeout=max(cfg.ssh.command_timeout, 3600))
         nd.build_seconds = time.monotonic() - b0
         nd.image, nd.built, nd.skipped_build = built.get("tag"), bool(built.get("built")), built.get("skipped")
+        if nd.image is None and cfg.runtime in ("process", "auto"):
+            e0 = time.monotonic()
+            env = await _build_env(t, cfg, node.is_local, say)
+            nd.env_seconds = time.monotonic() - e0
+            nd.env, nd.env_built, nd.env_python = env.get("key"), bool(env.get("built")), env.get("python")
         nd.seconds = time.monotonic() - started
         what = "shipped" if nd.shipped else ("local tree" if node.is_local else "up to date")
         img = (f"image {nd.image} {'built' if nd.built else 'unchanged'}" if nd.image
                else f"no image ({nd.skipped_build})")
+        if nd.env:
+            img = f"environment {nd.env} {'built' if nd.env_built else 'unchanged'}"
         say(f"  {t.node}: {what}, {img} ({nd.seconds:.1f}s)")
         return nd
 
@@ -165,6 +184,30 @@ async def deploy_async(cfg: Config, *, dirty: bool = False, console: Any = None)
     result.seconds = time.monotonic() - t0
     result.nodes = [r.value for r in results if r.ok and r.value is not None]
     Group.check(results, "deploy")
+    return result
+
+
+async def _build_env(t: Transport, cfg: Config, local: bool, say: Any) -> dict[str, Any]:
+    """``invoker env`` on one node: its progress lines are shown as they come, its result returned."""
+    args = ["env", "--project", cfg.name] + (["--code-dir", str(cfg.project_dir)] if local else [])
+    argv = [*invoker_argv(cfg, cfg.node(t.node)), *args]
+    result: dict[str, Any] = {}
+
+    async def consume() -> None:
+        async for line in t.stream(argv):
+            msg = decode(t.node, line, expect=dict)
+            if "progress" in msg:
+                say(f"  {t.node}: environment: {msg['progress']}")
+            elif "result" in msg:
+                result.update(msg["result"])
+
+    limit = max(cfg.ssh.command_timeout, ENV_TIMEOUT_S)
+    try:
+        await asyncio.wait_for(consume(), limit)
+    except asyncio.TimeoutError:
+        raise DeployError(f"{t.node}: building the project environment took over {limit:.0f}s") from None
+    if not result:
+        raise DeployError(f"{t.node}: the invoker built no project environment (no result line)")
     return result
 
 
