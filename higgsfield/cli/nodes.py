@@ -207,7 +207,7 @@ def _render_setup(out: Any, report: SetupReport) -> None:
 @click.option("--node", "nodes", multiple=True, metavar="NAME", help="Only this node (repeatable).")
 @click.pass_context
 def doctor(ctx: click.Context, as_json: bool, nodes: tuple[str, ...]) -> None:
-    """Read-only preflight of every node, in parallel: SSH, sudo, Docker, GPUs, disk, clock, invoker."""
+    """Read-only preflight of every node, in parallel: SSH, sudo, Docker, GPUs, disk, clock, invoker, environment."""
     from higgsfield.doctor import diagnose
     from higgsfield.errors import GroupError
 
@@ -228,11 +228,12 @@ def _render_doctor(out: Any, report: DoctorReport) -> None:
     from rich.table import Table
 
     table = Table(title="higgsfield doctor", title_justify="left")
-    for col in ("node", "ssh", "host key", "sudo", "docker", "GPUs", "free disk", "clock", "invoker", "rendezvous"):
+    for col in ("node", "ssh", "host key", "sudo", "docker", "GPUs", "free disk", "clock", "invoker", "environment",
+                "rendezvous"):
         table.add_column(col)
     for n in report.nodes:
-        table.add_row(n.node, *(_cell(n.checks.get(c)) for c in
-                                ("ssh", "host key", "sudo", "docker", "gpus", "disk", "clock", "invoker", "rendezvous")))
+        table.add_row(n.node, *(_cell(n.checks.get(c)) for c in ("ssh", "host key", "sudo", "docker", "gpus", "disk",
+                                                                  "clock", "invoker", "environment", "rendezvous")))
     out.print(table)
     for p in report.problems():
         out.print(f"[bold red]✗[/] {p}")
