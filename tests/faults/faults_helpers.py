@@ -1,0 +1,236 @@
+"""Helpers of the fault tests: the project on hosts 8..10, node processes, SSH sessions, timings.
+
+Every fault test prints one line ``FAULT <name>: <figure>`` with what it measured; those
+lines are the figures in docs/benchmarks.md ("Faults survived").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import re
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runs_helpers import STATE, Cluster, exe, run_processes
+
+INDICES = (8, 9, 10)
+PROJECT = "hffault"
+LINE = re.compile(r"^(hfnode\d+)/(\d+|launcher) \| (.*)$")
+
+# An experiment that checkpoints with higgsfield.checkpoint and says where it resumed.
+CKPT_STEPS = '''\
+"""Trains a linear layer, checkpointing every few steps; prints each step with its attempt number."""
+import os
+import time
+
+from higgsfield.experiment import experiment, param
+
+
+@experiment("ckpt_steps", seed=0)
+@param("steps", default=40)
+@param("every", default=5)
+@param("width", default=32, description="the layer's width: a checkpoint is about 12 * width**2 bytes")
+@param("keep_last", default=2)
+@param("step_sleep", default=0.2)
+def ckpt_steps(params):
+    import torch
+    import torch.distributed as dist
+
+    from higgsfield.checkpoint import Checkpoint
+    from higgsfield.training import init_distributed
+
+    init_distributed()
+    model = torch.nn.Linear(params.width, params.width)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ckpt = Checkpoint(model, opt, every=params.every, keep_last=params.keep_last)
+    start = ckpt.load_latest()
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    print(f"attempt {attempt} resumes at step {start} from {ckpt.directory}", flush=True)
+    for step in range(start, params.steps):
+        loss = model(torch.randn(8, params.width)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        if dist.get_world_size() > 1:
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+        opt.step()
+        print(f"step {step} attempt {attempt}", flush=True)
+        if ckpt.maybe_save(step):
+            print(f"saved step_{step + 1:08d}", flush=True)
+        time.sleep(params.step_sleep)
+    ckpt.wait()
+    dist.destroy_process_group()
+'''
+
+
+def name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def report(fault: str, figure: str) -> None:
+    """The one line per fault that docs/benchmarks.md quotes."""
+    print(f"\nFAULT {fault}: {figure}", flush=True)
+
+
+@dataclass
+class FaultCluster(Cluster):
+    indices: tuple[int, ...] = field(default=INDICES)
+
+    def run_dir(self, i: int, run: str) -> Path:
+        return self.home(i) / STATE / "runs" / PROJECT / run
+
+    def rank_log(self, i: int, run: str, rank: int | None = None) -> Path:
+        rank = self.indices.index(i) if rank is None else rank  # one process per node: rank = node rank
+        return self.run_dir(i, run) / "logs" / f"rank{rank}.log"
+
+    def record(self, i: int, run: str) -> dict[str, Any]:
+        """The run's record on node i, read from its disk (as root), not through the control side."""
+        try:
+            return dict(json.loads((self.run_dir(i, run) / "run.json").read_text()))
+        except (OSError, ValueError):
+            return {}
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        r = self.hf("status", "--json", timeout=120)
+        return {x["run"]: x for x in json.loads(r.stdout)["runs"]} if r.stdout.strip().startswith("{") else {}
+
+    def ckpt_dir(self, i: int, experiment: str, run: str) -> Path:
+        return self.home(i) / ".cache" / "higgsfield" / PROJECT / "experiments" / experiment / run
+
+    def container(self, experiment: str, run: str, i: int) -> str:
+        return f"hf-{PROJECT}-{experiment}-{run}-hfnode{i}"
+
+
+def containers(run: str) -> list[str]:
+    out = subprocess.run([exe("docker"), "ps", "-a", "--format", "{{.Names}}", "--filter",
+                          "label=org.higgsfield.run=" + run], capture_output=True, text=True, check=True).stdout
+    return out.split()
+
+
+def log_has(path: Path, text: str) -> bool:
+    try:
+        return text in path.read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def node_processes(i: int) -> list[int]:
+    """Every process of node i's user that belongs to its higgsfield state (supervisor, torchrun, workers)."""
+    uid = pwd.getpwnam(f"hfnode{i}").pw_uid
+    mark = f"/home/hfnode{i}/{STATE}".encode()
+    found = []
+    for e in os.listdir("/proc"):
+        if not e.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{e}").st_uid != uid:
+                continue
+            with open(f"/proc/{e}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{e}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if STATE.encode() in cmd or mark in env:
+            found.append(int(e))
+    return found
+
+
+def signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)
+
+
+def worker_pid(run_dir: Path, rank: int) -> int | None:
+    """The training worker of ``rank`` (not torchrun, not the launcher), seen from the host."""
+    for pid in run_processes(run_dir):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if b"higgsfield.entrypoint" in cmd and b"torch.distributed.run" not in cmd and f"RANK={rank}".encode() in env:
+            # the tee is a fork of the worker: the worker is the one whose parent is not a worker
+            try:
+                ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+                pcmd = open(f"/proc/{ppid}/cmdline", "rb").read().split(b"\0")
+            except (OSError, ValueError, IndexError):
+                continue
+            if not (b"higgsfield.entrypoint" in pcmd and b"torch.distributed.run" not in pcmd):
+                return pid
+    return None
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def sshd_sessions_running(i: int, *needles: str) -> list[int]:
+    """The sshd processes ("sshd: hfnodeI@notty" and its "[priv]" parent) serving a command on node i
+    whose command line holds every needle: killing them drops that SSH connection, nothing else."""
+    uid = pwd.getpwnam(f"hfnode{i}").pw_uid
+    sessions: set[int] = set()
+    for e in os.listdir("/proc"):
+        if not e.isdigit():
+            continue
+        pid = int(e)
+        try:
+            if os.stat(f"/proc/{e}").st_uid != uid:
+                continue
+        except OSError:
+            continue
+        cmd = _cmdline(pid)
+        if not cmd.startswith("sshd") and all(n in cmd for n in needles):
+            p = _parent(pid)
+            while p and p > 1:
+                c = _cmdline(p)
+                if c.startswith("sshd:") and "@" in c:
+                    sessions.add(p)
+                    priv = _parent(p)
+                    if priv and _cmdline(priv).startswith("sshd:") and "[priv]" in _cmdline(priv):
+                        sessions.add(priv)
+                    break
+                p = _parent(p)
+    return sorted(sessions)
+
+
+def lines_by_rank(out: str) -> dict[tuple[str, str], list[str]]:
+    by: dict[tuple[str, str], list[str]] = {}
+    for ln in out.splitlines():
+        m = LINE.match(ln)
+        if m:
+            by.setdefault((m.group(1), m.group(2)), []).append(m.group(3))
+    return by
+
+
+def kill_run_quietly(c: FaultCluster, run: str) -> None:
+    with contextlib.suppress(Exception):
+        c.hf("kill", run, timeout=60)
+
+
+def poll(pred, timeout: float, step: float = 0.1):  # type: ignore[no-untyped-def]
+    """Seconds until ``pred()`` holds, or None after ``timeout`` (no exception: the caller reports)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if pred():
+            return time.monotonic() - t0
+        time.sleep(step)
+    return None
