@@ -589,16 +589,83 @@ MaxAuthTries 6
 ClientAliveInterval 30
 ClientAliveCountMax 4
 Subsystem sftp internal-sftp
-"""
+""" + _force_command(host)
 
 
-def ensure_host_files(host: Host) -> None:
+# --------------------------------------------------------------------------
+# per-command delay: a node "far away" (for bench/setup_fanout.py)
+# --------------------------------------------------------------------------
+
+SFTP_SERVER = "/usr/lib/openssh/sftp-server"
+
+
+def command_delay(host: Host) -> float | None:
+    """The delay every SSH session of this host waits before its command, or None (no wrapper)."""
+    with contextlib.suppress(OSError, ValueError):
+        return float((host.dir / "command_delay").read_text())
+    return None
+
+
+def set_command_delay(host: Host, delay: float | None) -> None:
+    """Remember (or forget, with None) the host's per-command delay; the next sshd_config carries it."""
+    path = host.dir / "command_delay"
+    host.dir.mkdir(parents=True, exist_ok=True)
+    if delay is None:
+        path.unlink(missing_ok=True)
+    else:
+        if not 0 <= delay <= 10:
+            raise TestbedError(f"command delay out of range: {delay}")
+        write_if_changed(path, f"{delay:g}\n", 0o600)
+
+
+def session_log(host: Host) -> Path:
+    """One line per SSH session of a delayed host: ``EPOCHREALTIME COMMAND`` (newlines in it as spaces;
+    ``shell`` for a login shell, ``internal-sftp`` for SFTP)."""
+    return host.dir.parents[1] / "sessions" / f"{host.name}.log"
+
+
+def _force_command(host: Host) -> str:
+    """``ForceCommand`` for a delayed host: sleep, log the session, then run what the client asked.
+
+    sshd hands a forced command the client's command in SSH_ORIGINAL_COMMAND, and a
+    subsystem request too (as its command, ``internal-sftp``), so SFTP goes to the
+    external sftp-server after the same delay. The wrapper runs in the user's bash
+    and uses builtins only (EPOCHREALTIME, printf), so it adds no process but sleep.
+    """
+    delay = command_delay(host)
+    if delay is None:
+        return ""
+    log_path = session_log(host)
+    sleep = f"sleep {delay:g}; " if delay > 0 else ""
+    return (f"ForceCommand {sleep}"
+            "c=${SSH_ORIGINAL_COMMAND:-shell}; "
+            f"printf '%s %s\\n' \"$EPOCHREALTIME\" \"${{c//$'\\n'/ }}\" >>{log_path}; "
+            f"if [ \"$SSH_ORIGINAL_COMMAND\" = internal-sftp ]; then exec {SFTP_SERVER}; fi; "
+            f"eval \"${{SSH_ORIGINAL_COMMAND:-exec $SHELL -l}}\"\n")
+
+
+def _ensure_session_log(host: Host) -> None:
+    """The session log exists and the node user (who runs the wrapper) may append to it."""
+    path = session_log(host)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o755)
+    if not path.exists():
+        path.touch(mode=0o644)
+    with contextlib.suppress(KeyError):
+        pw = pwd.getpwnam(host.user)
+        os.chown(path, pw.pw_uid, pw.pw_gid)
+
+
+def ensure_host_files(host: Host) -> bool:
+    """Write the host key and sshd_config if missing or stale; True if the config changed."""
     host.dir.mkdir(parents=True, exist_ok=True)
     os.chmod(host.dir, 0o700)
     if not (host.host_key.exists() and host.host_pubkey.exists()):
         _new_host_key(host)
     os.chmod(host.host_key, 0o600)
-    write_if_changed(host.sshd_config, sshd_config_text(host), 0o600)
+    if command_delay(host) is not None:
+        _ensure_session_log(host)
+    return write_if_changed(host.sshd_config, sshd_config_text(host), 0o600)
 
 
 def _new_host_key(host: Host) -> None:
@@ -765,20 +832,28 @@ def write_ssh_config(sdir: Path, hosts: Sequence[Host], client_key: Path) -> Pat
 
 
 def ensure_hosts(n: int, sdir: Path, reset_homes: bool = False,
-                 reset_docker_group: bool = True) -> list[Host]:
+                 reset_docker_group: bool = True, indices: Sequence[int] | None = None,
+                 delay: float | None = None) -> list[Host]:
+    """Hosts 0..n-1 (or the given ``indices``) exist and run; their sshd restarts if its config changed.
+
+    ``delay``: every SSH session of these hosts waits that many seconds before its
+    command (sshd ``ForceCommand``) and is logged in :func:`session_log`; None: no wrapper.
+    """
     client_key = ensure_client_key(sdir)
     client_pub = client_key.with_suffix(".pub").read_text().strip()
-    hosts = [make_host(i, sdir) for i in range(n)]
+    hosts = [make_host(i, sdir) for i in (range(n) if indices is None else indices)]
     for h in hosts:
         ensure_user(h, client_pub)
         if reset_homes:
             reset_home(h)
         if reset_docker_group:
             remove_from_docker_group(h)  # provisioning is what adds them
-        ensure_host_files(h)
+        set_command_delay(h, delay)
+        if ensure_host_files(h) and host_running(h):
+            stop_host(h)  # a running sshd keeps its old config: restart it with the new one
         start_host(h)
     write_known_hosts_file(sdir)
-    write_ssh_config(sdir, hosts, client_key)
+    write_ssh_config(sdir, existing_hosts(sdir), client_key)
     return hosts
 
 
