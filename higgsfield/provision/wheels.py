@@ -7,9 +7,9 @@ Nodes may have no package index, so ``setup`` sends everything over SFTP:
   gets no ``build/``); from a normal install it is repacked from the installed files.
   Cached as ``<cache>/invoker/higgsfield-<build id>.whl``.
 - :func:`build_wheelhouse`: binary wheels of the runtime dependencies for the node's
-  Python and platform (``pip download --only-binary :all: --platform ...``), with the
-  direct dependencies pinned to the versions installed here so nodes match the control
-  side. Cached per (Python, machine, glibc) under ``<cache>/wheelhouse/``. Returns
+  Python and platform (``pip download --only-binary :all: --platform ...``): the
+  wheel's own ``Requires-Dist``, pinned to the versions installed here so nodes match
+  the control side. Cached per (Python, machine, glibc) under ``<cache>/wheelhouse/``. Returns
   ``None`` when the control side cannot download them (then the node's own index is used).
 
 The build id is ``<version>+<hash of the sources>``, so a changed checkout reinstalls
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import csv
+import email.parser
 import hashlib
 import importlib.metadata as md
 import io
@@ -155,10 +156,26 @@ def _repack_installed(tmp: Path) -> Path:
     return target
 
 
-def runtime_requirements() -> list[str]:
-    """The package's runtime dependencies, pinned to the versions installed on the control side."""
+def wheel_requirements(wheel: Path) -> list[str]:
+    """The ``Requires-Dist`` lines of a wheel's METADATA: what pip will ask for when it installs it."""
+    with zipfile.ZipFile(wheel) as z:
+        name = next((n for n in z.namelist() if n.endswith(".dist-info/METADATA")), None)
+        if name is None:
+            raise WheelError(f"{wheel.name} has no METADATA")
+        meta = email.parser.Parser().parsestr(z.read(name).decode())
+    return list(meta.get_all("Requires-Dist") or [])
+
+
+def runtime_requirements(wheel: Path | None = None) -> list[str]:
+    """The runtime dependencies, pinned to the versions installed on the control side.
+
+    Read from ``wheel`` (what the nodes will install) when given: the installed
+    metadata of an editable checkout can be older than its pyproject.toml (a
+    dependency added since ``pip install -e``), and a wheelhouse built from it would
+    miss that dependency, which ``pip install --no-index`` on the node cannot find.
+    """
     reqs: list[str] = []
-    for req in md.requires(DIST) or []:
+    for req in wheel_requirements(wheel) if wheel is not None else (md.requires(DIST) or []):
         if "extra ==" in req:
             continue
         name = re.split(r"[\s;<>=!~\[]", req, maxsplit=1)[0]
@@ -178,10 +195,10 @@ def _platforms(py: NodePython) -> list[str]:
     return plats
 
 
-def build_wheelhouse(cache_dir: Path, py: NodePython) -> Path | None:
-    """Dependency wheels for ``py`` (cached), or None when they cannot be downloaded here."""
+def build_wheelhouse(cache_dir: Path, py: NodePython, wheel: Path | None = None) -> Path | None:
+    """Dependency wheels of ``wheel`` for ``py`` (cached), or None when they cannot be downloaded here."""
     base = cache_dir / "wheelhouse" / py.tag
-    reqs = [*runtime_requirements(), "pip"]  # pip: to bootstrap the venv without ensurepip (slow)
+    reqs = [*runtime_requirements(wheel), "pip"]  # pip: to bootstrap the venv without ensurepip (slow)
     stamp = base / ".requirements"
     if stamp.is_file() and stamp.read_text() == "\n".join(reqs):
         return base
@@ -225,7 +242,8 @@ class Artifacts:
             return self._wheel
 
     async def wheelhouse(self, py: NodePython) -> Path | None:
+        wheel = await self.wheel()
         async with self._lock:
             if py.tag not in self._houses:
-                self._houses[py.tag] = await asyncio.to_thread(build_wheelhouse, self.cache_dir, py)
+                self._houses[py.tag] = await asyncio.to_thread(build_wheelhouse, self.cache_dir, py, wheel)
             return self._houses[py.tag]
