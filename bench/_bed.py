@@ -131,7 +131,8 @@ class Project:
     """A throw-away higgsfield project for the bench hosts (a git repository, so deploy works)."""
 
     def __init__(self, name: str, hosts: Sequence, *, runtime: str = "docker", nproc: int = 1,
-                 sources: dict[str, str] | None = None, base_image: str | None = None) -> None:
+                 sources: dict[str, str] | None = None, base_image: str | None = None,
+                 requirements: str = "# nothing beyond the base image\n") -> None:
         self.name = name
         self.dir = Path(tempfile.mkdtemp(prefix=f"hf-{name}-"))
         self.runtime = runtime
@@ -145,7 +146,7 @@ class Project:
             "# the bench project's image: the test bed's offline base (python, torch); the invoker is mounted\n"
             "ARG BASE_IMAGE=higgsfield-testbase:torch2.13\nFROM ${BASE_IMAGE}\n"
             "COPY requirements.txt /tmp/requirements.txt\nENV PYTHONUNBUFFERED=1\n")
-        (self.dir / "requirements.txt").write_text("# nothing beyond the base image\n")
+        (self.dir / "requirements.txt").write_text(requirements)
         (self.dir / ".gitignore").write_text("env\n.higgsfield/\n")
         self.set_nodes(hosts)
         git = shutil.which("git") or "git"
@@ -209,10 +210,36 @@ class Project:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def requirements_for(runtime: str) -> str:
+    """requirements.txt of a bench project: nothing for Docker (the base image has torch); for plain
+    processes, this machine's CPU torch wheel as a file.
+
+    deploy builds a venv per node for ``runtime: process``, adding a bare ``torch`` when
+    requirements.txt names none, and the node users' pip has no find-links: it would
+    take PyPI's CUDA build (several GB per node; eight at once filled this machine's disk).
+    """
+    if runtime != "process":
+        return "# nothing beyond the base image\n"
+    tb = load_testbed()
+    dirs = [d for d in os.environ.get("PIP_FIND_LINKS", "/opt/wheels").split() if d and "://" not in d]
+    wheels = sorted(w for d in dirs for w in Path(d).glob(f"torch-{tb.TORCH_VERSION}*cpu*.whl"))
+    if not wheels:
+        raise BenchError(f"runtime process needs the CPU wheel of torch {tb.TORCH_VERSION} on this machine "
+                         f"(looked in {', '.join(dirs)}): a bare torch would pull the multi-GB CUDA build on "
+                         "every node")
+    free_gib = shutil.disk_usage("/home").free / 2**30
+    if free_gib < 20:
+        raise BenchError(f"only {free_gib:.0f} GiB free under /home: a torch venv per node needs about 1 GiB each")
+    return f"torch @ {wheels[0].resolve().as_uri()}\n"
+
+
 def first_setup(project: Project, timeout: float = 1500) -> Result:
     """The real ``higgsfield setup`` on every node of the project (installs what is missing)."""
     say(f"higgsfield setup (first run) on {len(project.hosts)} node(s) ...")
-    r = project.hf("setup", timeout=timeout)
+    # A new node's host key is pinned only once the user accepts it; the bench knows the
+    # bed's keys are its own (the test bed made them), as a user who checked them would.
+    flags = ["--accept-new-host-keys"] if "--accept-new-host-keys" in project.hf("setup", "--help").out else []
+    r = project.hf("setup", *flags, timeout=timeout)
     say(f"first setup: {r.seconds:.1f}s")
     return r
 

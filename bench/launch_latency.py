@@ -196,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with _bed.bench_hosts(NODES, delay=args.delay) as hosts:
             project = _bed.Project(PROJECT, hosts, runtime=args.runtime, nproc=args.nproc,
-                                   sources={"launch_probe.py": PROBE})
+                                   sources={"launch_probe.py": PROBE},
+                                   requirements=_bed.requirements_for(args.runtime))
             info.append(f"first setup {_bed.first_setup(project).seconds:.1f}s")
             r = project.hf("deploy", timeout=1200)
             info.append(f"deploy {r.seconds:.1f}s")

@@ -201,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Stats] = []
     try:
         with _bed.bench_hosts(NODES, delay=args.delay) as hosts:
-            project = _bed.Project(PROJECT, hosts, runtime=args.runtime, nproc=NPROC, sources={"stream.py": STREAM})
+            project = _bed.Project(PROJECT, hosts, runtime=args.runtime, nproc=NPROC, sources={"stream.py": STREAM},
+                                   requirements=_bed.requirements_for(args.runtime))
             _bed.first_setup(project)
             r = project.hf("deploy", timeout=1200)
             _bed.say(f"deploy: {r.seconds:.1f}s")
