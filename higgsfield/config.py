@@ -377,7 +377,10 @@ def parse_config(text: str, path: Path) -> Config:
         raise ConfigError(f"{path}: invalid YAML: {' '.join(str(e).split())}") from None
     except RecursionError:
         raise ConfigError(f"{path}: invalid YAML: nested too deeply") from None
-    except (ValueError, OverflowError) as e:  # a constructor's own check: an int of 5000 digits, 2020-13-45
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - PyYAML's constructors on a tagged value: ValueError (an int of
+        # 5000 digits, 2020-13-45), AttributeError ('!!timestamp x'), TypeError...: all mean "cannot be read".
         raise ConfigError(f"{path}: invalid YAML: a value cannot be read ({shown(str(e))})") from None
     if data is None:
         raise ConfigError(f"{path}: the file is empty; it needs at least 'name' and 'nodes'")

@@ -92,10 +92,11 @@ def _python_files(root: Path) -> list[Path]:
 
 
 def _rel(p: Path) -> str:
+    """``p`` for a message: relative to the working directory, on one line whatever its name holds."""
     try:
-        return str(p.relative_to(Path.cwd()))
+        return one_line(str(p.relative_to(Path.cwd())), 300)
     except ValueError:
-        return str(p)
+        return one_line(str(p), 300)
 
 
 def _module_name(file: Path, root: Path) -> str:

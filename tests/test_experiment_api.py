@@ -109,6 +109,12 @@ def test_calling_the_experiment_validates_and_seeds(monkeypatch: pytest.MonkeyPa
     (lambda: param("rank"), "@param name 'rank' is reserved"),
     (lambda: param("x", type="list"), "@param 'x': type must be int, float, str or bool (got 'list')"),
     (lambda: param("size", default="7b", options=["13b"]), "@param 'size': default '7b' is not one of the options"),
+    (lambda: param("class", default=1), "@param name 'class' is a Python keyword: choose another name"),
+    (lambda: param("items", default=1), "@param name 'items' is taken by the params object itself"),
+    (lambda: param("x\n", default=1), "@param name 'x\\n' is not valid"),
+    (lambda: experiment("e\n"), "experiment name 'e\\n' is not valid"),
+    (lambda: param("x", options=5), "@param 'x': options must be a non-empty list"),
+    (lambda: param("x", default="a\x00"), "a NUL character cannot be a param value"),
 ])
 def test_runtime_refuses_what_discovery_refuses(build: object, message: str) -> None:
     with pytest.raises(ExperimentError) as info:
@@ -118,7 +124,8 @@ def test_runtime_refuses_what_discovery_refuses(build: object, message: str) -> 
 
 def test_same_errors_from_discovery(tmp_path: Path) -> None:
     for call in ('experiment("bad-name")', 'experiment("e")\n@param("rank")',
-                 'experiment("e")\n@param("x", type="list")'):
+                 'experiment("e")\n@param("x", type="list")', 'experiment("e")\n@param("class")',
+                 'experiment("e")\n@param("keys")', 'experiment("e\\n")'):
         write(tmp_path / "src" / "m.py", textwrap.dedent(f"""\
             from higgsfield.experiment import experiment, param
             @{call}

@@ -126,12 +126,12 @@ def main(argv: list[str] | None = None) -> Any:
         if debug:
             raise
         where = e.ctx.command_path if e.ctx is not None else "higgsfield"
-        click.echo(f"error: {one_line(e.format_message())} (see '{where} --help')", err=True)
+        click.echo(f"error: {_click_message(e)} (see '{where} --help')", err=True)
         sys.exit(2)
     except click.ClickException as e:
         if debug:
             raise
-        click.echo(f"error: {one_line(e.format_message())}", err=True)
+        click.echo(f"error: {_click_message(e)}", err=True)
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
@@ -147,6 +147,19 @@ def main(argv: list[str] | None = None) -> Any:
         click.echo(f"error: internal error: {type(e).__name__}: {one_line(str(e), 500)} "
                    "(re-run with --debug for the traceback)", err=True)
         sys.exit(1)
+
+
+def _click_message(e: click.ClickException) -> str:
+    """click's message on one line, a word over 150 characters cut: click quotes the whole value it refused.
+
+    (Our own messages quote values through ``shown``, already cut to about 60 characters.)
+    """
+    import re
+
+    from higgsfield.text import LIMIT, one_line
+
+    text = one_line(e.format_message(), 400)
+    return re.sub(r"\S{151,}", lambda m: f"{m.group()[:LIMIT]}… ({len(m.group())} chars)", text)
 
 
 def _silence_stdout() -> None:

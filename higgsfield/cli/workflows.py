@@ -59,12 +59,15 @@ def experiments(ctx: click.Context, as_json: bool, src_dir: Path | None) -> None
     if not found:
         click.echo("no experiments under src/ (decorate a function with @experiment(\"name\"))")
         return
+    from higgsfield.text import one_line, shown
+
     for exp in found:
-        click.echo(f"{exp.name}  ({_shown(exp.file, root)}:{exp.line})")
+        click.echo(f"{exp.name}  ({one_line(_shown(exp.file, root))}:{exp.line})")
         for p in exp.params:
-            value = "required" if p.required else f"default {p.default!r}"
-            opts = f", one of {list(p.options)}" if p.options is not None else ""
-            desc = f"  {p.description}" if p.description else ""
+            # Source text, shown on a terminal: escapes and line breaks printed as text, never obeyed.
+            value = "required" if p.required else f"default {shown(p.default)}"
+            opts = f", one of {shown(list(p.options))}" if p.options is not None else ""
+            desc = f"  {one_line(p.description, 200)}" if p.description else ""
             click.echo(f"    {p.name}: {p.type}, {value}{opts}{desc}")
 
 
