@@ -49,6 +49,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -208,8 +209,12 @@ class Checkpoint:
                        "engine": getattr(self.model, "engine", "fsdp"), "time": time.time()}, f)
             f.flush()
             os.fsync(f.fileno())
+        if final.exists() and _exchange(tmp, final):  # a re-save of the same step: swapped in one step
+            _fsync_dir(self.directory)
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
         aside = None
-        if final.exists():  # a re-save of the same step: the old one goes only once the new one is in place
+        if final.exists():  # no atomic exchange here: the old one goes aside only until the new one is in place
             aside = self.directory / f"{_TMP}old-{final.name}"
             shutil.rmtree(aside, ignore_errors=True)
             os.rename(final, aside)
@@ -430,6 +435,21 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     if "numpy" in state:
         import numpy as np
         np.random.set_state(state["numpy"])
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where that is not available."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
 def _fsync_dir(path: Path) -> None:

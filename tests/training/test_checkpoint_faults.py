@@ -176,3 +176,21 @@ def test_one_rank_that_cannot_write_fails_the_save_on_every_rank(single_rank, tm
     assert seen[0]["final"] == ["step_00000006"]              # and the next save, in step, worked
     model = torch.nn.Linear(64, 64)  # the 2-rank checkpoint loads on 1
     assert Checkpoint(model, torch.optim.AdamW(model.parameters()), directory=tmp_path / "ck").load_latest() == 6
+
+
+def test_a_resave_of_the_same_step_replaces_it_without_a_moment_without_one(single_rank, tmp_path):
+    """Saving step N again (e.g. a run re-done from an older checkpoint) swaps the directories atomically."""
+    model, opt = _model()
+    ckpt = Checkpoint(model, opt, every=1, keep_last=2, directory=tmp_path / "ck")
+    _step(model, opt, 0)
+    ckpt.save(0)
+    first = _digest(tmp_path / "ck" / "step_00000001")
+    _step(model, opt, 1)   # other weights, saved under the same step
+    ckpt.save(0)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step_00000001"]
+    assert _digest(tmp_path / "ck" / "step_00000001") != first
+    model2, opt2 = _model()
+    assert Checkpoint(model2, opt2, directory=tmp_path / "ck").load_latest() == 1
+    for k, v in model2.state_dict().items():
+        assert torch.equal(v, weights[k]), k
