@@ -76,7 +76,7 @@ def _nproc(v: Any) -> Any:
 
 
 Int = Annotated[int, BeforeValidator(_no_bool)]
-Float = Annotated[float, BeforeValidator(_no_bool)]
+Float = Annotated[float, Field(allow_inf_nan=False), BeforeValidator(_no_bool)]   # .inf would overflow a timer
 Port = Annotated[int, Field(ge=1, le=65535), BeforeValidator(_no_bool)]
 # Constraints sit inside the Annotated so the JSON Schema says minimum/maximum inside anyOf.
 Nproc = Annotated[Annotated[int, Field(ge=1)] | Literal["auto"], BeforeValidator(_nproc)]

@@ -101,6 +101,8 @@ CONFIGS: list[tuple[str, bytes, str]] = [
     ("branch-newline", f'{NODE}default_branch: "main\\n"\n'.encode(), "'main\\n' is not a valid git branch name"),
     ("pip-option", f"{NODE}install:\n  source: --index-url=http://evil\n".encode(), "which pip would read as an option"),
     ("index-url", f"{NODE}install:\n  index_url: ftp://x\n".encode(), "install.index_url: 'ftp://x' is not an http(s)"),
+    ("timeout-inf", f"{NODE}ssh:\n  connect_timeout: .inf\n".encode(), "ssh.connect_timeout: input should be a finite"),
+    ("tagged-timestamp", f"{NODE}state_dir: !!timestamp x\n".encode(), "invalid YAML: a value cannot be read"),
 ]
 SECRETS = ["GITHUB_TOKEN", "PATH", "HIGGSFIELD_RUN", "HOME", "LD_PRELOAD", "PYTHONPATH", "CUDA_VISIBLE_DEVICES",
            "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "RUN_NAME", "PROJECT_NAME",
