@@ -19,9 +19,12 @@ Target: all-ranks(8) / all-ranks(1) <= 1.3. The eight nodes share this machine's
 container) is paid eight times over on two cores; the CLI and record columns show
 the control side's share, which a real cluster would not multiply.
 
-    .venv/bin/python bench/launch_latency.py                    # docker runtime, 3 rounds of 1 vs 8 nodes
+    .venv/bin/python bench/launch_latency.py                    # runtime process, 3 rounds of 1 vs 8 nodes
     .venv/bin/python bench/launch_latency.py --quick            # 1 round
-    .venv/bin/python bench/launch_latency.py --runtime process  # needs torch in the nodes' run environment
+    .venv/bin/python bench/launch_latency.py --runtime docker   # a container per node instead
+
+The first run on this machine builds each node's project venv (deploy; torch from
+the machine's CPU wheel, about 2 minutes and 0.9 GB per node); later runs reuse it.
 
 Needs root and the test bed (``make testbed``); uses hosts hfnode30..37 and stops their
 sshd at the end. Exit status 1 when the ratio misses its target.
@@ -42,7 +45,7 @@ from pathlib import Path
 
 import _bed
 
-PROJECT = "bench_launch"
+PROJECT = "bench_runs"  # shared with log_stream.py: one project venv / image per node
 NODES = 8
 TARGET_RATIO = 1.3
 TERMINAL = ("succeeded", "failed", "killed")
@@ -182,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3, help="rounds of (1 node, 8 nodes); medians reported")
     ap.add_argument("--quick", action="store_true", help="1 round")
-    ap.add_argument("--runtime", choices=["docker", "process"], default="docker")
+    ap.add_argument("--runtime", choices=["process", "docker"], default="process")
     ap.add_argument("--nproc", type=int, default=1, help="processes per node (default 1)")
     ap.add_argument("--delay", type=float, default=None,
                     help="seconds every SSH session waits (sshd ForceCommand); default none")

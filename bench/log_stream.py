@@ -18,6 +18,7 @@ backlog, not held against the target). Per run:
     .venv/bin/python bench/log_stream.py                 # 20,000 lines per rank: paced, then unpaced
     .venv/bin/python bench/log_stream.py --rates 500     # the paced run only
     .venv/bin/python bench/log_stream.py --quick         # 2,000 lines per rank
+    .venv/bin/python bench/log_stream.py --runtime docker  # containers instead of plain processes
 
 Needs root and the test bed (``make testbed``); uses hosts hfnode30..37 and stops their
 sshd at the end. Exit status 1 when lines are lost or out of order, or the paced run's p99 misses its target.
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 
 import _bed
 
-PROJECT = "bench_logs"
+PROJECT = "bench_runs"  # shared with launch_latency.py: one project venv / image per node
 NODES = 8
 NPROC = 2
 TARGET_P99_S = 0.250
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rates", default="500,0", help="lines/s per rank, one run each; 0: as fast as the "
                     "ranks print (throughput). The first rate's p99 is held against the target.")
     ap.add_argument("--quick", action="store_true", help="2,000 lines per rank")
-    ap.add_argument("--runtime", choices=["docker", "process"], default="docker")
+    ap.add_argument("--runtime", choices=["process", "docker"], default="process")
     ap.add_argument("--delay", type=float, default=None,
                     help="seconds every SSH session waits (sshd ForceCommand); default none")
     args = ap.parse_args(argv)
