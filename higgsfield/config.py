@@ -72,7 +72,7 @@ def _nproc(v: Any) -> Any:
     # One check (and one message) instead of pydantic's two union-branch errors.
     if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
         return v
-    raise ValueError(f"must be 'auto' or an integer >= 1 (got {v!r})")
+    raise ValueError(f"must be 'auto' or an integer >= 1 (got {shown(v)})")
 
 
 Int = Annotated[int, BeforeValidator(_no_bool)]

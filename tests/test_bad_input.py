@@ -100,6 +100,8 @@ CONFIGS: list[tuple[str, bytes, str]] = [
     ("identity-empty", f"{NODE}ssh:\n  identity_file: ''\n".encode(), "ssh.identity_file: must not be empty"),
     ("branch-newline", f'{NODE}default_branch: "main\\n"\n'.encode(), "'main\\n' is not a valid git branch name"),
     ("pip-option", f"{NODE}install:\n  source: --index-url=http://evil\n".encode(), "which pip would read as an option"),
+    ("nproc-huge-word", f"{NODE}nproc_per_node: {'x' * 5000}\n".encode(), "nproc_per_node: must be 'auto' or an "
+     "integer >= 1 (got 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx…' (5000 chars))"),
     ("index-url", f"{NODE}install:\n  index_url: ftp://x\n".encode(), "install.index_url: 'ftp://x' is not an http(s)"),
     ("timeout-inf", f"{NODE}ssh:\n  connect_timeout: .inf\n".encode(), "ssh.connect_timeout: input should be a finite"),
     ("tagged-timestamp", f"{NODE}state_dir: !!timestamp x\n".encode(), "invalid YAML: a value cannot be read"),
@@ -278,6 +280,7 @@ def test_bad_cli_arguments_are_usage_errors(project: Path, capsys: pytest.Captur
     line = refused(argv, capsys)
     assert message in line, line
     assert sorted(p.name for p in project.iterdir()) == before   # init and friends wrote nothing
+    assert not (project.parent / "home").exists()                 # not even a deploy key
 
 
 def test_since_long_ago_means_every_line() -> None:
