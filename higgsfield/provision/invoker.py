@@ -5,6 +5,10 @@ default, a wheelhouse of its dependencies for the node's Python and platform, so
 node needs no package index. ``pip install --no-index`` then installs from it. When
 the control side cannot download the wheelhouse, the node's pip uses its own index.
 The installed build id is recorded in ``<venv>/higgsfield-build`` and checked on re-runs.
+
+The wheels are deleted once installed: nothing else needs them. Runs get this very
+installed package (containers mount it, the ``runtime: process`` venv points at it),
+so the nodes' exact build reaches every run with no package index and no copy.
 """
 
 from __future__ import annotations
