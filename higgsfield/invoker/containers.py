@@ -24,8 +24,9 @@ records read the same inside and out:
 That last mount is how the image gets the invoker's exact version of the launchers
 (``higgsfield.invoker.launch``, ``higgsfield.entrypoint``) and the experiment API
 without a rebuild whenever higgsfield is upgraded: the image only has to provide
-Python, torch and the project's requirements (the scaffolded Dockerfile also installs
-``higgsfield`` for the training library's dependencies; the mount shadows its code).
+Python, torch and the project's requirements (the scaffolded Dockerfile installs no
+higgsfield at all, so a build never needs a package index for it: a checkout, a fork
+or a pre-release on the nodes runs as it is).
 A Docker engine that goes away mid-run (a daemon restart) ends the run ``failed`` with
 that reason.
 
