@@ -14,22 +14,44 @@ before it exits; it ignores SIGINT/SIGTERM for that (a SIGKILL of the worker's
 process group ends it too). It holds a shared ``flock`` on the index while it
 runs, so a reader can tell the log is drained. A worker that raises
 writes ``rank<RANK>.error.json`` with the time, so ``status`` can name the rank
-that failed first. The worker dies with its torchrun (PR_SET_PDEATHSIG), so a
-killed launcher leaves no orphans. Secrets are already in the environment (torchrun
-inherits them from the supervisor, or in a container from the launcher,
-:mod:`higgsfield.invoker.launch`).
+that failed first. A worker that ends without a Python exception and without
+reaching a clean exit (SIGKILL from the OOM killer, SIGSEGV, SIGABRT, ``os._exit``)
+gets its ``rank<RANK>.error.json`` from the tee, which sees the pipe close at the
+moment it dies, so the first failure across nodes is named by its real time; a clean
+exit leaves ``rank<RANK>.done`` first. The worker dies with its torchrun
+(PR_SET_PDEATHSIG), so a killed launcher leaves no orphans. Secrets are already in
+the environment (torchrun inherits them from the supervisor, or in a container from
+the launcher, :mod:`higgsfield.invoker.launch`). Logs, indexes and markers are private
+to the node user (0600).
+
+Leaving (:func:`leave`): a finished worker tears down like the interpreter would
+(non-daemon threads joined, atexit handlers run, stdio flushed, the process group
+destroyed) and then ends with ``os._exit``, skipping interpreter finalization.
+That is the fix for ranks that aborted *after* finishing (``terminate called
+without an active exception``, SIGABRT): a gloo worker thread (``pt_gloo_runloop``)
+drops its reference to a completed collective (an ``AsyncWork`` holding tensors
+with Python objects) just after ``wait()`` returned in the main thread. Dropping
+it needs the GIL; once ``Py_FinalizeEx`` has begun, a thread taking the GIL is
+ended with ``pthread_exit``, whose forced unwind through the work's ``noexcept``
+destructor calls ``std::terminate``. ``destroy_process_group()`` does not close that
+window: it joins the gloo threads only when the last reference to the group goes,
+and once ``torch._dynamo`` is imported (``torch.optim`` does it) the group stays
+referenced until finalization. Without finalization there is no window.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
 INDEX_EVERY = 1.0  # seconds between two entries of rank<N>.idx, at least
 _READ = 1 << 16
@@ -49,12 +71,12 @@ def _die_with_parent() -> None:
 
 def _redirect(logs: Path, rank: int) -> None:
     """Point fds 1 and 2 at a pipe drained by a forked tee into ``rank<N>.log`` (+ ``.idx``)."""
-    logs.mkdir(parents=True, exist_ok=True)
-    fd = os.open(logs / f"rank{rank}.log", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+    logs.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(logs / f"rank{rank}.log", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        ifd = os.open(logs / f"rank{rank}.idx", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        ifd = os.open(logs / f"rank{rank}.idx", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         r, w = os.pipe()
         pid = os.fork()
     except OSError:  # no index, pipe or fork: write the file directly (no --since for this rank)
@@ -64,7 +86,9 @@ def _redirect(logs: Path, rank: int) -> None:
         if pid == 0:  # the tee: never returns
             code = 1
             try:
+                started = time.time()
                 _tee_child(r, fd, ifd)
+                _note_death(logs, rank, started)
                 code = 0
             finally:
                 os._exit(code)
@@ -132,6 +156,19 @@ def tee(src: int, fd: int, ifd: int) -> None:
         at_line_start = chunk.endswith(b"\n")
 
 
+def _note_death(logs: Path, rank: int, started: float) -> None:
+    """At the tee's EOF: if the worker neither exited cleanly nor recorded an error, record that it died now."""
+    if (logs / f"rank{rank}.done").exists():
+        return
+    try:
+        if float(json.loads((logs / f"rank{rank}.error.json").read_text())["time"]) >= started:
+            return  # the worker recorded its own exception (this attempt's, not a restarted one's)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    _record_error(logs, rank, "ended without a Python exception (a signal: SIGKILL from the OOM killer, "
+                              "SIGSEGV, SIGABRT; or os._exit)", kind="died")
+
+
 def _write_all(fd: int, data: bytes) -> int:
     """Write all of ``data`` (append mode); return the file offset its first byte went to."""
     view = memoryview(data)
@@ -144,7 +181,8 @@ def _write_all(fd: int, data: bytes) -> int:
     return start
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, hard_exit: bool = False) -> int:
+    """Run the experiment of ``RUN_DIR`` as this rank; with ``hard_exit``, end the process (see :func:`leave`)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m higgsfield.entrypoint RUN_DIR", file=sys.stderr)
@@ -153,20 +191,75 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     logs = run_dir / "logs"
     _die_with_parent()
+    (logs / f"rank{rank}.done").unlink(missing_ok=True)  # a restarted worker starts unfinished
     _redirect(logs, rank)
-    (logs / f"rank{rank}.pid").write_text(str(os.getpid()))
+    _write_private(logs / f"rank{rank}.pid", str(os.getpid()))
     spec = json.loads((run_dir / "spec.json").read_text())
     try:
-        return run(spec)
+        code = run(spec)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if code:
             _record_error(logs, rank, f"SystemExit({e.code})")
-        return code
     except BaseException as e:  # noqa: BLE001 - report every failure of user code
         traceback.print_exc()
         _record_error(logs, rank, f"{type(e).__name__}: {e}")
-        return 1
+        code = 1
+    if hard_exit:
+        leave(code, logs / f"rank{rank}.done")
+    return code
+
+
+def leave(code: int, done: Path | None = None) -> NoReturn:
+    """End this worker as the interpreter would, then ``os._exit(code)``: no finalization, no exit abort.
+
+    In the order of ``Py_FinalizeEx``: non-daemon threads are joined (their
+    ``threading`` exit hooks first, so idle executor workers quit), atexit handlers
+    run, then, after a clean run, the default process group is destroyed (NCCL
+    finishes its work; a group still referenced elsewhere is left to ``_exit``).
+    ``done`` is written last, so the tee tells a clean exit from a death.
+    """
+    try:
+        shutdown = getattr(threading, "_shutdown", None)
+        if shutdown is not None:
+            shutdown()
+        atexit._run_exitfuncs()
+        if code == 0:
+            _destroy_process_group()
+    except BaseException:  # noqa: BLE001 - an exit hook failed: report it, the run failed
+        traceback.print_exc()
+        code = code or 1
+    if code == 0 and done is not None:
+        _write_private(done, "0")
+    _flush_all()
+    os._exit(code)
+
+
+def _destroy_process_group() -> None:
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _flush_all() -> None:
+    """Python's and the C library's buffered output (``os._exit`` flushes neither)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def run(spec: dict) -> int:  # type: ignore[type-arg]
@@ -188,14 +281,16 @@ def run(spec: dict) -> int:  # type: ignore[type-arg]
     return 0
 
 
-def _record_error(logs: Path, rank: int, message: str) -> None:
+def _record_error(logs: Path, rank: int, message: str, kind: str = "exception") -> None:
+    """``rank<N>.error.json``: the rank, when, what (one line), and ``kind`` (exception | died)."""
     try:
         from higgsfield.invoker.records import write_json
 
-        write_json(logs / f"rank{rank}.error.json", {"rank": rank, "time": time.time(), "error": message[:2000]})
+        write_json(logs / f"rank{rank}.error.json",
+                   {"rank": rank, "time": time.time(), "error": message[:2000], "kind": kind})
     except OSError:
         pass
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(hard_exit=True))  # only a usage error returns

@@ -11,6 +11,8 @@ the model over all ranks; rank 0 alone reads the weights and broadcasts them;
 it checkpoints every ``checkpoint_every`` steps and, restarted with the same
 run name, continues where it stopped. Rough needs in bf16 with ZeRO-3 and
 activation checkpointing: 7B on 1 node of 8x40GB, 70B on 4+ nodes of 8x80GB.
+It returns with the process group still up: higgsfield's entrypoint destroys it
+(NCCL finishes its work) and exits without interpreter finalization.
 """
 
 from __future__ import annotations

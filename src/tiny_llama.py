@@ -7,9 +7,11 @@ held-out sums, which climbs from 0; it checkpoints and resumes by itself::
 
     higgsfield run tiny_llama                          # what `make demo` runs (2 processes)
     higgsfield run tiny_llama --param steps=600 --param engine=deepspeed
-    torchrun --nproc_per_node 2 -m higgsfield.entrypoint tiny_llama   # by hand
 
 Run it again with the same run name and it continues from its last checkpoint.
+It returns with the process group still up (its last step ends in a collective):
+higgsfield's entrypoint destroys it and exits without interpreter finalization,
+so no gloo thread can abort the rank once it finished.
 """
 
 from __future__ import annotations
