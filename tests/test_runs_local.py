@@ -24,7 +24,8 @@ from higgsfield.experiment import experiment, param
 def probe(params):
     print(f"rank={params.rank} world={params.world_size} flag={params.flag!r} "
           f"project={os.environ['PROJECT_NAME']} experiment={os.environ['EXPERIMENT_NAME']} "
-          f"run={os.environ['RUN_NAME']} secret_len={len(os.environ.get('HF_TEST_SECRET', ''))}", flush=True)
+          f"run={os.environ['RUN_NAME']} secret_len={len(os.environ.get('HF_TEST_SECRET', ''))} "
+          f"leak={os.environ.get('HF_LEAK_CANARY', '-')}", flush=True)
     end = time.time() + params.sleep
     while time.time() < end:
         time.sleep(0.05)
@@ -50,9 +51,10 @@ def project(tmp_path: Path) -> Path:
     return proj
 
 
-def hf(project: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def hf(project: Path, *args: str, timeout: float = 180,
+       env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "higgsfield", *args], cwd=project, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def run_dirs(project: Path) -> list[Path]:
@@ -107,14 +109,21 @@ def test_run_streams_prefixed_logs_and_records_the_run(project: Path) -> None:
 
 @pytest.mark.slow
 def test_params_env_and_secrets_reach_the_run_but_no_file(project: Path) -> None:
-    r = hf(project, "run", "probe", "-p", "flag=FALSE", "--run-name", "p1")
+    # the invoker's own environment (here: the CLI's, passed on by the local transport) is not the run's
+    r = hf(project, "run", "probe", "-p", "flag=FALSE", "--run-name", "p1", env={"HF_LEAK_CANARY": "leaked"})
     assert r.returncode == 0, r.stderr
-    assert "rank=0 world=2 flag=False project=localproj experiment=probe run=p1 secret_len=16" in r.stdout
-    assert "rank=1 world=2 flag=False" in r.stdout
+    assert "rank=0 world=2 flag=False project=localproj experiment=probe run=p1 secret_len=16 leak=-" in r.stdout
+    assert "rank=1 world=2 flag=False" in r.stdout and "leaked" not in r.stdout
     (rd,) = run_dirs(project)
     for f in rd.rglob("*"):
         if f.is_file():
             assert "s3cr3t-value-xyz" not in f.read_text(errors="replace"), f
+    # the node's state is the node user's alone: directories 0700, files 0600
+    state = project.parent / "state"
+    loose = [f"{p} {oct(p.stat().st_mode & 0o777)}" for p in [state, *state.rglob("*")]
+             if not p.is_symlink() and p.stat().st_mode & 0o077]
+    assert loose == [], loose
+    assert (state / "queue.json").exists() and (rd / "logs" / "rank1.idx").exists()
 
 
 @pytest.mark.slow
@@ -221,16 +230,27 @@ class _FakeTransport:
         self.node = node
         self.answers = answers
         self.calls: list[list[str]] = []
+        self.inputs: list[object] = []
+        self.streams: list[list[object]] = []
 
     async def run(self, argv: list[str], input: object = None, timeout: float | None = None) -> object:
         from higgsfield.remote.base import CommandResult
 
         sub = argv[argv.index("invoker") + 3]
         self.calls.append(argv)
+        self.inputs.append(input)
         answer = self.answers.get(sub, "{}")
         if isinstance(answer, BaseException):
             raise answer
         return CommandResult(self.node, tuple(argv), 0, str(answer))
+
+    async def stream(self, argv: list[str], input: object = None):  # type: ignore[no-untyped-def]
+        """Answers from ``streams``: one list per call, each item a line or an exception to raise."""
+        self.calls.append(argv)
+        for item in self.streams.pop(0) if self.streams else []:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
 
     async def close(self) -> None:
         pass
@@ -266,9 +286,8 @@ def test_a_failed_start_kills_on_every_node_and_names_where_the_kill_failed(
     from higgsfield.orchestrator import runs
 
     cfg = _two_node_cfg(project)
-    started = json.dumps({"state": "starting", "run": "x"})
-    a = _FakeTransport("a", {"free-port": '{"port": 29500}', "start": started,
-                             "kill": json.dumps({"state": "killed", "run": "x"})})
+    started = json.dumps({"state": "starting", "run": "x", "coord_port": 29500})
+    a = _FakeTransport("a", {"start": started, "kill": json.dumps({"state": "killed", "run": "x"})})
     b = _FakeTransport("b", {"start": asyncio.TimeoutError(), "kill": CommandError("b", "connection lost")})
     _fake_group(monkeypatch, [a, b])
     with pytest.raises(runs.RunError) as e:
@@ -280,21 +299,27 @@ def test_a_failed_start_kills_on_every_node_and_names_where_the_kill_failed(
     for t in (a, b):
         kills = [c for c in t.calls if "kill" in c]
         assert kills and "--missing-ok" in kills[0], t.node
+    # node 0 started first and b was told where node 0's coordinator listens; the token never in argv
+    starts = [c for t in (a, b) for c in t.calls if "start" in c]
+    assert [c for c in a.calls if "start" in c] == starts[:1]
+    assert all("token" not in " ".join(c) for c in starts)
+    assert b.inputs and json.loads(b.inputs[0])["spec"]["coordinator"] == {"host": "10.0.0.1", "port": 29500,
+                                                                          "node": "a"}
+    assert len(json.loads(b.inputs[0])["token"]) == 64 and "token" not in json.loads(b.inputs[0])["spec"]
 
 
 @pytest.mark.parametrize("stdout,needle", [("Traceback (most recent call last):\n ...", "Traceback"),
-                                           ('{"no_port": 1}', "no port"), ("", "nothing")])
+                                           ('{"no_state": 1}', "no state, run"), ("", "nothing")])
 def test_unexpected_invoker_output_is_one_clear_error(project: Path, monkeypatch: pytest.MonkeyPatch,
                                                       stdout: str, needle: str) -> None:
-    from higgsfield.errors import CommandError
     from higgsfield.orchestrator import runs
 
     cfg = _two_node_cfg(project)
-    _fake_group(monkeypatch, [_FakeTransport("a", {"free-port": stdout}), _FakeTransport("b", {})])
-    with pytest.raises(CommandError) as e:
+    _fake_group(monkeypatch, [_FakeTransport("a", {"start": stdout}), _FakeTransport("b", {})])
+    with pytest.raises(runs.RunError) as e:
         runs.start_run(cfg, "probe", {}, run_name="x")
     assert "unexpected invoker output" in str(e.value) and needle in str(e.value)
-    assert "higgsfield setup" in str(e.value)
+    assert "higgsfield setup" in str(e.value) and "failed to start on 1 node(s): a:" in str(e.value)
 
 
 def test_a_consumer_stopping_early_ends_the_log_thread_and_its_streams() -> None:
@@ -326,3 +351,60 @@ def test_a_consumer_stopping_early_ends_the_log_thread_and_its_streams() -> None
     while threading.active_count() > before and time.time() < deadline:
         time.sleep(0.05)
     assert threading.active_count() == before, "the log thread outlived its consumer"
+
+
+def test_status_names_the_earliest_failure_and_run_exits_with_the_failing_node_s_code() -> None:
+    from higgsfield.cli.runs import exit_code
+    from higgsfield.orchestrator.runs import _merge
+
+    base = {"project": "p", "experiment": "e", "run": "r", "nnodes": 3, "nproc": 1, "created_at": 1.0}
+
+    def rec(node: str, rank: int, state: str, **kw: object) -> dict[str, object]:
+        return {**base, "node": node, "node_rank": rank, "state": state, **kw}
+
+    # b was cut off from the coordinator and kept its own (later, secondary) failure; a and c have the verdict
+    verdict = {"failed_node": "c", "failed_rank": 2, "failed_at": 10.0, "reason": "rank 2 was killed by SIGKILL",
+               "error_tail": ["step 3", "Killed"]}
+    (st,) = _merge([rec("a", 0, "failed", exit_code=143, **verdict),
+                    rec("b", 1, "failed", exit_code=1, failed_node="b", failed_rank=1, failed_at=10.4,
+                        reason="rank 1: connection reset", error_tail=[]),
+                    rec("c", 2, "failed", exit_code=-9, **verdict)])
+    assert (st.failed_node, st.failed_rank, st.reason, st.error_tail) == ("c", 2, "rank 2 was killed by SIGKILL",
+                                                                          ["step 3", "Killed"])
+    assert st.exit_code == -9 and exit_code(st) == 137
+    assert st.to_dict()["error_tail"] == ["step 3", "Killed"]
+    (ok,) = _merge([rec("a", 0, "succeeded", exit_code=0), rec("b", 1, "succeeded", exit_code=0)])
+    assert exit_code(ok) == 0 and ok.failed_node is None
+    (killed,) = _merge([rec("a", 0, "killed", exit_code=143), rec("b", 1, "killed")])
+    assert exit_code(killed) == 1 and killed.error_tail == []
+
+
+def test_a_broken_log_stream_is_reattached_without_losing_or_repeating_a_line(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from higgsfield.errors import CommandError
+    from higgsfield.orchestrator import runs
+
+    cfg = _two_node_cfg(project)
+    a, b = _FakeTransport("a", {}), _FakeTransport("b", {})
+    a.streams = [["0\tstep 1", "-1\tlaunch", "0\tstep 2", CommandError("a", "connection lost")],
+                 ["#hb", "0\tstep 1", "-1\tlaunch", "0\tstep 2", "0\tstep 3", "-1\tdone"]]
+    b.streams = [["1\tstep 1", "1\tstep 2", "1\tstep 3"]]
+    _fake_group(monkeypatch, [a, b])
+    status = runs._merge([{"project": "localproj", "experiment": "probe", "run": "x", "node": n, "node_rank": i,
+                           "state": "running", "created_at": 1.0} for i, n in enumerate(("a", "b"))])[0]
+    lines = list(runs.follow_run(cfg, status, lost_after=30))
+    by_node = {n: [(ln.rank, ln.text) for ln in lines if ln.node == n and ln.rank != runs.NOTICE] for n in "ab"}
+    assert by_node["a"] == [(0, "step 1"), (-1, "launch"), (0, "step 2"), (0, "step 3"), (-1, "done")]
+    assert by_node["b"] == [(1, "step 1"), (1, "step 2"), (1, "step 3")]
+    notices = [ln.text for ln in lines if ln.rank == runs.NOTICE]
+    assert notices == ["lost the log stream (connection lost); re-attaching"]
+    assert not [c for t in (a, b) for c in t.calls if "kill" in c]      # the nodes decide the run, not this side
+
+    # a node whose stream never comes back, once the others ended: reported, and still nothing is killed
+    monkeypatch.setattr(runs, "REATTACH_TRIES", 1)
+    a.streams = [["0\tstep 1", CommandError("a", "connection lost")], [CommandError("a", "refused")]]
+    b.streams = [["1\tstep 1"]]
+    a.calls.clear()
+    with pytest.raises(runs.NodeLost, match="lost the log stream of node a .*refused; whether the run goes on"):
+        list(runs.follow_run(cfg, status, lost_after=30))
+    assert not [c for c in a.calls if "kill" in c]

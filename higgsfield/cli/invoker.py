@@ -4,7 +4,7 @@ Hidden from ``--help``. Input arrives as JSON on stdin (so secrets never appear 
 argv; ``deploy`` reads a tar there), output is JSON on stdout (``logs`` prints
 ``RANK<TAB>LINE`` per line, and ``#hb`` lines as a heartbeat with ``--heartbeat``).
 
-    version | free-port | deployed | deploy | build | env | start | status | logs | kill | queue
+    version | deployed | deploy | build | env | start | status | logs | kill | queue
 """
 
 from __future__ import annotations
@@ -41,16 +41,6 @@ def invoker(ctx: click.Context, state_dir: str) -> None:
 def version() -> None:
     """Print this invoker's version."""
     _emit({"version": __version__, "python": sys.executable})
-
-
-@invoker.command("free-port")
-@click.pass_context
-def free_port(ctx: click.Context) -> None:
-    """Print a free TCP port for a rendezvous on this node: the first of 29500-29599 no run holds."""
-    from higgsfield.invoker.records import reserved_ports
-    from higgsfield.ports import free_port as _free_port
-
-    _emit({"port": _free_port(reserved_ports(_state(ctx)))})
 
 
 @invoker.command()
@@ -120,23 +110,24 @@ def queue_cmd(ctx: click.Context) -> None:
 @invoker.command()
 @click.pass_context
 def start(ctx: click.Context) -> None:
-    """Start a run from {"spec": ..., "secrets": {...}} on stdin."""
+    """Start a run from {"spec": ..., "secrets": {...}, "token": ...} on stdin (node 0's record: coord_port)."""
     from higgsfield.invoker.process import launch
 
     payload = json.loads(sys.stdin.read())
-    record = launch(_state(ctx), payload["spec"], payload.get("secrets") or {})
+    record = launch(_state(ctx), payload["spec"], payload.get("secrets") or {}, str(payload.get("token") or ""))
     _emit(record.to_dict())
 
 
 @invoker.command(hidden=True)
 @click.argument("project")
 @click.argument("run")
+@click.option("--listen-fd", type=int, default=None, help="Node 0: the coordinator's listening socket.")
 @click.pass_context
-def supervise(ctx: click.Context, project: str, run: str) -> None:
+def supervise(ctx: click.Context, project: str, run: str, listen_fd: int | None) -> None:
     """(internal) Own one run until it ends."""
-    from higgsfield.invoker.process import supervise as _supervise
+    from higgsfield.invoker.supervisor import supervise as _supervise
 
-    sys.exit(_supervise(_state(ctx), project, run))
+    sys.exit(_supervise(_state(ctx), project, run, listen_fd))
 
 
 @invoker.command()
@@ -188,12 +179,10 @@ def logs(ctx: click.Context, project: str, run_name: str, follow: bool, ranks: t
 @click.option("--run", "run_name", default=None, help="Exactly this run.")
 @click.option("--target", default=None, help="A run name, else every active run of this experiment.")
 @click.option("--grace", type=float, default=3.0, show_default=True)
-@click.option("--failed-node", default=None, help="Another node of the run was lost: end it failed, naming it.")
-@click.option("--reason", default=None)
 @click.option("--missing-ok", is_flag=True, help='With --run: print {"missing": true} if there is no such run.')
 @click.pass_context
 def kill(ctx: click.Context, project: str, run_name: str | None, target: str | None, grace: float,
-         failed_node: str | None, reason: str | None, missing_ok: bool) -> None:
+         missing_ok: bool) -> None:
     """Stop a run on this node; prints its final record (with --target: {"matched", "killed": [records]})."""
     from higgsfield.invoker.process import kill as _kill
     from higgsfield.invoker.process import kill_target
@@ -207,4 +196,4 @@ def kill(ctx: click.Context, project: str, run_name: str | None, target: str | N
     if missing_ok and not RunDir(_state(ctx), project, run_name).exists():
         _emit({"missing": True, "run": run_name})
         return
-    _emit(_kill(_state(ctx), project, run_name, grace=grace, failed_node=failed_node, reason=reason).to_dict())
+    _emit(_kill(_state(ctx), project, run_name, grace=grace).to_dict())

@@ -15,12 +15,15 @@ from higgsfield.cli._common import console, experiment_name, get_config, run_nam
 from higgsfield.text import shown
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from higgsfield.config import Config
     from higgsfield.orchestrator import LogLine, RunStatus
 
 _COLORS = ["cyan", "green", "magenta", "yellow", "blue", "bright_cyan", "bright_green", "bright_magenta"]
 # C0 controls but tab, DEL, C1 controls: a node's log line must not drive the terminal (ANSI escapes, OSC, bell)
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+RECENT_FAILURES = 5   # status shows the error of the failed runs among the last this many
 _STATE_STYLE = {"succeeded": "green", "failed": "red", "killed": "yellow", "running": "cyan",
                 "starting": "cyan", "queued": "dim"}
 
@@ -31,10 +34,13 @@ def clean(text: str) -> str:
 
 
 def _print_lines(lines: object, *, color: bool) -> None:
+    from higgsfield.orchestrator.runs import NOTICE
+
     out = sys.stdout
     for line in lines:  # type: ignore[attr-defined]
         ln: LogLine = line
-        tag = clean(f"{ln.node}/{'launcher' if ln.rank < 0 else ln.rank}")
+        who = "higgsfield" if ln.rank == NOTICE else "launcher" if ln.rank < 0 else ln.rank
+        tag = clean(f"{ln.node}/{who}")
         text = clean(ln.text)
         if color:
             code = 36 if ln.rank < 0 else 31 + (ln.rank % 6)
@@ -47,9 +53,10 @@ def _print_lines(lines: object, *, color: bool) -> None:
 def _follow(cfg: Config, status: RunStatus, *, follow: bool, node: str | None = None,
             ranks: tuple[int, ...] = (), since: float | None = None) -> None:
     from higgsfield.orchestrator import iter_logs
+    from higgsfield.orchestrator.runs import LOST_AFTER_S
 
-    _print_lines(iter_logs(cfg, status, follow=follow, node=node, ranks=ranks, since=since),
-                 color=sys.stdout.isatty())
+    _print_lines(iter_logs(cfg, status, follow=follow, node=node, ranks=ranks, since=since,
+                           lost_after=LOST_AFTER_S if follow else None), color=sys.stdout.isatty())
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
@@ -94,8 +101,10 @@ def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: 
         max_restarts: int, exclusive: bool, detach: bool) -> None:
     """Run EXPERIMENT on the nodes and stream its logs until it ends (exit code = the run's).
 
-    A node that loses contact while the run is followed fails the run: it is stopped on
-    the other nodes and marked failed, naming the node.
+    The nodes decide the run, with or without this command: a node whose part fails,
+    or that is lost, fails it on every node within seconds; the first failure (node,
+    rank, the last lines of its error) is shown at the end. A log stream this command
+    loses is re-attached; the run goes on.
     """
     from higgsfield import orchestrator, secrets
     from higgsfield.params import parse_assignments
@@ -114,8 +123,8 @@ def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: 
     status = handle.status()
     try:
         _print_lines(orchestrator.follow_run(cfg, status), color=sys.stdout.isatty())
-    except orchestrator.NodeLost as lost:
-        err.print(f"[red]{lost}[/]; stopped the run on the other nodes")
+    except orchestrator.NodeLost as lost:  # the nodes decide the run: its final status below says how it ended
+        err.print(f"{clean(str(lost))}", style="red", markup=False, highlight=False)
     except KeyboardInterrupt:
         err.print(f"\ndetached; run {handle.run} goes on.\n"
                   f"follow: higgsfield logs {handle.run} -f    stop: higgsfield kill {handle.run}")
@@ -124,10 +133,31 @@ def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: 
     style = _STATE_STYLE.get(final.state, "")
     extra = ""
     if final.failed_node:
-        extra = f" (first failure: node {final.failed_node}" + (
+        extra = f" (first failure: node {clean(final.failed_node)}" + (
             f", rank {final.failed_rank})" if final.failed_rank is not None else ")")
     err.print(f"run {handle.run} [{style}]{final.state}[/]{extra}")
-    sys.exit(0 if final.state == "succeeded" else 1)
+    _print_failure(err, final)
+    sys.exit(exit_code(final))
+
+
+def exit_code(status: RunStatus) -> int:
+    """``run``'s exit code: 0 when the run succeeded; else the failing node's (a signal N as 128+N), at least 1."""
+    if status.state == "succeeded":
+        return 0
+    code = status.exit_code if status.state == "failed" else None
+    if not code:
+        return 1
+    return min(255, 128 - code if code < 0 else code)
+
+
+def _print_failure(out: Console, status: RunStatus, indent: str = "  ") -> None:
+    """The first failure's reason and the last lines of its error (what a node sent is shown, never obeyed)."""
+    if status.state != "failed":
+        return
+    if status.reason:
+        out.print(f"{indent}{clean(status.reason)}", markup=False, highlight=False)
+    for line in status.error_tail:
+        out.print(f"{indent}| {clean(line)}", markup=False, highlight=False)
 
 
 def _wait_final(cfg: Config, run_name: str, timeout: float = 30.0) -> RunStatus:
@@ -203,6 +233,10 @@ def status(ctx: click.Context, as_json: bool) -> None:
                       _fmt_duration(r.duration), "" if r.exit_code is None else str(r.exit_code), failure)
     if runs:
         out.print(table)
+        for r in [r for r in runs[-RECENT_FAILURES:] if r.state == "failed"]:
+            where = f"{r.failed_node}" + (f" rank {r.failed_rank}" if r.failed_rank is not None else "")
+            out.print(f"\n{r.run}: first failure on {clean(where)}:", markup=False, highlight=False)
+            _print_failure(out, r)
     else:
         out.print("no runs yet: start one with 'higgsfield run EXPERIMENT'")
     for u in unreachable:

@@ -30,9 +30,9 @@ or a pre-release on the nodes runs as it is).
 A Docker engine that goes away mid-run (a daemon restart) ends the run ``failed`` with
 that reason.
 
-The supervisor (a host process, see :mod:`higgsfield.invoker.process`) creates the
-container, waits on it and records how it ended, so records, logs and kill work as in
-the process runtime. Containers carry labels (project, run, node, run dir), so a
+The supervisor (a host process, see :mod:`higgsfield.invoker.supervisor`) creates the
+container (:class:`ContainerRun`), waits on it, stops it when the run aborts and
+records how it ended, so records, logs and kill work as in the process runtime. Containers carry labels (project, run, node, run dir), so a
 kill or a status check finds them even when a record lacks the container's name.
 """
 
@@ -43,8 +43,7 @@ import hashlib
 import json
 import os
 import re
-import signal
-from collections.abc import Callable
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -165,95 +164,120 @@ def _invoker_package_dir() -> Path:
     return Path(higgsfield.__file__).resolve().parent
 
 
-def run_container(spec: dict[str, Any], rd: RunDir, argv: list[str], env: dict[str, str],
-                  on_started: Any = None, *, secrets: dict[str, str] | None = None,
-                  should_stop: Callable[[], bool] | None = None) -> int:
-    """Create and start the run's container, wait for it, remove it; returns its exit code.
+class ContainerRun:
+    """The run's container on this node (the Docker runtime), created, started and watched.
 
     The container's command is the launcher (:mod:`higgsfield.invoker.launch`): once
-    the container runs, ``secrets`` are written to its stdin as one JSON line, so they
-    never sit in a file or in the container's configuration. SIGTERM/SIGINT to the
-    calling process (the supervisor) stop the container (SIGTERM to torchrun, SIGKILL
-    after ``spec['stop_grace']`` seconds); so does ``should_stop()`` being true once it
-    started (a kill that came while it was being created). Raises RunError when the
-    container cannot be created or the engine goes away during the run.
+    it runs, ``secrets`` are written to its stdin as one JSON line, so they never sit
+    in a file or in the container's configuration. ``poll``/``wait`` give its exit
+    code (a thread waits on the engine); ``terminate(grace)`` is ``docker stop``
+    (SIGTERM to torchrun, SIGKILL after ``grace``) without blocking; ``cleanup``
+    removes it. Raises RunError when the container cannot be created, and ``poll``
+    raises it when the engine went away during the run.
     """
-    docker = _sdk()
-    engine_lost: tuple[type[BaseException], ...] = (docker.errors.DockerException, *_requests_errors())
-    cl = client(timeout=120)
-    name = spec["container"]
-    try:
-        _remove_stale(cl, name)
-    except RunError:
-        cl.close()
-        raise
-    except engine_lost as e:
-        cl.close()
-        raise RunError(f"lost the Docker engine while removing a stale {name}: {e}") from None
-    code_dir = str(spec["code_dir"])
-    volumes: dict[str, dict[str, str]] = {
-        code_dir: {"bind": code_dir, "mode": "ro"},
-        str(rd.path): {"bind": str(rd.path), "mode": "rw"},
-        str(_invoker_package_dir()): {"bind": f"{INVOKER_MOUNT}/higgsfield", "mode": "ro"},
-    }
-    cache = spec.get("cache_dir")
-    if cache:
-        Path(cache).mkdir(parents=True, exist_ok=True)
-        volumes[str(cache)] = {"bind": str(cache), "mode": "rw"}
-    device_requests = None
-    slots = spec.get("gpu_ids") or []
-    if slots:
-        device_requests = [docker.types.DeviceRequest(device_ids=[str(i) for i in slots],
-                                                      capabilities=[["gpu"]])]
-    launcher_log = str(rd.logs / "launcher.log")
-    command = [argv[0], "-m", "higgsfield.invoker.launch", launcher_log, "--", *argv]
-    labels = {f"{LABEL}.project": spec["project"], f"{LABEL}.run": spec["run"],
-              f"{LABEL}.node": str(spec["node"]), f"{LABEL}.run_dir": str(rd.path)}
-    try:
-        container = cl.containers.create(
-            spec["image"], command=command, name=name, detach=True, environment=env, stdin_open=True,
+
+    def __init__(self, spec: dict[str, Any], rd: RunDir, argv: list[str], env: dict[str, str], *,
+                 secrets: dict[str, str] | None = None) -> None:
+        docker = _sdk()
+        self._engine_lost: tuple[type[BaseException], ...] = (docker.errors.DockerException, *_requests_errors())
+        self.name = spec["container"]
+        self.grace = float(spec.get("stop_grace", 3))
+        self._rc: int | None = None
+        self._error: str | None = None
+        self._done = threading.Event()
+        self.client = client(timeout=120)
+        try:
+            self.container = self._create(docker, spec, rd, argv, env)
+            self.container.start()
+            _send_secrets(self.client, self.container, secrets or {})
+        except docker.errors.APIError as e:
+            self.cleanup()
+            raise RunError(f"cannot start container {self.name}: {e.explanation or e}") from None
+        except RunError:
+            self.cleanup()
+            raise
+        except self._engine_lost as e:
+            self.cleanup()
+            raise RunError(f"lost the Docker engine while starting container {self.name}: {e}") from None
+        threading.Thread(target=self._wait, name="higgsfield-container-wait", daemon=True).start()
+
+    def _create(self, docker: Any, spec: dict[str, Any], rd: RunDir, argv: list[str], env: dict[str, str]) -> Any:
+        try:
+            _remove_stale(self.client, self.name)
+        except self._engine_lost as e:
+            raise RunError(f"lost the Docker engine while removing a stale {self.name}: {e}") from None
+        code_dir = str(spec["code_dir"])
+        volumes: dict[str, dict[str, str]] = {
+            code_dir: {"bind": code_dir, "mode": "ro"},
+            str(rd.path): {"bind": str(rd.path), "mode": "rw"},
+            str(_invoker_package_dir()): {"bind": f"{INVOKER_MOUNT}/higgsfield", "mode": "ro"},
+        }
+        cache = spec.get("cache_dir")
+        if cache:
+            Path(cache).mkdir(parents=True, exist_ok=True)
+            volumes[str(cache)] = {"bind": str(cache), "mode": "rw"}
+        slots = spec.get("gpu_ids") or []
+        device_requests = [docker.types.DeviceRequest(device_ids=[str(i) for i in slots], capabilities=[["gpu"]])] \
+            if slots else None
+        command = [argv[0], "-m", "higgsfield.invoker.launch", str(rd.logs / "launcher.log"), "--", *argv]
+        labels = {f"{LABEL}.project": spec["project"], f"{LABEL}.run": spec["run"],
+                  f"{LABEL}.node": str(spec["node"]), f"{LABEL}.run_dir": str(rd.path)}
+        return self.client.containers.create(
+            spec["image"], command=command, name=self.name, detach=True, environment=env, stdin_open=True,
             network_mode="host", ipc_mode="host", user=f"{os.getuid()}:{os.getgid()}",
             working_dir=code_dir, volumes=volumes, labels=labels, init=True,
             device_requests=device_requests,
             # NCCL over InfiniBand pins memory; only asked for with GPUs (some engines refuse it)
             ulimits=[docker.types.Ulimit(name="memlock", soft=-1, hard=-1)] if slots else None,
         )
-    except docker.errors.APIError as e:
-        cl.close()
-        raise RunError(f"cannot create container {name}: {e.explanation or e}") from None
-    except engine_lost as e:
-        cl.close()
-        raise RunError(f"lost the Docker engine while creating container {name}: {e}") from None
-    grace = float(spec.get("stop_grace", 3))
 
-    def stop(signum: int = 0, _frame: Any = None) -> None:
+    def _wait(self) -> None:
+        try:
+            self._rc = int(self.container.wait(timeout=None).get("StatusCode", 1))
+        except _sdk().errors.APIError as e:
+            self._error = f"docker error while running {self.name}: {e.explanation or e}"
+        except self._engine_lost as e:
+            self._error = f"lost the Docker engine while running {self.name}: {e}"
+        except Exception as e:  # noqa: BLE001 - whatever it is, the run's container is no longer watched
+            self._error = f"cannot watch container {self.name}: {e}"
+        finally:
+            self._done.set()
+
+    def poll(self) -> int | None:
+        if not self._done.is_set():
+            return None
+        if self._error is not None:
+            raise RunError(self._error)
+        return self._rc
+
+    def wait(self, timeout: float) -> int | None:
+        self._done.wait(timeout)
+        return self.poll()
+
+    def terminate(self, grace: float) -> None:
+        threading.Thread(target=self._stop, args=(grace,), name="higgsfield-container-stop", daemon=True).start()
+
+    def _stop(self, grace: float) -> None:
         try:
             with contextlib.closing(client(timeout=grace + 30)) as c:
-                c.containers.get(name).stop(timeout=int(max(1, grace)))
+                c.containers.get(self.name).stop(timeout=int(max(1, grace)))
         except Exception:  # noqa: BLE001, S110 - already gone
             pass
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    try:
-        container.start()
-        _send_secrets(cl, container, secrets or {})
-        if on_started:
-            on_started(container)
-        if should_stop is not None and should_stop():
-            stop()
-        result = container.wait(timeout=None)
-        return int(result.get("StatusCode", 1))
-    except docker.errors.APIError as e:
-        raise RunError(f"docker error while running {name}: {e.explanation or e}") from None
-    except engine_lost as e:
-        raise RunError(f"lost the Docker engine while running {name}: {e}") from None
-    finally:
+    def kill(self) -> None:
         try:
-            container.remove(force=True)
+            with contextlib.closing(client(timeout=30)) as c:
+                c.containers.get(self.name).kill()
+        except Exception:  # noqa: BLE001, S110 - already gone
+            pass
+
+    def cleanup(self) -> None:
+        try:
+            if getattr(self, "container", None) is not None:
+                self.container.remove(force=True)
         except Exception:  # noqa: BLE001, S110 - already gone or the engine is down
             pass
-        cl.close()
+        self.client.close()
 
 
 def _requests_errors() -> tuple[type[BaseException], ...]:

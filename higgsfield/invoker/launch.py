@@ -8,6 +8,7 @@ values into its environment, points stdout/stderr at ``LOG`` (appended) and stdi
 at ``/dev/null``, and execs the command. So secrets live only in the run's
 processes' environments: never in a file on the node, never in ``docker inspect``
 (the container's configured environment holds only the run's own variables).
+Its umask is 0077, as the supervisor's: what the run writes is the node user's alone.
 torchrun's ``--max-restarts`` restarts workers inside this same process tree, so
 restarted workers inherit them too.
 
@@ -43,7 +44,7 @@ def read_secrets(fd: int = 0, timeout: float = WAIT_S) -> dict[str, str]:
 
 
 def _redirect(log: str) -> None:
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
@@ -61,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m higgsfield.invoker.launch LOG -- COMMAND...", file=sys.stderr)
         return 2
     log, command = args[0], args[2:]
+    os.umask(0o077)  # what the run writes is private to the node user, as in the process runtime
     _redirect(log)
     try:
         secrets = read_secrets()

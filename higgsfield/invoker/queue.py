@@ -1,4 +1,4 @@
-"""The node's queue: runs that want the same slots never overlap; FIFO order.
+"""The node's queue: runs that want the same slots never overlap; FIFO order; gang-safe.
 
 A node has *slots*: its GPUs (indices 0..G-1), or on a node without GPUs one slot
 per CPU core (``os.cpu_count()``). A run wants ``nproc_per_node`` slots (on a CPU
@@ -8,20 +8,34 @@ in the process runtime, device requests in Docker); a run that does not fit wait
 ``queued`` and starts by itself when slots free up.
 
 Order is FIFO by the time the *control side* submitted the run (then the run name),
-not by arrival on the node, so every node of a multi-node run sees the same order and
-two runs sharing nodes cannot each hold half of them. Only the head of the queue may
-take slots (no overtaking).
+not by arrival on the node, so every node of a multi-node run sees the same order.
+Only the head of the queue may take slots (no overtaking).
 
-State: ``<state>/queue.json`` (entries: run, wanted slots, held slots, supervisor
-pid), changed only under an exclusive ``flock`` of ``<state>/queue.lock``; the lock is
-held for a read-modify-write, never while waiting. Entries whose supervisor is gone
-are dropped (a supervisor is known by pid and start time, so a reused pid does not
-keep a dead run's slots), so a crash never leaks slots.
+A multi-node run starts only when every one of its nodes holds its slots (gang
+admission, driven by the run's coordinator, :mod:`higgsfield.invoker.coordinator`).
+Slots a run holds while it waits for its other nodes are *not committed*, and an
+older run that arrives on this node takes them back (the younger one waits again):
+two runs submitted at the same moment that reach two nodes in opposite orders can
+therefore never each hold half of what the other needs (no deadlock), and the older
+one goes first everywhere. Once every node holds its slots the coordinator has them
+*committed* (``commit``; undone by ``uncommit`` if another node lost its slots
+meanwhile); committed slots are never taken back, and the run starts.
+
+Allocation is a pure function of the entries, recomputed under the lock: committed
+entries keep their slots; the others, oldest first, get slots while they fit, and
+the first one that does not fit stops the line.
+
+State: ``<state>/queue.json`` (entries: run, wanted slots, held slots, committed,
+rendezvous port, supervisor pid), changed only under an exclusive ``flock`` of
+``<state>/queue.lock``; the lock is held for a read-modify-write, never while waiting.
+Entries whose supervisor is gone are dropped (a supervisor is known by pid and start
+time, so a reused pid does not keep a dead run's slots), so a crash never leaks slots.
 
 Use (in the supervisor)::
 
-    slots = acquire(state_dir, entry, should_stop=lambda: killed(), on_wait=mark_queued)
-    try: ... finally: release(state_dir, project, run)
+    slots = try_acquire(state_dir, entry, cap)      # None: wait (poll again)
+    holds(state_dir, entry.key)                     # False: an older run took them back
+    commit(state_dir, entry.key) ... release(state_dir, project, run)
 """
 
 from __future__ import annotations
@@ -31,7 +45,7 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +64,8 @@ class Entry:
     slots: list[int] | None = None
     pid_start: int | None = None  # the supervisor's start time: a reused pid is not it
     enqueued_at: float = field(default_factory=time.time)
+    committed: bool = False   # its slots are its own until it ends (the run started or is starting)
+    port: int | None = None   # the rendezvous port node 0 reserved for this run
 
     @property
     def key(self) -> tuple[str, str]:
@@ -78,7 +94,7 @@ def wanted(nproc: int, exclusive: bool, cap: Capacity) -> int:
 
 @contextlib.contextmanager
 def _locked(state_dir: Path) -> Iterator[None]:
-    state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(state_dir / "queue.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -113,29 +129,96 @@ def _fifo(e: Entry) -> tuple[float, str]:
     return (e.order, e.run)
 
 
-def snapshot(state_dir: Path) -> list[Entry]:
-    """The live entries, holders first then waiters in FIFO order."""
-    with _locked(state_dir):
-        entries = [e for e in _load(state_dir) if _alive(e)]
-    return sorted(entries, key=lambda e: (e.slots is None, _fifo(e)))
+def allocate(entries: list[Entry], cap: Capacity) -> dict[tuple[str, str], list[int] | None]:
+    """Who holds which slots: committed entries keep theirs; the rest, oldest first, while they fit."""
+    out: dict[tuple[str, str], list[int] | None] = {}
+    free = set(range(cap.slots))
+    for e in entries:
+        if e.committed and e.slots is not None:
+            out[e.key] = e.slots
+            free -= set(e.slots)
+    blocked = False
+    for e in sorted((e for e in entries if not (e.committed and e.slots is not None)), key=_fifo):
+        need = cap.slots if e.exclusive else e.want
+        if blocked or need > len(free):
+            blocked = True   # no overtaking: nobody younger gets slots before this one
+            out[e.key] = None
+            continue
+        mine = set(e.slots or ())
+        got = sorted(mine) if len(mine) == need and mine <= free else sorted(free)[:need]
+        out[e.key] = got
+        free -= set(got)
+    return out
+
+
+def _update(state_dir: Path, me: Entry, cap: Capacity) -> list[Entry]:
+    """Under the lock: the live entries (``me`` added or refreshed), allocation recomputed, saved if changed."""
+    stored = _load(state_dir)
+    entries = [e for e in stored if _alive(e) and e.key != me.key]
+    prev = next((e for e in stored if e.key == me.key), None)
+    if prev is not None:
+        me.slots, me.committed, me.port = prev.slots, prev.committed, prev.port
+    entries.append(me)
+    alloc = allocate(entries, cap)
+    for e in entries:
+        e.slots = alloc[e.key]
+    if [asdict(e) for e in entries] != [asdict(e) for e in stored]:
+        _save(state_dir, entries)
+    return entries
 
 
 def try_acquire(state_dir: Path, me: Entry, cap: Capacity) -> list[int] | None:
-    """Take ``me``'s slots if it is the head of the queue and they are free; else enqueue it."""
+    """``me``'s slots if it is at the head of the queue and they are free (or already its); else None (it waits)."""
     with _locked(state_dir):
-        entries = [e for e in _load(state_dir) if _alive(e) and e.key != me.key]
-        mine = next((e for e in _load(state_dir) if e.key == me.key), None)
-        if mine is not None and mine.slots is not None:
-            return mine.slots
-        held = {s for e in entries if e.slots is not None for s in e.slots}
-        waiting = sorted([e for e in entries if e.slots is None] + [me], key=_fifo)
-        free = [s for s in range(cap.slots) if s not in held]
-        got: list[int] | None = None
-        if waiting[0] is me and me.want <= len(free) and not (me.exclusive and held):
-            got = free[:me.want]
-            me.slots = got
-        _save(state_dir, [*entries, me])
-        return got
+        entries = _update(state_dir, me, cap)
+    return next(e.slots for e in entries if e.key == me.key)
+
+
+def holds(state_dir: Path, me: Entry, cap: Capacity) -> list[int] | None:
+    """The slots ``me`` holds now (an older run may have taken uncommitted ones back: None then)."""
+    return try_acquire(state_dir, me, cap)
+
+
+def commit(state_dir: Path, key: tuple[str, str]) -> bool:
+    """Make ``key``'s slots its own (no older run takes them back); False if it holds none now."""
+    return _set_committed(state_dir, key, True)
+
+
+def uncommit(state_dir: Path, key: tuple[str, str]) -> None:
+    """Undo :func:`commit` (another node of the run lost its slots before the run could start)."""
+    _set_committed(state_dir, key, False)
+
+
+def _set_committed(state_dir: Path, key: tuple[str, str], value: bool) -> bool:
+    with _locked(state_dir):
+        entries = [e for e in _load(state_dir) if _alive(e)]
+        mine = next((e for e in entries if e.key == key), None)
+        if mine is None or mine.slots is None:
+            return False
+        mine.committed = value
+        _save(state_dir, entries)
+        return True
+
+
+def reserve_port(state_dir: Path, key: tuple[str, str], extra: Iterable[int] = ()) -> int:
+    """A free rendezvous port for ``key`` that no other live entry reserved; recorded in its entry."""
+    from higgsfield.ports import free_port
+
+    with _locked(state_dir):
+        entries = [e for e in _load(state_dir) if _alive(e)]
+        taken = {e.port for e in entries if e.port and e.key != key} | set(extra)
+        port = free_port(taken)
+        for e in entries:
+            if e.key == key:
+                e.port = port
+        _save(state_dir, entries)
+    return port
+
+
+def reserved_ports(state_dir: Path) -> set[int]:
+    """Rendezvous ports held by this node's live runs (bound or about to be)."""
+    with _locked(state_dir):
+        return {e.port for e in _load(state_dir) if e.port and _alive(e)}
 
 
 def release(state_dir: Path, project: str, run: str) -> None:
@@ -144,21 +227,11 @@ def release(state_dir: Path, project: str, run: str) -> None:
         _save(state_dir, entries)
 
 
-def acquire(state_dir: Path, me: Entry, cap: Capacity, *, should_stop: Callable[[], bool],
-            on_wait: Callable[[list[Entry]], None] | None = None, poll: float = 0.5) -> list[int] | None:
-    """Wait (polling) until ``me`` holds its slots; None if ``should_stop()`` turned true first."""
-    announced = False
-    while True:
-        if should_stop():
-            release(state_dir, me.project, me.run)
-            return None
-        got = try_acquire(state_dir, me, cap)
-        if got is not None:
-            return got
-        if not announced and on_wait:
-            on_wait([e for e in snapshot(state_dir) if e.key != me.key])
-            announced = True
-        time.sleep(poll)
+def snapshot(state_dir: Path) -> list[Entry]:
+    """The live entries, holders first then waiters in FIFO order."""
+    with _locked(state_dir):
+        entries = [e for e in _load(state_dir) if _alive(e)]
+    return sorted(entries, key=lambda e: (e.slots is None, _fifo(e)))
 
 
 def describe(entries: list[Entry]) -> list[dict[str, Any]]:

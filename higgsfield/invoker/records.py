@@ -3,15 +3,16 @@
 ::
 
     <state>/runs/<project>/<run>/
-        spec.json        what to run (no secrets)
-        run.json         the record: state, command, pids, container, slots, exit code, times
+        spec.json        what to run (no secrets, no coordinator token)
+        run.json         the record: state, command, pids, container, slots, ports, exit code, times,
+                         and for a failed run the first failure (node, rank, reason, last lines of its error)
         kill             present once a kill was requested
-        peer_lost.json   the control side lost another node of the run (the run ends failed, naming it)
         .lock            flock'd while a start checks and records the run
-        logs/launcher.log, logs/rank<N>.log, logs/rank<N>.error.json
+        logs/launcher.log, logs/rank<N>.log, logs/rank<N>.idx, logs/rank<N>.error.json, logs/rank<N>.done
 
 Secrets are never written here (nor anywhere on the node): they live only in the
-run's processes' environments.
+run's processes' environments. Everything here is private to the node user:
+directories 0700, files 0600 (other users of a shared node read neither params nor logs).
 
 The record outlives the processes, so a finished run can be inspected later.
 Writes are atomic (temp file + rename): a reader never sees half a record.
@@ -33,7 +34,7 @@ TERMINAL = frozenset({SUCCEEDED, FAILED, KILLED})
 ACTIVE = frozenset({QUEUED, STARTING, RUNNING})
 
 
-def write_json(path: Path, data: Any, mode: int = 0o644) -> None:
+def write_json(path: Path, data: Any, mode: int = 0o600) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
@@ -74,7 +75,10 @@ class RunRecord:
     ended_at: float | None = None
     failed_rank: int | None = None
     failed_at: float | None = None
-    failed_node: str | None = None     # set when another node of the run was lost (by the control side)
+    failed_node: str | None = None     # the node of the run's first failure (the same on every node)
+    error_tail: list[str] = field(default_factory=list)   # the last lines of that failure's error
+    master_port: int | None = None     # the rendezvous port, chosen by node 0 when every node is admitted
+    coord_port: int | None = None      # node 0: the port of the run's coordinator
 
     @property
     def terminal(self) -> bool:
@@ -116,11 +120,6 @@ class RunDir:
         """Where an older invoker's Docker runtime kept secrets; removed on sight."""
         return self.path / "secrets.json"
 
-    @property
-    def peer_lost_path(self) -> Path:
-        """Written by a kill from the control side when another node of the run was lost."""
-        return self.path / "peer_lost.json"
-
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank{rank}.log"
 
@@ -132,6 +131,12 @@ class RunDir:
 
     def write(self, record: RunRecord) -> None:
         write_json(self.record_path, record.to_dict())
+
+    def make(self) -> None:
+        """Create the run's directories, private to the node user (0700 up to the state dir)."""
+        for d in (self.path.parent.parent, self.path.parent, self.path, self.logs):
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+            d.chmod(0o700)
 
     def spec(self) -> dict[str, Any]:
         return dict(json.loads(self.spec_path.read_text()))
@@ -155,35 +160,3 @@ def list_runs(state_dir: Path, project: str | None = None) -> list[RunDir]:
             if rd.exists():
                 out.append(rd)
     return out
-
-
-def first_failure(rd: RunDir) -> tuple[int, float] | None:
-    """(rank, time) of the earliest rank error recorded by the entrypoint, if any."""
-    best: tuple[int, float] | None = None
-    for p in rd.logs.glob("rank*.error.json"):
-        try:
-            d = json.loads(p.read_text())
-            rank, t = int(d["rank"]), float(d["time"])
-        except (OSError, ValueError, KeyError):
-            continue
-        if best is None or t < best[1]:
-            best = (rank, t)
-    return best
-
-
-def reserved_ports(state_dir: Path) -> set[int]:
-    """Rendezvous ports of this node's active runs that have their master here (node rank 0).
-
-    A queued run has not bound its port yet; ``free-port`` must not hand it out again.
-    """
-    ports: set[int] = set()
-    for rd in list_runs(state_dir):
-        try:
-            if rd.read().state not in ACTIVE:
-                continue
-            spec = rd.spec()
-            if int(spec.get("node_rank", -1)) == 0 and spec.get("master_port"):
-                ports.add(int(spec["master_port"]))
-        except (OSError, ValueError, TypeError):
-            continue
-    return ports

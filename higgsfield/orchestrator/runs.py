@@ -5,10 +5,15 @@ Transport, all nodes at once. Params are validated before anything starts; node
 ranks follow the order of ``nodes`` in higgsfield.yml; if any node fails to launch,
 the nodes that did start are stopped and the error names the failed node.
 
-Following a run (``follow_run``) watches every node's log stream: the node's
-invoker sends a heartbeat line every few seconds, so a node whose stream breaks
-(SSH down) or goes silent for ``LOST_AFTER_S`` is *lost*: the run is stopped on the
-other nodes and marked failed there, naming the lost node (:class:`NodeLost`).
+Whether a run goes on is decided by its nodes, never here (a laptop cannot tell a
+node that died from its own network dropping): the nodes' supervisors and the run's
+coordinator on node 0 fail it everywhere within seconds when any node's part fails
+or a node is lost (:mod:`higgsfield.invoker.coordinator`), with or without a control
+side. Following a run (``follow_run``) watches every node's log stream (the node's
+invoker sends a heartbeat line every few seconds): a stream that breaks or goes
+silent for ``LOST_AFTER_S`` is re-attached, skipping the lines already shown, so
+nothing is lost or shown twice; a node whose stream cannot be re-attached once the
+others have ended is reported (:class:`NodeLost`), and the run's status says the rest.
 
 Use::
 
@@ -41,13 +46,15 @@ from higgsfield.invoker.records import (
     STARTING,
     SUCCEEDED,
 )
-from higgsfield.orchestrator._output import invoke
+from higgsfield.orchestrator._output import UPGRADE_HINT, invoke
 from higgsfield.params import check_run_name, resolve
 from higgsfield.remote import Group, NodeResult, Transport, open_group
 from higgsfield.remote.invoker import invoker_argv, node_state_dir
 
 HEARTBEAT_S = 5.0
 LOST_AFTER_S = 30.0
+NOTICE = -2            # the rank of a LogLine that is this side's own notice (a re-attached stream), not a log
+REATTACH_TRIES = 3     # attempts at the lost stream of a run's only node (one when other nodes' streams ended)
 
 
 @dataclass
@@ -81,6 +88,7 @@ class RunStatus:
     failed_node: str | None = None
     failed_rank: int | None = None
     reason: str | None = None
+    error_tail: list[str] = field(default_factory=list)   # the last lines of the first failure's error
 
     @property
     def duration(self) -> float | None:
@@ -93,14 +101,16 @@ class RunStatus:
                 "nodes": list(self.nodes), "created_at": self.created_at, "started_at": self.started_at,
                 "ended_at": self.ended_at, "duration": self.duration, "exit_code": self.exit_code,
                 "failed_node": self.failed_node, "failed_rank": self.failed_rank, "reason": self.reason,
+                "error_tail": self.error_tail,
                 "node_states": {n: r.get("state") for n, r in self.nodes.items()}}
 
 
 class NodeLost(RunError):
-    """A node of a followed run stopped answering; the run was stopped on the others."""
+    """A node's log stream of a followed run broke and could not be re-attached (the run is not touched)."""
 
     def __init__(self, node: str, reason: str, run: str = "") -> None:
-        super().__init__(f"node {node} was lost{f' during run {run!r}' if run else ''}: {reason}")
+        super().__init__(f"lost the log stream of node {node}{f' (run {run})' if run else ''}: {reason}; "
+                         "whether the run goes on is up to its nodes (see 'higgsfield status')")
         self.node = node
         self.reason = reason
         self.run = run
@@ -109,7 +119,7 @@ class NodeLost(RunError):
 @dataclass(frozen=True)
 class LogLine:
     node: str
-    rank: int          # global rank; -1 for the launcher (torchrun) itself
+    rank: int          # global rank; -1 for the launcher (torchrun) itself, NOTICE for this side's notices
     text: str
 
 
@@ -154,29 +164,39 @@ async def start_run_async(cfg: Config, experiment: str, params: dict[str, Any], 
         raise RunError("--max-restarts must be >= 0")
     run = run_name or new_run_name(experiment)
     selected = _select_nodes(cfg, nodes)
-    module = exp.module
+    names = [str(n.name) for n in selected]
+    token = _random.token_hex(32)  # authenticates the run's nodes to its coordinator; sent on stdin only
     submitted_at = time.time()  # the FIFO order of every node's queue
     async with open_group(cfg, selected) as group:
         master = selected[0]
-        port = (await invoke(group.transports[0], cfg, ["free-port"],
-                              keys=("port",)))["port"]
         master_addr = "127.0.0.1" if master.is_local else master.host
 
-        async def launch(t: Transport) -> dict[str, Any]:
-            rank = group.transports.index(t)
-            node = selected[rank]
-            spec = {
-                "project": cfg.name, "experiment": experiment, "run": run, "module": module,
-                "code_dir": _code_dir(cfg, node), "src_dir": "src", "params": values,
-                "node": str(node.name), "node_rank": rank, "nnodes": len(selected),
-                "nproc": cfg.node_nproc(node), "master_addr": master_addr, "master_port": port,
-                "max_restarts": max_restarts, "runtime": cfg.runtime,
-                "exclusive": exclusive, "submitted_at": submitted_at,
-            }
-            payload = json.dumps({"spec": spec, "secrets": secrets or {}})
-            return dict(await invoke(t, cfg, ["start"], input=payload, keys=("state", "run")))
+        def launcher(coordinator: dict[str, Any] | None) -> Any:
+            async def launch(t: Transport) -> dict[str, Any]:
+                rank = group.transports.index(t)
+                node = selected[rank]
+                spec = {
+                    "project": cfg.name, "experiment": experiment, "run": run, "module": exp.module,
+                    "code_dir": _code_dir(cfg, node), "src_dir": "src", "params": values,
+                    "node": str(node.name), "node_rank": rank, "nnodes": len(selected), "nodes": names,
+                    "nproc": cfg.node_nproc(node), "master_addr": master_addr, "coordinator": coordinator,
+                    "max_restarts": max_restarts, "runtime": cfg.runtime,
+                    "exclusive": exclusive, "submitted_at": submitted_at,
+                }
+                payload = json.dumps({"spec": spec, "secrets": secrets or {}, "token": token})
+                return dict(await invoke(t, cfg, ["start"], input=payload, keys=("state", "run")))
+            return launch
 
-        results = await group.run(launch, timeout=cfg.ssh.connect_timeout + 120)
+        # Node 0 first: its start binds the run's coordinator port, which the others are started with.
+        timeout = cfg.ssh.connect_timeout + 120
+        results = await Group(group.transports[:1]).run(launcher(None), timeout=timeout)
+        port = results[0].value.get("coord_port") if results[0].ok and results[0].value else None
+        if results[0].ok and not port:
+            results[0] = NodeResult(names[0], 0, error=RunError(
+                f"the invoker on {names[0]} started no run coordinator ({UPGRADE_HINT})"))
+        if results[0].ok and len(selected) > 1:
+            coordinator = {"host": master_addr, "port": port, "node": names[0]}
+            results += await Group(group.transports[1:]).run(launcher(coordinator), timeout=timeout)
         failed = [r for r in results if not r.ok]
         if failed:
             # Every node, not only those that answered: one that timed out may have a supervisor running.
@@ -188,20 +208,15 @@ async def start_run_async(cfg: Config, experiment: str, params: dict[str, Any], 
                            + (f" (stopped it on {', '.join(stopped)})" if stopped else "")
                            + (f"; could not stop it on {'; '.join(f'{k.node}: {k.reason}' for k in unkilled)}"
                               f" (run 'higgsfield kill {run}')" if unkilled else ""))
-    return RunHandle(cfg.name, experiment, run, [str(n.name) for n in selected],
-                     [r.value for r in results if r.value is not None])
+    return RunHandle(cfg.name, experiment, run, names, [r.value for r in results if r.value is not None])
 
 
-async def _kill_on(group: Group, cfg: Config, run: str, *, failed_node: str | None = None,
-                   reason: str | None = None, missing_ok: bool = False) -> list[NodeResult[Any]]:
+async def _kill_on(group: Group, cfg: Config, run: str, *, missing_ok: bool = False) -> list[NodeResult[Any]]:
     """Kill ``run`` on every node of ``group``; with ``missing_ok`` a node without it answers {"missing": true}."""
-    extra = ["--failed-node", failed_node, "--reason", reason or f"node {failed_node} was lost"] \
-        if failed_node else []
-    extra += ["--missing-ok"] if missing_ok else []
+    extra = ["--missing-ok"] if missing_ok else []
 
     async def one(t: Transport) -> Any:
-        return await invoke(t, cfg, ["kill", "--project", cfg.name, "--run", run, *extra],
-                             timeout=60)
+        return await invoke(t, cfg, ["kill", "--project", cfg.name, "--run", run, *extra], timeout=60)
 
     return await group.run(one, timeout=cfg.ssh.connect_timeout + 60)
 
@@ -239,24 +254,36 @@ def _merge(records: list[dict[str, Any]]) -> list[RunStatus]:
             state = RUNNING if RUNNING in states else STARTING
         else:
             state = sorted(states)[0]
-        lost = next((r for r in recs if r.get("failed_node")), None)
-        failures = [r for r in recs if r.get("failed_rank") is not None]
-        first = min(failures, key=lambda r: r.get("failed_at") or 0) if failures else None
-        if first is None:
-            first = next((r for r in recs if r["state"] == FAILED), None)
+        first = _first_failure(recs) if state == FAILED else None
+        failing = next((r for r in recs if first and r["node"] == first.get("failed_node")), None)
         starts = [r["started_at"] for r in recs if r.get("started_at")]
         ends = [r["ended_at"] for r in recs if r.get("ended_at")]
         codes = [r["exit_code"] for r in recs if r.get("exit_code")]
+        if failing is not None and failing.get("exit_code"):
+            codes.insert(0, failing["exit_code"])  # the run's exit code: the failing node's
         out.append(RunStatus(
             project=recs[0]["project"], experiment=recs[0]["experiment"], run=run, state=state,
             nodes={r["node"]: r for r in recs}, created_at=min(r["created_at"] for r in recs),
             started_at=min(starts) if starts else None,
             ended_at=max(ends) if ends and state not in ACTIVE else None,
             exit_code=codes[0] if codes else (0 if state == SUCCEEDED else None),
-            failed_node=lost["failed_node"] if lost else (first["node"] if first else None),
-            failed_rank=None if lost else (first.get("failed_rank") if first else None),
-            reason=(lost or first or {}).get("reason")))
+            failed_node=first.get("failed_node") if first else None,
+            failed_rank=first.get("failed_rank") if first else None,
+            reason=first.get("reason") if first else None,
+            error_tail=list(first.get("error_tail") or []) if first else []))
     return sorted(out, key=lambda s: s.created_at)
+
+
+def _first_failure(recs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The record that names the run's first failure: every node records the coordinator's verdict,
+    so they agree; when they do not (a node cut off), the earliest failure wins."""
+    failed = [r for r in recs if r["state"] == FAILED]
+    if not failed:
+        return None
+    named = [r for r in failed if r.get("failed_node")]
+    if named:
+        return min(named, key=lambda r: (r.get("failed_at") is None, r.get("failed_at") or 0.0))
+    return {**failed[0], "failed_node": failed[0]["node"]}
 
 
 def list_runs(cfg: Config) -> tuple[list[RunStatus], list[NodeResult[Any]]]:
@@ -294,17 +321,24 @@ async def stream_logs(cfg: Config, status: RunStatus, *, follow: bool = False, n
 
     Within a rank lines keep their order. A node whose logs cannot be read is
     reported after the other nodes' lines (RunError naming it). With ``lost_after``
-    (following only), a node whose stream breaks or sends nothing, not even a
-    heartbeat, for that many seconds raises :class:`NodeLost` at once.
+    (following only), a node's stream that breaks or sends nothing, not even a
+    heartbeat, for that many seconds is re-attached (a ``NOTICE`` line says so): the
+    node sends its logs again from the start and the lines already given are
+    skipped, rank by rank, so none is lost or repeated. Once every other stream has
+    ended, a stream that still cannot be re-attached raises :class:`NodeLost`.
     """
     nodes = [cfg.node(n) for n in status.nodes if node is None or n == node or cfg.node(n).host == node]
     if not nodes:
         raise RunError(f"run '{status.run}' does not run on node '{node}' (nodes: {', '.join(status.nodes)})")
     watch = bool(follow and lost_after)
-    queue: asyncio.Queue[LogLine | tuple[str, BaseException | None]] = asyncio.Queue(maxsize=10000)
+    queue: asyncio.Queue[LogLine | tuple[str, int, BaseException | None]] = asyncio.Queue(maxsize=10000)
     last_seen: dict[str, float] = {}
+    given: dict[str, dict[int, int]] = {}   # node -> rank -> lines yielded (what a re-attached stream skips)
+    generation: dict[str, int] = {}
     async with open_group(cfg, nodes) as group:
-        async def pump(t: Transport) -> None:
+        by_node = {t.node: t for t in group.transports}
+
+        async def pump(t: Transport, gen: int) -> None:
             n = cfg.node(t.node)
             args = ["logs", "--project", cfg.name, "--run", status.run]
             args += ["--follow"] if follow else []
@@ -312,6 +346,8 @@ async def stream_logs(cfg: Config, status: RunStatus, *, follow: bool = False, n
             args += ["--since", f"{since:.3f}"] if since is not None else []
             for r in ranks:
                 args += ["--rank", str(r)]
+            seen = given.setdefault(t.node, {})
+            skip = dict(seen)
             error: BaseException | None = None
             try:
                 last_seen[t.node] = time.monotonic()
@@ -319,16 +355,27 @@ async def stream_logs(cfg: Config, status: RunStatus, *, follow: bool = False, n
                     last_seen[t.node] = time.monotonic()
                     if raw == "#hb":
                         continue
-                    rank, _, text = raw.partition("\t")
-                    await queue.put(LogLine(t.node, int(rank) if rank.lstrip("-").isdigit() else -1, text))
+                    head, _, text = raw.partition("\t")
+                    rank = int(head) if head.lstrip("-").isdigit() else -1
+                    if skip.get(rank, 0) > 0:
+                        skip[rank] -= 1
+                        continue
+                    seen[rank] = seen.get(rank, 0) + 1
+                    await queue.put(LogLine(t.node, rank, text))
             except Exception as e:  # noqa: BLE001 - surfaced to the reader
                 error = e
             finally:
-                await queue.put((t.node, error))
+                await queue.put((t.node, gen, error))
 
-        tasks = [asyncio.create_task(pump(t)) for t in group.transports]
-        open_nodes = {t.node for t in group.transports}
+        def attach(name: str) -> asyncio.Task[None]:
+            generation[name] = generation.get(name, 0) + 1
+            return asyncio.create_task(pump(by_node[name], generation[name]))
+
+        tasks = {t.node: attach(t.node) for t in group.transports}
+        open_nodes = set(tasks)
         errors: dict[str, BaseException] = {}
+        retry_at: dict[str, float] = {}
+        tries: dict[str, int] = {}
         try:
             while open_nodes:
                 try:
@@ -336,24 +383,46 @@ async def stream_logs(cfg: Config, status: RunStatus, *, follow: bool = False, n
                 except asyncio.TimeoutError:
                     item = None
                 if isinstance(item, LogLine):
+                    tries.pop(item.node, None)
                     yield item
                 elif item is not None:
-                    name, err = item
-                    open_nodes.discard(name)
-                    if err is not None:
-                        if watch:
-                            raise NodeLost(name, _why(err), status.run)
+                    name, gen, err = item
+                    if gen != generation.get(name):
+                        pass   # a stream already given up for silence
+                    elif err is None:
+                        open_nodes.discard(name)
+                    elif watch:
+                        retry_at[name] = time.monotonic() + min(5.0, 2.0 ** tries.get(name, 0))
+                        errors[name] = err
+                        yield LogLine(name, NOTICE, f"lost the log stream ({_why(err)}); re-attaching")
+                    else:
+                        open_nodes.discard(name)
                         errors[name] = err
                 if watch:
                     now = time.monotonic()
                     for name in sorted(open_nodes):
-                        if now - last_seen.get(name, now) > float(lost_after or 0):
-                            raise NodeLost(name, f"no answer for {now - last_seen[name]:.0f}s", status.run)
+                        if name not in retry_at and now - last_seen.get(name, now) > float(lost_after or 0):
+                            tasks[name].cancel()
+                            generation[name] += 1
+                            errors[name] = RunError(f"no answer for {now - last_seen[name]:.0f}s")
+                            retry_at[name] = now
+                            yield LogLine(name, NOTICE, f"no answer for {now - last_seen[name]:.0f}s; re-attaching")
+                        # Once every other stream has ended the run is over there, so over here too (its
+                        # nodes saw to it): one last try for this node's lines, at once, unless it runs alone.
+                        others_done = set(retry_at) >= open_nodes
+                        if name in retry_at and (now >= retry_at[name] or others_done and len(by_node) > 1):
+                            if others_done:
+                                tries[name] = tries.get(name, 0) + 1
+                                if tries[name] > (1 if len(by_node) > 1 else REATTACH_TRIES):
+                                    raise NodeLost(name, _why(errors[name]), status.run)
+                            del retry_at[name]
+                            last_seen[name] = now
+                            tasks[name] = attach(name)
         finally:
-            for task in tasks:
+            for task in tasks.values():
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        if errors:
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+        if errors and not watch:
             detail = "; ".join(f"{n}: {_why(e)}" for n, e in errors.items())
             raise RunError(f"could not read the logs of run '{status.run}' on {len(errors)} node(s): {detail}")
 
@@ -444,16 +513,9 @@ def iter_logs(cfg: Config, status: RunStatus, **kw: Any) -> Iterator[LogLine]:
 
 async def follow_run_async(cfg: Config, status: RunStatus, *, lost_after: float = LOST_AFTER_S,
                            **kw: Any) -> AsyncIterator[LogLine]:
-    """Follow a run's logs to its end; if a node is lost, stop the run on the others and raise NodeLost."""
-    try:
-        async for line in stream_logs(cfg, status, follow=True, lost_after=lost_after, **kw):
-            yield line
-    except NodeLost as lost:
-        survivors = [cfg.node(n) for n in status.nodes if n != lost.node]
-        async with open_group(cfg, survivors) as group:
-            await _kill_on(group, cfg, status.run, failed_node=lost.node,
-                           reason=f"node {lost.node} was lost: {lost.reason}")
-        raise
+    """Follow a run's logs to its end, re-attaching a node's stream that breaks (the nodes decide the run)."""
+    async for line in stream_logs(cfg, status, follow=True, lost_after=lost_after, **kw):
+        yield line
 
 
 def follow_run(cfg: Config, target: str | RunStatus, **kw: Any) -> Iterator[LogLine]:

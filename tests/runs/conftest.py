@@ -84,19 +84,42 @@ def _install_invoker(tb, venv: Path, i: int) -> None:  # type: ignore[no-untyped
 
 
 PROBE = '''\
-"""Prints what reaches a run: the length of its secret (never the value), then sleeps."""
+"""Prints what reaches a run (the length of its secret, never the value), then waits, and can fail.
+
+sleep: seconds to run; gate: run until the file RUN_DIR/<gate> exists instead (the test's switch);
+fail_rank/fail_after/how: that rank fails after that many seconds, by an exception (raise), a
+SIGABRT (abort) or a SIGKILL (kill9, as the OOM killer does). No collective: the other ranks would
+run on unless higgsfield stops them.
+"""
 import os
+import signal
 import time
+from pathlib import Path
 
 from higgsfield.experiment import experiment, param
 
 
 @experiment("probe")
 @param("sleep", default=0.0)
+@param("gate", default="")
+@param("fail_rank", default=-1)
+@param("fail_after", default=3.0)
+@param("how", default="raise", options=["raise", "abort", "kill9"])
 def probe(params):
     print(f"rank={params.rank} secret_len={len(os.environ.get('HF_TEST_SECRET', ''))}", flush=True)
-    end = time.time() + params.sleep
-    while time.time() < end:
+    gate = Path(os.environ["HIGGSFIELD_RUN_DIR"]) / params.gate if params.gate else None
+    start = time.time()
+    while True:
+        if params.rank == params.fail_rank and time.time() - start >= params.fail_after:
+            print(f"rank {params.rank} fails now ({params.how})", flush=True)
+            if params.how == "abort":
+                os.abort()
+            if params.how == "kill9":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError(f"probe failure on rank {params.rank}")
+        done = gate.exists() if gate is not None else time.time() - start >= params.sleep
+        if done:
+            return
         time.sleep(0.1)
 '''
 

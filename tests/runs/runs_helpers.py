@@ -71,3 +71,27 @@ def run_processes(run_dir: Path) -> list[int]:
         except OSError:
             continue
     return out
+
+
+def status(c: Cluster) -> dict[str, dict]:  # type: ignore[type-arg]
+    """``higgsfield status --json``: run name -> its merged status."""
+    import json
+
+    r = c.hf("status", "--json", timeout=120)
+    return {x["run"]: x for x in json.loads(r.stdout)["runs"]}
+
+
+def record(c: Cluster, i: int, run: str) -> dict:  # type: ignore[type-arg]
+    """Node i's record of ``run`` read from its disk ({} while there is none)."""
+    import json
+
+    try:
+        return dict(json.loads((c.run_dir(i, run) / "run.json").read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def containers(run: str) -> list[str]:
+    out = subprocess.run([exe("docker"), "ps", "-a", "--format", "{{.Names}}", "--filter",
+                          "label=org.higgsfield.run=" + run], capture_output=True, text=True, check=True).stdout
+    return out.split()

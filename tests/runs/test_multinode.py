@@ -190,14 +190,22 @@ def test_kill_within_10s_leaves_nothing(deployed: Cluster) -> None:
     print(f"\nkill of a 3-node docker run: {took:.1f}s (CLI start to every node stopped)")
 
 
+def _open_gate(c: Cluster, run: str, nodes: int) -> None:
+    """Let a probe run with ``gate=go`` end: the file it waits for, in its run dir on each node."""
+    for i in range(nodes):
+        (c.run_dir(i, run) / "go").touch()
+
+
 def test_queue_same_slots_wait_fifo_and_disjoint_slots_share(deployed: Cluster) -> None:
+    # Every run here ends when the test says so (a gate file), never after a fixed time: under load a
+    # timed run could end before the test looked at the queue (the flake this test once had).
     c = deployed
     first, second, third = _name("qa"), _name("qb"), _name("qc")
-    c.hf("run", "regression", "-p", "steps=25", "-p", "step_sleep=0.4", "--run-name", first, "--nodes", "2",
-         "--exclusive", "--detach", check=True, timeout=300)
-    c.hf("run", "regression", "-p", "steps=3", "--run-name", second, "--nodes", "2", "--exclusive", "--detach",
+    c.hf("run", "probe", "-p", "gate=go", "--run-name", first, "--nodes", "2", "--exclusive", "--detach",
          check=True, timeout=300)
-    c.hf("run", "regression", "-p", "steps=3", "--run-name", third, "--nodes", "2", "--exclusive", "--detach",
+    c.hf("run", "probe", "-p", "sleep=1", "--run-name", second, "--nodes", "2", "--exclusive", "--detach",
+         check=True, timeout=300)
+    c.hf("run", "probe", "-p", "sleep=1", "--run-name", third, "--nodes", "2", "--exclusive", "--detach",
          check=True, timeout=300)
     wait_for(lambda: _state(c, first) == "running", 300, f"{first} running")
     st = _status(c)
@@ -211,20 +219,26 @@ def test_queue_same_slots_wait_fifo_and_disjoint_slots_share(deployed: Cluster) 
         [exe("su"), "-", "hfnode0", "-c", ".hfrt/venv/bin/higgsfield invoker --state-dir .hfrt queue"],
         capture_output=True, text=True, check=True).stdout)
     assert [e["run"] for e in queue] == [first, second]
+    assert queue[0]["committed"] and queue[0]["port"] and queue[1]["slots"] is None
+    _open_gate(c, first, 2)
     wait_for(lambda: _state(c, second) == "succeeded", 400, f"{second} to run after {first}")
     st = _status(c)
     assert st[first]["state"] == "succeeded"
-    assert st[second]["started_at"] >= st[first]["ended_at"] - 1.0, "the queued run overlapped the first"
+    # gang admission: the second started on no node before the first had ended on every node
+    assert st[second]["started_at"] >= st[first]["ended_at"], "the queued run overlapped the first"
     assert "queued: wants 2 of" in c.hf("logs", second, "--node", "hfnode0", timeout=60).stdout
 
-    # CPU nodes have one slot per core (2 here): two 1-process runs fit side by side
+    # CPU nodes have one slot per core (2 here): two 1-process runs fit side by side, on distinct ports
     a, b = _name("sa"), _name("sb")
     for name in (a, b):
-        c.hf("run", "regression", "-p", "steps=60", "-p", "step_sleep=0.3", "--run-name", name, "--nodes", "1",
-             "--detach", check=True, timeout=300)
+        c.hf("run", "probe", "-p", "gate=go", "--run-name", name, "--nodes", "1", "--detach", check=True,
+             timeout=300)
     wait_for(lambda: {_status(c)[a]["state"], _status(c)[b]["state"]} == {"running"}, 300, "both running at once")
-    c.hf("kill", a, check=True, timeout=60)
-    c.hf("kill", b, check=True, timeout=60)
+    ports = {json.loads((c.run_dir(0, x) / "run.json").read_text())["master_port"] for x in (a, b)}
+    assert len(ports) == 2, "two runs at once share a rendezvous port"
+    _open_gate(c, a, 1)
+    _open_gate(c, b, 1)
+    wait_for(lambda: {_status(c)[a]["state"], _status(c)[b]["state"]} == {"succeeded"}, 300, "both to end")
 
 
 def test_node_dying_mid_run_fails_the_run_naming_it(deployed: Cluster) -> None:

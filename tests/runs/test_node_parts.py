@@ -1,12 +1,12 @@
 """Fast tests of the node-side parts: the queue, container names, image tags, deploy unpacking, archives,
-the container launcher, pid identity, kill/start races, log reads, the rendezvous port."""
+the container launcher, pid identity, kill/start races, log reads, the rendezvous port.
+(The coordinator, the failure report and the process environment: test_coordination.py.)"""
 
 from __future__ import annotations
 
 import io
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -20,10 +20,10 @@ import pytest
 from runs_helpers import exe
 
 from higgsfield.errors import RunError
-from higgsfield.invoker import logs, pids, process, queue
+from higgsfield.invoker import coordinator, logs, pids, process, queue, supervisor, torchrun
 from higgsfield.invoker.containers import container_name, image_tag
 from higgsfield.invoker.deploy import deployed, unpack
-from higgsfield.invoker.records import RunDir, RunRecord, reserved_ports, write_json
+from higgsfield.invoker.records import RunDir, RunRecord, write_json
 from higgsfield.orchestrator.deployment import make_archive
 from higgsfield.ports import RENDEZVOUS_PORTS, free_port
 
@@ -70,6 +70,36 @@ def test_queue_exclusive_and_dead_holders(tmp_path: Path) -> None:
     queue._save(tmp_path, [ghost])
     me = _entry("me", 2, 1.0, exclusive=True)
     assert queue.try_acquire(tmp_path, me, queue.Capacity(2, False)) == [0, 1]  # a dead supervisor's slots free
+
+
+def test_queue_an_older_run_takes_back_slots_not_yet_committed_never_committed_ones(tmp_path: Path) -> None:
+    # Two runs reach two nodes in opposite orders: on this node the younger came first. Neither may keep
+    # half of what the other needs, so the older takes back what the younger holds but has not committed.
+    cap = queue.Capacity(2, False)
+    young = _entry("young", 2, 5.0, exclusive=True)
+    assert queue.try_acquire(tmp_path, young, cap) == [0, 1]
+    old = _entry("old", 2, 1.0, exclusive=True)
+    assert queue.try_acquire(tmp_path, old, cap) == [0, 1]
+    assert queue.holds(tmp_path, young, cap) is None and not queue.commit(tmp_path, young.key)
+    assert queue.commit(tmp_path, old.key)
+    older = _entry("older", 2, 0.5, exclusive=True)     # committed slots are never taken back
+    assert queue.try_acquire(tmp_path, older, cap) is None and queue.holds(tmp_path, old, cap) == [0, 1]
+    queue.uncommit(tmp_path, old.key)                   # another node of "old" lost its slots: start over
+    assert queue.holds(tmp_path, old, cap) is None and queue.try_acquire(tmp_path, older, cap) == [0, 1]
+    queue.release(tmp_path, "p", "older")
+    assert queue.try_acquire(tmp_path, old, cap) == [0, 1] and queue.holds(tmp_path, young, cap) is None
+    assert [e.run for e in queue.snapshot(tmp_path)] == ["old", "young"]
+
+
+def test_the_process_runtime_gives_torchrun_a_minimal_environment(tmp_path: Path) -> None:
+    rd = RunDir(tmp_path, "p", "r")
+    spec = {"project": "p", "experiment": "e", "run": "r", "node": "n", "cuda_visible_devices": "1,2"}
+    base = {"PATH": "/usr/bin", "HOME": "/home/u", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "USER": "u",
+            "SSH_AUTH_SOCK": "/tmp/agent", "AWS_SECRET_ACCESS_KEY": "leak", "PYTHONPATH": "/elsewhere",
+            "HIGGSFIELD_DEBUG": "1"}
+    env = torchrun.process_env(spec, rd, {"HF_TOKEN": "s3"}, base=base)
+    assert env == {"PATH": "/usr/bin", "HOME": "/home/u", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "USER": "u",
+                   "HF_TOKEN": "s3", "CUDA_VISIBLE_DEVICES": "1,2", **torchrun.run_vars(spec, rd)}
 
 
 def test_container_names_carry_node_and_are_valid() -> None:
@@ -211,31 +241,39 @@ def test_refresh_and_kill_never_signal_a_reused_supervisor_pid(tmp_path: Path) -
         bystander.wait()
 
 
-def test_a_kill_landing_just_after_the_marker_check_still_stops_torchrun(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def _supervisor(tmp_path: Path, **spec: object) -> tuple[supervisor.Supervisor, RunDir]:
+    """A supervisor of run p/r on node n (not connected to any coordinator)."""
     rd = RunDir(tmp_path, "p", "r")
-    rd.logs.mkdir(parents=True)
-    rec = RunRecord(project="p", experiment="e", run="r", node="n", node_rank=0, nnodes=1, nproc=1, state="starting")
-    rd.write(rec)
-    monkeypatch.setattr(process, "torchrun_argv",
-                        lambda spec, rd, python: [sys.executable, "-c", "import time; time.sleep(30)"])
-    real_popen = subprocess.Popen
+    rd.make()
+    rd.write(RunRecord(project="p", experiment="e", run="r", node="n", node_rank=0, nnodes=1, nproc=1,
+                       state="starting"))
+    full = {"project": "p", "experiment": "e", "run": "r", "node": "n", "node_rank": 0, "nnodes": 1, "nproc": 1,
+            "master_addr": "127.0.0.1", "code_dir": str(tmp_path), "runtime": "process",
+            "coordinator": {"host": "127.0.0.1", "port": 9}, **spec}
+    write_json(rd.spec_path, full)
+    return supervisor.Supervisor(tmp_path, rd, full, {}, "t" * 64), rd
 
-    def popen_then_kill(*a: object, **kw: object) -> subprocess.Popen[bytes]:
-        proc = real_popen(*a, **kw)  # type: ignore[call-overload]
-        rd.kill_marker.touch()       # the kill arrives while torchrun starts, before its pid is recorded
-        return proc
 
-    monkeypatch.setattr(subprocess, "Popen", popen_then_kill)
-    old = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-    try:
-        t0 = time.monotonic()
-        spec = {"code_dir": str(tmp_path), "project": "p", "experiment": "e", "run": "r"}
-        rc = process._supervise_process(spec, rd, rec, {})
-        assert time.monotonic() - t0 < 10 and rc != 0
-    finally:
-        signal.signal(signal.SIGTERM, old[0])
-        signal.signal(signal.SIGINT, old[1])
+def test_a_kill_landing_just_after_torchrun_starts_still_stops_it(tmp_path: Path) -> None:
+    sup, rd = _supervisor(tmp_path)
+    handle = torchrun.ProcessRun([sys.executable, "-c", "import time; time.sleep(30)"], rd, cwd=None,
+                                 env=dict(os.environ))
+    rd.kill_marker.touch()       # the kill arrived while torchrun started, before its pid was recorded
+    t0 = time.monotonic()
+    rc, cause = sup._watch(handle, {"stop_grace": 1.0})
+    assert time.monotonic() - t0 < 10 and rc != 0 and cause == {"t": "killed"}
+    assert handle.poll() is not None
+
+
+def test_a_supervisor_without_its_coordinator_fails_the_run_naming_node_0(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(supervisor, "JOIN_S", 1.0)   # nothing listens on port 9
+    sup, rd = _supervisor(tmp_path, nodes=["n0", "n"], node_rank=1, nnodes=2)
+    queue_state = tmp_path
+    assert sup.run() == 0
+    rec = rd.read()
+    assert rec.state == "failed" and rec.failed_node == "n0" and "cannot reach the run's coordinator" in rec.reason
+    assert queue.snapshot(queue_state) == []          # it never held slots it could leak
 
 
 def test_two_starts_of_one_run_name_at_once_one_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -306,12 +344,21 @@ def test_free_port_is_in_the_rendezvous_range_and_skips_reserved_and_bound(tmp_p
     first = free_port()
     assert lo <= first <= hi
     assert free_port(reserved={first}) != first
-    # an active run whose master is here holds its port even while queued (not bound yet)
-    rd = RunDir(tmp_path, "p", "q")
-    rd.write(RunRecord(project="p", experiment="e", run="q", node="n", node_rank=0, nnodes=2, nproc=1,
-                       state="queued"))
-    write_json(rd.spec_path, {"node_rank": 0, "master_port": first})
-    assert reserved_ports(tmp_path) == {first}
+    # two runs of node 0 reserve distinct rendezvous ports (kept in the queue until they end)
+    cap = queue.Capacity(2, False)
+    for run in ("a", "b"):
+        assert queue.try_acquire(tmp_path, _entry(run, 1, 1.0), cap) is not None
+    pa, pb = queue.reserve_port(tmp_path, ("p", "a")), queue.reserve_port(tmp_path, ("p", "b"))
+    assert pa != pb and queue.reserved_ports(tmp_path) == {pa, pb}
+    assert queue.reserve_port(tmp_path, ("p", "a")) != pb       # re-reserving never takes another run's
+    queue.release(tmp_path, "p", "b")
+    again = queue.reserve_port(tmp_path, ("p", "a"))
+    assert queue.reserved_ports(tmp_path) == {again}
+    # the coordinator's port: in the range, bound (so no one else gets it), never a reserved one
+    with coordinator.listen(reserved=set(range(lo, hi - 1))) as sock:
+        port = sock.getsockname()[1]
+        assert port in (hi - 1, hi) or not lo <= port <= hi
+        assert port not in {free_port(ports=(port, port))}
     with socket.socket() as a:   # a whole range busy: an ephemeral port instead
         a.bind(("", 0))
         p = a.getsockname()[1]
@@ -368,21 +415,11 @@ def test_a_docker_engine_going_away_mid_run_fails_the_run_with_the_reason(tmp_pa
             Client.closed = True
 
     monkeypatch.setattr(containers, "client", lambda timeout=None: Client())
-    rd = RunDir(tmp_path, "p", "r")
-    rd.logs.mkdir(parents=True)
-    rec = RunRecord(project="p", experiment="e", run="r", node="n", node_rank=0, nnodes=1, nproc=1, state="starting",
-                    runtime="docker")
-    rd.write(rec)
-    spec = {"project": "p", "experiment": "e", "run": "r", "node": "n", "nnodes": 1, "node_rank": 0, "nproc": 1,
-            "master_addr": "127.0.0.1", "master_port": 29500, "code_dir": str(tmp_path), "image": "img",
-            "container": "hf-p-e-r-n"}
-    old = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-    try:
-        rc = process._supervise_container(spec, rd, rec, {"HF_S": "s3cr3t"})
-    finally:
-        signal.signal(signal.SIGTERM, old[0])
-        signal.signal(signal.SIGINT, old[1])
-    assert rc == 1 and Client.closed
+    sup, rd = _supervisor(tmp_path, runtime="docker", image="img", container="hf-p-e-r-n")
+    handle = containers.ContainerRun(sup.spec, rd, ["python", "-m", "torch.distributed.run"],
+                                     torchrun.container_env(sup.spec, rd), secrets={"HF_S": "s3cr3t"})
     assert sent == [b'{"HF_S": "s3cr3t"}\n']
-    final = process._finish(rd, None, rc)
-    assert final.state == "failed" and "lost the Docker engine" in (final.reason or "")
+    rc, cause = sup._watch(handle, sup.spec)
+    assert isinstance(rc, str) and "lost the Docker engine" in rc and cause is None and Client.closed
+    final = supervisor.finish(rd, "failed", None, sup._own_failure(rc))
+    assert final.state == "failed" and "lost the Docker engine" in (final.reason or "") and final.failed_node == "n"
