@@ -32,6 +32,7 @@ from faults_helpers import (
     lines_by_rank,
     log_has,
     name,
+    poll,
     report,
     signal_all,
     sshd_sessions_running,
@@ -107,10 +108,24 @@ class _Reader:
 
 
 def _steps(lines: list[str]) -> dict[tuple[str, str], list[int]]:
+    """(node, rank) -> the step numbers its lines carry, in order; the launcher's own lines left out."""
     out = {}
     for key, texts in lines_by_rank("\n".join(lines)).items():
-        out[key] = [int(t.split()[1]) for t in texts if t.startswith("step ")]
+        if key[1] != "launcher":
+            out[key] = [int(t.split()[1]) for t in texts if t.startswith("step ")]
     return out
+
+
+def _wait_streamed(seen: _Reader, timeout: float = 300) -> None:
+    """Every rank's first 10 steps reached the attached process's stdout (its output shown if not)."""
+    def ok() -> bool:
+        got = _steps(seen.lines)
+        return len(got) == 3 and all(len(v) >= 10 for v in got.values())
+
+    if poll(ok, timeout) is None:
+        err = seen.proc.stderr.read() if seen.proc.poll() is not None and seen.proc.stderr else "(still running)"
+        raise AssertionError(f"{timeout:.0f}s without every rank's first 10 steps on stdout; last lines: "
+                             f"{seen.lines[-8:]}; stderr: {err[-1500:]}")
 
 
 def _drop_connection(i: int, *needles: str) -> list[int]:
@@ -141,8 +156,7 @@ def test_a_dropped_connection_of_the_attached_run_does_not_stop_the_run(faults: 
     attached = _popen(c, "run", "regression", "-p", "steps=100000", "-p", "step_sleep=0.1", "--run-name", run)
     try:
         seen = _Reader(attached)
-        wait_for(lambda: len(_steps(seen.lines)) == 3 and all(len(v) >= 10 for v in _steps(seen.lines).values()),
-                 300, "every rank's first 10 steps streamed to 'higgsfield run'")
+        _wait_streamed(seen)
         _drop_connection(9, "logs", run)
         t0 = time.monotonic()
         went_on = _going_on(c, run, watch=8.0)
@@ -168,8 +182,7 @@ def test_the_control_machine_going_away_mid_run_loses_no_log_line(faults: FaultC
     follower: subprocess.Popen[str] | None = None
     try:
         seen = _Reader(attached)
-        wait_for(lambda: len(_steps(seen.lines)) == 3 and all(len(v) >= 10 for v in _steps(seen.lines).values()),
-                 300, "every rank's first 10 steps streamed to 'higgsfield run'")
+        _wait_streamed(seen)
         # 1. the laptop is gone: 'higgsfield run' dies without a word (its connections close)
         attached.kill()
         attached.wait(30)
