@@ -59,6 +59,9 @@ bench: install
 	$(BIN)/python bench/cli_start.py
 	$(BIN)/python bench/train_overhead.py
 	$(BIN)/python bench/packing.py
+	-$(BIN)/python bench/setup_fanout.py
+	-$(BIN)/python bench/launch_latency.py
+	-$(BIN)/python bench/log_stream.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
