@@ -38,7 +38,6 @@ through the invoker).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -50,11 +49,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from higgsfield.errors import RunError
+from higgsfield.invoker.locks import exclusive
 
 DEFAULT_TORCH = "torch"
 """Added when requirements.txt names no torch (pip then picks the newest build for the node)."""
@@ -211,16 +211,9 @@ def python_for_run(state_dir: Path, project: str, code_dir: Path) -> str:
 
 # -- build --------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def _locked(root: Path) -> Iterator[None]:
+def _locked(root: Path) -> contextlib.AbstractContextManager[None]:
     """One build per project and node at a time (two deploys at once wait for each other)."""
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    return exclusive(root / ".lock")
 
 
 def link_invoker(env_dir: Path) -> None:

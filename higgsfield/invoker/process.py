@@ -30,7 +30,6 @@ user (umask 0077; the run's directories 0700).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -43,6 +42,7 @@ from typing import Any
 
 from higgsfield.errors import RunError
 from higgsfield.invoker import pids, queue
+from higgsfield.invoker.locks import exclusive
 from higgsfield.invoker.records import (
     ACTIVE,
     FAILED,
@@ -105,16 +105,10 @@ def choose_runtime(state_dir: Path, spec: dict[str, Any]) -> tuple[str, str | No
     return "process", None
 
 
-@contextlib.contextmanager
-def _run_lock(rd: RunDir) -> Any:
+def _run_lock(rd: RunDir) -> contextlib.AbstractContextManager[None]:
     """An exclusive ``flock`` of the run's ``.lock`` (held while a start checks and records the run)."""
     rd.make()
-    fd = os.open(rd.path / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    return exclusive(rd.path / ".lock")
 
 
 def launch(state_dir: Path, spec: dict[str, Any], secrets: dict[str, str], token: str = "") -> RunRecord:

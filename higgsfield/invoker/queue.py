@@ -41,16 +41,16 @@ Use (in the supervisor)::
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from higgsfield.invoker import pids
+from higgsfield.invoker.locks import exclusive
 
 
 @dataclass
@@ -92,15 +92,8 @@ def wanted(nproc: int, exclusive: bool, cap: Capacity) -> int:
     return min(nproc, cap.slots) if not cap.gpus else nproc
 
 
-@contextlib.contextmanager
-def _locked(state_dir: Path) -> Iterator[None]:
-    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(state_dir / "queue.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+def _locked(state_dir: Path) -> contextlib.AbstractContextManager[None]:
+    return exclusive(state_dir / "queue.lock")
 
 
 def _load(state_dir: Path) -> list[Entry]:
