@@ -2,10 +2,10 @@
 
 Every rank fits y = 3x - 1 on its own shard of synthetic data; gradients are
 averaged with an all-reduce (gloo on CPU, nccl on GPU). The loss printed on rank 0
-falls from ~10 to ~0 in a few dozen steps. It creates the process group and leaves
-its teardown to higgsfield's entrypoint, which destroys it after the experiment
-returns and exits without interpreter finalization (see ``higgsfield.entrypoint``:
-a group torn down during finalization can abort a rank that finished).
+falls from ~10 to ~0 in a few dozen steps. It destroys the process group it made;
+higgsfield's entrypoint then leaves without interpreter finalization, where a gloo
+thread releasing the last all-reduce could abort a rank that finished (see
+``higgsfield.entrypoint.leave``).
 
     higgsfield run regression -p steps=50
 """
@@ -48,3 +48,5 @@ def regression(params):
         print(f"step {step} loss {loss.item():.4f}", flush=True)
         if params.step_sleep:
             time.sleep(params.step_sleep)
+    if distributed:
+        dist.destroy_process_group()
