@@ -324,8 +324,6 @@ sys.path.insert(0, "src")
 import example  # noqa: F401
 from higgsfield.experiment import registry
 registry()["example"]({"steps": "40", "device": "cpu"})
-from higgsfield.entrypoint import leave  # end as higgsfield's entrypoint does: no exit abort (gloo at finalization)
-leave(0)
 """
 
 
