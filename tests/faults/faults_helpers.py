@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import pwd
-import re
 import subprocess
 import time
 import uuid
@@ -18,11 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runs_helpers import STATE, Cluster, exe, run_processes
+from runs_helpers import STATE, Cluster, exe, lines_by_rank, node_processes, run_processes  # noqa: F401 - re-exported
 
 INDICES = (8, 9, 10)
 PROJECT = "hffault"
-LINE = re.compile(r"^(hfnode\d+)/(\d+|launcher) \| (.*)$")
 
 # An experiment that checkpoints with higgsfield.checkpoint and says where it resumed.
 CKPT_STEPS = '''\
@@ -121,27 +119,6 @@ def log_has(path: Path, text: str) -> bool:
         return False
 
 
-def node_processes(i: int) -> list[int]:
-    """Every process of node i's user that belongs to its higgsfield state (supervisor, torchrun, workers)."""
-    uid = pwd.getpwnam(f"hfnode{i}").pw_uid
-    mark = f"/home/hfnode{i}/{STATE}".encode()
-    found = []
-    for e in os.listdir("/proc"):
-        if not e.isdigit():
-            continue
-        try:
-            if os.stat(f"/proc/{e}").st_uid != uid:
-                continue
-            with open(f"/proc/{e}/cmdline", "rb") as f:
-                cmd = f.read()
-            with open(f"/proc/{e}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        if STATE.encode() in cmd or mark in env:
-            found.append(int(e))
-    return found
-
 
 def signal_all(pids: list[int], sig: int) -> None:
     for pid in pids:
@@ -211,14 +188,6 @@ def sshd_sessions_running(i: int, *needles: str) -> list[int]:
                 p = _parent(p)
     return sorted(sessions)
 
-
-def lines_by_rank(out: str) -> dict[tuple[str, str], list[str]]:
-    by: dict[tuple[str, str], list[str]] = {}
-    for ln in out.splitlines():
-        m = LINE.match(ln)
-        if m:
-            by.setdefault((m.group(1), m.group(2)), []).append(m.group(3))
-    return by
 
 
 def kill_run_quietly(c: FaultCluster, run: str) -> None:

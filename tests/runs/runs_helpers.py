@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import pwd
+import re
 import shutil
 import subprocess
 import sys
@@ -95,3 +97,38 @@ def containers(run: str) -> list[str]:
     out = subprocess.run([exe("docker"), "ps", "-a", "--format", "{{.Names}}", "--filter",
                           "label=org.higgsfield.run=" + run], capture_output=True, text=True, check=True).stdout
     return out.split()
+
+
+LINE = re.compile(r"^(hfnode\d+)/(\d+|launcher) \| (.*)$")
+
+
+def lines_by_rank(out: str) -> dict[tuple[str, str], list[str]]:
+    """``node/rank | text`` lines of ``run``/``logs`` output, grouped by (node, rank), in order."""
+    by: dict[tuple[str, str], list[str]] = {}
+    for ln in out.splitlines():
+        m = LINE.match(ln)
+        if m:
+            by.setdefault((m.group(1), m.group(2)), []).append(m.group(3))
+    return by
+
+
+def node_processes(i: int, state: str = STATE) -> list[int]:
+    """Every process of node i's user that belongs to its ``state`` dir (the bed is shared with other tests)."""
+    uid = pwd.getpwnam(f"hfnode{i}").pw_uid
+    mark = f"/home/hfnode{i}/{state}".encode()
+    found = []
+    for e in os.listdir("/proc"):
+        if not e.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{e}").st_uid != uid:
+                continue
+            with open(f"/proc/{e}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{e}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if state.encode() in cmd or mark in env:
+            found.append(int(e))
+    return found

@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import pwd
-import re
 import signal
 import subprocess
 import time
@@ -23,11 +22,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from runs_helpers import SECRET, Cluster, exe, run_processes, wait_for
+from runs_helpers import SECRET, Cluster, exe, lines_by_rank, node_processes, run_processes, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.sshd, pytest.mark.docker]
 
-LINE = re.compile(r"^(hfnode\d)/(\d+|launcher) \| (.*)$")
 
 
 def _name(prefix: str) -> str:
@@ -54,14 +52,6 @@ def _no_leftovers(c: Cluster, run: str, nodes: int = 3) -> None:
     for i in range(nodes):
         assert run_processes(c.run_dir(i, run)) == [], f"processes of {run} left on hfnode{i}"
 
-
-def _lines(out: str) -> dict[tuple[str, str], list[str]]:
-    by: dict[tuple[str, str], list[str]] = {}
-    for ln in out.splitlines():
-        m = LINE.match(ln)
-        if m:
-            by.setdefault((m.group(1), m.group(2)), []).append(m.group(3))
-    return by
 
 
 def test_deploy_ships_verifies_and_never_rebuilds_an_unchanged_image(cluster: Cluster) -> None:
@@ -130,7 +120,7 @@ def test_three_node_run_in_docker_logs_and_status(deployed: Cluster) -> None:
     took = time.monotonic() - t0
     assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-3000:]
     assert f"run {run} succeeded" in r.stderr
-    live = _lines(r.stdout)
+    live = lines_by_rank(r.stdout)
     expect = [f"step {s} loss" for s in range(1, steps + 1)]
     for i in range(3):
         got = [t for t in live.get((f"hfnode{i}", str(i)), []) if t.startswith("step")]
@@ -139,13 +129,13 @@ def test_three_node_run_in_docker_logs_and_status(deployed: Cluster) -> None:
     # the finished run's logs, read back: merged, prefixed, in order within each rank, nothing lost
     logs = c.hf("logs", run, timeout=120)
     assert logs.returncode == 0, logs.stderr
-    merged = _lines(logs.stdout)
+    merged = lines_by_rank(logs.stdout)
     for i in range(3):
         got = [t.rsplit(" ", 1)[0] for t in merged[(f"hfnode{i}", str(i))] if t.startswith("step")]
         assert got == expect
-    only = _lines(c.hf("logs", run, "--node", "hfnode1", timeout=120).stdout)
+    only = lines_by_rank(c.hf("logs", run, "--node", "hfnode1", timeout=120).stdout)
     assert {k[0] for k in only} == {"hfnode1"}
-    ranked = _lines(c.hf("logs", run, "--rank", "2", timeout=120).stdout)
+    ranked = lines_by_rank(c.hf("logs", run, "--rank", "2", timeout=120).stdout)
     assert set(ranked) == {("hfnode2", "2")}
 
     st = _status(c)[run]
@@ -278,23 +268,9 @@ def test_node_dying_mid_run_fails_the_run_naming_it(deployed: Cluster) -> None:
 
 def _kill_node_processes(i: int) -> None:
     """SIGKILL every process of node i that belongs to this state dir (the bed is shared with other tests)."""
-    uid = pwd.getpwnam(f"hfnode{i}").pw_uid
-    mark = f"/home/hfnode{i}/.hfrt".encode()
-    for e in os.listdir("/proc"):
-        if not e.isdigit():
-            continue
-        try:
-            if os.stat(f"/proc/{e}").st_uid != uid:
-                continue
-            with open(f"/proc/{e}/cmdline", "rb") as f:
-                cmd = f.read()
-            with open(f"/proc/{e}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        if b".hfrt" in cmd or mark in env:
-            with contextlib.suppress(OSError):
-                os.kill(int(e), signal.SIGKILL)
+    for pid in node_processes(i):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_max_restarts_restarts_a_killed_worker(deployed: Cluster) -> None:
