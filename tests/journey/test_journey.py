@@ -22,7 +22,6 @@ for docs/benchmarks.md.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import os
@@ -82,12 +81,10 @@ def probe(params):
 # -- the test bed ----------------------------------------------------------------------
 
 def _bed() -> Any:
-    spec = importlib.util.spec_from_file_location("_hf_testbed_journey", REPO / "scripts" / "testbed" / "testbed.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    """The test bed's implementation (scripts/testbed/testbed.py), loaded once by tests/testbed.py."""
+    import testbed
+
+    return testbed.impl
 
 
 def _exe(name: str) -> str:

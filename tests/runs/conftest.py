@@ -11,12 +11,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import pwd
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,12 +27,10 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 def _load_bed():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("_hf_testbed_impl", REPO / "scripts" / "testbed" / "testbed.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    """The test bed's implementation (scripts/testbed/testbed.py), loaded once by tests/testbed.py."""
+    import testbed
+
+    return testbed.impl
 
 
 @pytest.fixture(scope="session")
