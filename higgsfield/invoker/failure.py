@@ -48,6 +48,7 @@ def describe(rd: RunDir, node: str, rc: int, since: float) -> dict[str, Any]:
         reason = f"rank {rank}: {error['error']}"
     elif root is None and rc not in (0, 1):  # no summary: torchrun itself died (its ranks died with it)
         reason = f"torchrun {exit_words(rc)}" + (f"; rank {rank} ended with it" if rank is not None else "")
+        rank = None  # the rank is a casualty, not the cause: whether its tee wrote first is a race
     elif rank is not None and code is not None and code != 0:
         reason = f"rank {rank} {exit_words(code)}"
     elif error:
