@@ -59,26 +59,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from higgsfield.errors import HiggsfieldError
+from higgsfield.errors import CheckpointError
 
 __all__ = ["Checkpoint", "CheckpointError", "checkpoint_dir", "MARKER"]
 
 MARKER = "COMPLETE"
 _PREFIX = "step_"
 _TMP = ".tmp-"
-
-
-class CheckpointError(HiggsfieldError):
-    """A checkpoint could not be saved or loaded; raised on every rank alike.
-
-    ``failures`` maps each failing rank to what it reported (``"OSError: [Errno 28]
-    No space left on device: ..."``). The message names the directory, the first
-    failing rank and the last complete checkpoint, which a save failure leaves intact.
-    """
-
-    def __init__(self, message: str, failures: dict[int, str]) -> None:
-        super().__init__(message)
-        self.failures = failures
 
 
 def checkpoint_dir(project: str | None = None, experiment: str | None = None, run: str | None = None,

@@ -11,7 +11,12 @@
     │   │   └── HostNotPinnedError  the node has no pinned key (only ``higgsfield setup`` pins one)
     │   └── CommandError            a remote command exited non-zero or timed out
     ├── GroupError                  a fan-out step failed on some nodes; holds every result
+    ├── StepFailed                  a setup step found a problem it cannot fix
+    ├── WheelError                  the nodes' higgsfield wheel could not be built or chosen
+    ├── DeployError                 deploy could not ship the code or build the environment
+    ├── CheckpointError             a checkpoint could not be saved or loaded (every rank alike)
     └── RunError                    a run is unknown, failed to launch, or failed
+        └── NodeLost                a followed run's log stream of one node could not be re-attached
 
 The CLI catches ``HiggsfieldError`` and prints ``str(err)`` as one line; ``--debug``
 shows the traceback. Messages name the file, field or node and say what to do.
@@ -82,3 +87,39 @@ class GroupError(HiggsfieldError):
 
 class RunError(HiggsfieldError):
     pass
+
+
+class StepFailed(HiggsfieldError):
+    """A step's check, apply or verify found a problem it cannot fix; the message says what to do."""
+
+
+class WheelError(HiggsfieldError):
+    pass
+
+
+class DeployError(HiggsfieldError):
+    pass
+
+
+class CheckpointError(HiggsfieldError):
+    """A checkpoint could not be saved or loaded; raised on every rank alike.
+
+    ``failures`` maps each failing rank to what it reported (``"OSError: [Errno 28]
+    No space left on device: ..."``). The message names the directory, the first
+    failing rank and the last complete checkpoint, which a save failure leaves intact.
+    """
+
+    def __init__(self, message: str, failures: dict[int, str]) -> None:
+        super().__init__(message)
+        self.failures = failures
+
+
+class NodeLost(RunError):
+    """A node's log stream of a followed run broke and could not be re-attached (the run is not touched)."""
+
+    def __init__(self, node: str, reason: str, run: str = "") -> None:
+        super().__init__(f"lost the log stream of node {node}{f' (run {run})' if run else ''}: {reason}; "
+                         "whether the run goes on is up to its nodes (see 'higgsfield status')")
+        self.node = node
+        self.reason = reason
+        self.run = run

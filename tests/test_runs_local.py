@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from higgsfield.errors import NodeLost
+
 REPO = Path(__file__).resolve().parents[1]
 
 PROBE = '''
@@ -405,6 +407,6 @@ def test_a_broken_log_stream_is_reattached_without_losing_or_repeating_a_line(
     a.streams = [["0\tstep 1", CommandError("a", "connection lost")], [CommandError("a", "refused")]]
     b.streams = [["1\tstep 1"]]
     a.calls.clear()
-    with pytest.raises(runs.NodeLost, match="lost the log stream of node a .*refused; whether the run goes on"):
+    with pytest.raises(NodeLost, match="lost the log stream of node a .*refused; whether the run goes on"):
         list(runs.follow_run(cfg, status, lost_after=30))
     assert not [c for c in a.calls if "kill" in c]

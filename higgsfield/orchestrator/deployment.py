@@ -39,17 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from higgsfield.config import Config
-from higgsfield.errors import HiggsfieldError
+from higgsfield.errors import DeployError
 from higgsfield.orchestrator._output import decode, invoke
 from higgsfield.remote import Group, Transport, open_group
 from higgsfield.remote.invoker import invoker_argv
 
 GIT_TIMEOUT_S = 300.0
 ENV_TIMEOUT_S = 3600.0
-
-
-class DeployError(HiggsfieldError):
-    pass
 
 
 @dataclass

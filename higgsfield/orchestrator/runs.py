@@ -36,7 +36,7 @@ from typing import Any
 
 from higgsfield.config import Config, NodeConfig
 from higgsfield.discovery import find_experiment
-from higgsfield.errors import RunError
+from higgsfield.errors import NodeLost, RunError
 from higgsfield.invoker.records import (
     ACTIVE,
     FAILED,
@@ -104,17 +104,6 @@ class RunStatus:
                 "failed_node": self.failed_node, "failed_rank": self.failed_rank, "reason": self.reason,
                 "error_tail": self.error_tail,
                 "node_states": {n: r.get("state") for n, r in self.nodes.items()}}
-
-
-class NodeLost(RunError):
-    """A node's log stream of a followed run broke and could not be re-attached (the run is not touched)."""
-
-    def __init__(self, node: str, reason: str, run: str = "") -> None:
-        super().__init__(f"lost the log stream of node {node}{f' (run {run})' if run else ''}: {reason}; "
-                         "whether the run goes on is up to its nodes (see 'higgsfield status')")
-        self.node = node
-        self.reason = reason
-        self.run = run
 
 
 @dataclass(frozen=True)

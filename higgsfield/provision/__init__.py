@@ -14,7 +14,8 @@ package at the control side's build, in ``<state_dir>/venv``, sent over SFTP),
 ``base-image`` (``docker.base_image`` pulled once).
 """
 
-from higgsfield.provision.context import SetupOptions, StepFailed
+from higgsfield.errors import StepFailed
+from higgsfield.provision.context import SetupOptions
 from higgsfield.provision.runner import STEPS, NodeReport, SetupReport, StepResult, provision, select_steps
 from higgsfield.provision.step import Check, Outcome, Step
 

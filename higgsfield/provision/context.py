@@ -15,17 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from higgsfield.errors import HiggsfieldError
+from higgsfield.errors import HiggsfieldError, StepFailed
 from higgsfield.provision.wheels import Artifacts
 from higgsfield.remote.base import CommandResult, Transport
 from higgsfield.remote.invoker import node_state_dir
 
 if TYPE_CHECKING:
     from higgsfield.config import Config, NodeConfig
-
-
-class StepFailed(HiggsfieldError):
-    """A step's check, apply or verify found a problem it cannot fix; the message says what to do."""
 
 
 @dataclass

@@ -17,7 +17,8 @@ import json
 import re
 
 import higgsfield
-from higgsfield.provision.context import NodeContext, StepFailed
+from higgsfield.errors import StepFailed
+from higgsfield.provision.context import NodeContext
 from higgsfield.provision.step import Check, Step
 from higgsfield.provision.wheels import NodePython, build_id
 from higgsfield.remote.invoker import invoker_bin, venv_dir

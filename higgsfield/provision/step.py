@@ -11,7 +11,8 @@ import enum
 from dataclasses import dataclass
 from typing import ClassVar
 
-from higgsfield.provision.context import NodeContext, StepFailed
+from higgsfield.errors import StepFailed
+from higgsfield.provision.context import NodeContext
 
 
 class Outcome(str, enum.Enum):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import shlex
 
-from higgsfield.provision.context import NodeContext, StepFailed
+from higgsfield.errors import StepFailed
+from higgsfield.provision.context import NodeContext
 from higgsfield.provision.step import Check, Step
 
 DOCKER_PACKAGES = ("docker.io",)  # the distribution's package: no third-party script, no curl | bash

@@ -35,15 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import higgsfield
-from higgsfield.errors import HiggsfieldError
+from higgsfield.errors import WheelError
 
 DIST = "higgsfield"
 _SOURCE_ITEMS = ("pyproject.toml", "setup.py", "setup.cfg", "MANIFEST.in", "README.md", "LICENSE",
                  "higgsfield", "templates")
-
-
-class WheelError(HiggsfieldError):
-    pass
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,8 @@ def test_docker_access_clock_and_invoker() -> None:
 
 
 def test_sudo_asking_for_a_password_is_a_clear_setup_error(tmp_path: Path) -> None:
-    from higgsfield.provision.context import NodeContext, NodeLog, SetupOptions, StepFailed
+    from higgsfield.errors import StepFailed
+    from higgsfield.provision.context import NodeContext, NodeLog, SetupOptions
     from higgsfield.provision.system import OsStep
     from higgsfield.provision.wheels import Artifacts
 

@@ -8,9 +8,10 @@ import pytest
 from click.testing import CliRunner
 
 from higgsfield.cli import cli
+from higgsfield.errors import StepFailed
 from higgsfield.provision import Check, Step
 from higgsfield.provision import runner as runner_mod
-from higgsfield.provision.context import NodeContext, StepFailed
+from higgsfield.provision.context import NodeContext
 
 
 class _Done(Step):

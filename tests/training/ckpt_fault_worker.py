@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from higgsfield.checkpoint import Checkpoint, CheckpointError
+from higgsfield.checkpoint import Checkpoint
+from higgsfield.errors import CheckpointError
 from higgsfield.training import init_distributed
 
 

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from higgsfield.checkpoint import MARKER, Checkpoint, CheckpointError
+from higgsfield.checkpoint import MARKER, Checkpoint
+from higgsfield.errors import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "ckpt_fault_worker.py"
