@@ -262,11 +262,13 @@ def _fake_group(monkeypatch: pytest.MonkeyPatch, transports: list[_FakeTransport
     import contextlib
 
     from higgsfield.orchestrator import runs
-    from higgsfield.remote.fanout import Group
+    from higgsfield.remote.fanout import Group, Member
 
     @contextlib.asynccontextmanager
-    async def open_group(cfg: object, nodes: object = None):  # type: ignore[no-untyped-def]
-        yield Group(transports)  # type: ignore[arg-type]
+    async def open_group(cfg, nodes=None):  # type: ignore[no-untyped-def]
+        chosen = list(nodes if nodes is not None else cfg.nodes)
+        by_name = {t.node: t for t in transports}
+        yield Group([Member(n, by_name[str(n.name)], i) for i, n in enumerate(chosen)])  # type: ignore[arg-type]
 
     monkeypatch.setattr(runs, "open_group", open_group)
 

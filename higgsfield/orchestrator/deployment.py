@@ -41,7 +41,7 @@ from typing import Any
 from higgsfield.config import Config
 from higgsfield.errors import DeployError
 from higgsfield.orchestrator._output import decode, invoke
-from higgsfield.remote import Group, Transport, open_group
+from higgsfield.remote import Group, Member, Transport, open_group
 from higgsfield.remote.invoker import invoker_argv
 
 GIT_TIMEOUT_S = 300.0
@@ -136,9 +136,9 @@ async def deploy_async(cfg: Config, *, dirty: bool = False, console: Any = None)
     say(f"deploying {commit[:12]}{' (with uncommitted changes)' if dirty else ''} "
         f"({len(archive) / 1024:.0f} KiB) to {len(cfg.nodes)} node(s)")
 
-    async def one(t: Transport) -> NodeDeploy:
+    async def one(m: Member) -> NodeDeploy:
         started = time.monotonic()
-        node = cfg.node(t.node)
+        node, t = m.node, m.transport
         nd = NodeDeploy(node=t.node)
         build_args = ["build", "--project", cfg.name, "--dockerfile", cfg.docker.dockerfile,
                       "--runtime", cfg.runtime]

@@ -48,7 +48,7 @@ from higgsfield.invoker.records import (
 )
 from higgsfield.orchestrator._output import UPGRADE_HINT, invoke
 from higgsfield.params import check_run_name, resolve
-from higgsfield.remote import Group, NodeResult, Transport, open_group
+from higgsfield.remote import Group, Member, NodeResult, Transport, open_group, select_nodes
 from higgsfield.remote.invoker import invoker_argv, node_state_dir
 
 HEARTBEAT_S = 5.0
@@ -117,14 +117,6 @@ def new_run_name(experiment: str) -> str:
     return f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}-{_random.token_hex(2)}"
 
 
-def _select_nodes(cfg: Config, count: int | None) -> list[NodeConfig]:
-    if count is None:
-        return list(cfg.nodes)
-    if not 1 <= count <= len(cfg.nodes):
-        raise RunError(f"--nodes {count}: the project has {len(cfg.nodes)} node(s) in {cfg.path}")
-    return list(cfg.nodes[:count])
-
-
 def _code_dir(cfg: Config, node: NodeConfig) -> str:
     if node.is_local:
         return str(cfg.project_dir)
@@ -153,7 +145,7 @@ async def start_run_async(cfg: Config, experiment: str, params: dict[str, Any], 
     if max_restarts < 0:
         raise RunError("--max-restarts must be >= 0")
     run = run_name or new_run_name(experiment)
-    selected = _select_nodes(cfg, nodes)
+    selected = select_nodes(cfg, nodes)
     names = [str(n.name) for n in selected]
     token = _random.token_hex(32)  # authenticates the run's nodes to its coordinator; sent on stdin only
     submitted_at = time.time()  # the FIFO order of every node's queue
@@ -162,9 +154,8 @@ async def start_run_async(cfg: Config, experiment: str, params: dict[str, Any], 
         master_addr = "127.0.0.1" if master.is_local else master.host
 
         def launcher(coordinator: dict[str, Any] | None) -> Any:
-            async def launch(t: Transport) -> dict[str, Any]:
-                rank = group.transports.index(t)
-                node = selected[rank]
+            async def launch(m: Member) -> dict[str, Any]:
+                rank, node, t = m.rank, m.node, m.transport
                 spec = {
                     "project": cfg.name, "experiment": experiment, "run": run, "module": exp.module,
                     "code_dir": _code_dir(cfg, node), "src_dir": "src", "params": values,
@@ -179,14 +170,14 @@ async def start_run_async(cfg: Config, experiment: str, params: dict[str, Any], 
 
         # Node 0 first: its start binds the run's coordinator port, which the others are started with.
         timeout = cfg.ssh.connect_timeout + 120
-        results = await Group(group.transports[:1]).run(launcher(None), timeout=timeout)
+        results = await group[:1].run(launcher(None), timeout=timeout)
         port = results[0].value.get("coord_port") if results[0].ok and results[0].value else None
         if results[0].ok and not port:
             results[0] = NodeResult(names[0], 0, error=RunError(
                 f"the invoker on {names[0]} started no run coordinator ({UPGRADE_HINT})"))
         if results[0].ok and len(selected) > 1:
             coordinator = {"host": master_addr, "port": port, "node": names[0]}
-            results += await Group(group.transports[1:]).run(launcher(coordinator), timeout=timeout)
+            results += await group[1:].run(launcher(coordinator), timeout=timeout)
         failed = [r for r in results if not r.ok]
         if failed:
             # Every node, not only those that answered: one that timed out may have a supervisor running.
@@ -205,8 +196,8 @@ async def _kill_on(group: Group, cfg: Config, run: str, *, missing_ok: bool = Fa
     """Kill ``run`` on every node of ``group``; with ``missing_ok`` a node without it answers {"missing": true}."""
     extra = ["--missing-ok"] if missing_ok else []
 
-    async def one(t: Transport) -> Any:
-        return await invoke(t, cfg, ["kill", "--project", cfg.name, "--run", run, *extra], timeout=60)
+    async def one(m: Member) -> Any:
+        return await invoke(m.transport, cfg, ["kill", "--project", cfg.name, "--run", run, *extra], timeout=60)
 
     return await group.run(one, timeout=cfg.ssh.connect_timeout + 60)
 
@@ -216,8 +207,8 @@ async def _kill_on(group: Group, cfg: Config, run: str, *, missing_ok: bool = Fa
 async def _records(cfg: Config) -> tuple[list[dict[str, Any]], list[NodeResult[Any]]]:
     """Every node's run records of this project, plus per-node results (for unreachable nodes)."""
     async with open_group(cfg) as group:
-        async def one(t: Transport) -> list[dict[str, Any]]:
-            return list(await invoke(t, cfg, ["status", "--project", cfg.name], timeout=60, expect=list))
+        async def one(m: Member) -> list[dict[str, Any]]:
+            return list(await invoke(m.transport, cfg, ["status", "--project", cfg.name], timeout=60, expect=list))
 
         results = await group.run(one, timeout=cfg.ssh.connect_timeout + 60)
     records = [rec for r in results if r.ok and r.value for rec in r.value]
@@ -538,7 +529,7 @@ def kill(cfg: Config, target: str) -> list[RunStatus]:
     """
     async def go() -> list[NodeResult[Any]]:
         async with open_group(cfg) as group:
-            return await group.run(lambda t: invoke(t, cfg,
+            return await group.run(lambda m: invoke(m.transport, cfg,
                                                      ["kill", "--project", cfg.name, "--target", target],
                                                      timeout=60, keys=("matched", "killed")),
                                    timeout=cfg.ssh.connect_timeout + 60)

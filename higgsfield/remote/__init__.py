@@ -3,13 +3,13 @@
 Use::
 
     async with open_group(cfg) as group:
-        results = await group.run(lambda t: t.run(["uname", "-a"]))
+        results = await group.run(lambda m: m.transport.run(["uname", "-a"]))
         for r in results: print(r.node, r.ok, r.value or r.error)
 """
 
 from __future__ import annotations
 
 from higgsfield.remote.base import CommandResult, Transport
-from higgsfield.remote.fanout import Group, NodeResult, open_group, transport_for
+from higgsfield.remote.fanout import Group, Member, NodeResult, open_group, select_nodes, transport_for
 
-__all__ = ["CommandResult", "Transport", "Group", "NodeResult", "open_group", "transport_for"]
+__all__ = ["CommandResult", "Group", "Member", "NodeResult", "Transport", "open_group", "select_nodes", "transport_for"]

@@ -57,6 +57,8 @@ class Transport(abc.ABC):
     """One node. Connections open lazily on first use; :meth:`close` is idempotent."""
 
     node: str
+    fingerprint: str | None = None
+    """The node's host key fingerprint (SHA256) once connected; None for a transport without one (local)."""
 
     async def connect(self) -> None:
         """Open the connection now rather than at the first command (a no-op without one).

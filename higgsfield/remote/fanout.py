@@ -1,7 +1,9 @@
 """Run one step on every node truly concurrently and get a result per node.
 
-A step is an ``async`` callable taking the node's :class:`Transport`. Each node's
-step runs as its own task; one node failing or hanging never stops the others
+This is the one way the control side does something on several nodes (setup,
+doctor, deploy and runs all use it). A step is an ``async`` callable taking a
+:class:`Member`: the node's configuration, its :class:`Transport` and its rank, so
+no step looks its node up again. Each node's step runs as its own task; one node failing or hanging never stops the others
 (a per-step timeout bounds it). Results come back in node order: ``ok`` with the
 step's ``value``, or failed with the ``error`` and a one-line ``reason``.
 :meth:`Group.check` turns failures into one :class:`~higgsfield.errors.GroupError`
@@ -20,7 +22,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from higgsfield.errors import GroupError, HiggsfieldError, HostKeyError
+from higgsfield.errors import GroupError, HiggsfieldError, HostKeyError, RunError
 from higgsfield.remote.base import Transport
 
 if TYPE_CHECKING:
@@ -29,6 +31,34 @@ if TYPE_CHECKING:
     from higgsfield.config import Config, NodeConfig
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Member:
+    """One node of a group: its configuration, its transport and its rank (its place in the group)."""
+
+    node: NodeConfig
+    transport: Transport
+    rank: int
+
+    @property
+    def name(self) -> str:
+        return self.transport.node
+
+
+def select_nodes(cfg: Config, count: int | None = None, names: Sequence[str] = ()) -> list[NodeConfig]:
+    """The nodes an operation runs on, in node-rank order: the first ``count``, or those ``names``, or all.
+
+    An unknown name raises the config's one-line error; a count out of range names the file.
+    """
+    if names:
+        wanted = {id(cfg.node(n)) for n in names}  # raises ConfigError for an unknown name
+        return [n for n in cfg.nodes if id(n) in wanted]
+    if count is None:
+        return list(cfg.nodes)
+    if not 1 <= count <= len(cfg.nodes):
+        raise RunError(f"--nodes {count}: the project has {len(cfg.nodes)} node(s) in {cfg.path}")
+    return list(cfg.nodes[:count])
 
 
 @dataclass
@@ -72,22 +102,35 @@ def transport_for(cfg: Config, node: NodeConfig) -> Transport:
 
 
 class Group:
-    """The transports of several nodes, in node-rank order."""
+    """The members of several nodes, in rank order."""
 
-    def __init__(self, transports: Sequence[Transport]) -> None:
-        self.transports = list(transports)
+    def __init__(self, members: Sequence[Member]) -> None:
+        self.members = list(members)
 
-    async def run(self, step: Callable[[Transport], Awaitable[T]],
+    @classmethod
+    def of(cls, cfg: Config, nodes: Sequence[NodeConfig]) -> Group:
+        """A group of ``nodes`` (not connected yet), ranked in the given order."""
+        return cls([Member(n, transport_for(cfg, n), i) for i, n in enumerate(nodes)])
+
+    @property
+    def transports(self) -> list[Transport]:
+        return [m.transport for m in self.members]
+
+    def __getitem__(self, index: slice) -> Group:
+        """The members in ``index`` (a slice), keeping their ranks: node 0 first, then the rest."""
+        return Group(self.members[index])
+
+    async def run(self, step: Callable[[Member], Awaitable[T]],
                   timeout: float | None = None) -> list[NodeResult[T]]:
-        async def one(rank: int, t: Transport) -> NodeResult[T]:
+        async def one(m: Member) -> NodeResult[T]:
             try:
-                value = await asyncio.wait_for(step(t), timeout) if timeout else await step(t)
-                return NodeResult(t.node, rank, value=value)
+                value = await asyncio.wait_for(step(m), timeout) if timeout else await step(m)
+                return NodeResult(m.name, m.rank, value=value)
             except Exception as e:  # noqa: BLE001 - every failure becomes that node's result
                 # (KeyboardInterrupt, SystemExit and cancellation are not a node's failure: they propagate)
-                return NodeResult(t.node, rank, error=e)
+                return NodeResult(m.name, m.rank, error=e)
 
-        return list(await asyncio.gather(*(one(i, t) for i, t in enumerate(self.transports))))
+        return list(await asyncio.gather(*(one(m) for m in self.members)))
 
     @staticmethod
     def check(results: list[NodeResult[Any]], what: str) -> list[NodeResult[Any]]:
@@ -128,7 +171,7 @@ class Group:
 @asynccontextmanager
 async def open_group(cfg: Config, nodes: Sequence[NodeConfig] | None = None) -> AsyncIterator[Group]:
     """The group of ``nodes`` (default: all), connected, host keys verified (see :meth:`Group.connect`)."""
-    group = Group([transport_for(cfg, n) for n in (nodes if nodes is not None else cfg.nodes)])
+    group = Group.of(cfg, nodes if nodes is not None else cfg.nodes)
     try:
         await group.connect()
         yield group

@@ -53,7 +53,7 @@ def test_one_unpinned_node_refuses_the_whole_group_before_any_command(tmp_path: 
             ran: list[str] = []
             with pytest.raises(HostKeyError) as err:
                 async with open_group(cfg) as group:
-                    await group.run(lambda t: t.run(["echo", "hi"]))
+                    await group.run(lambda m: m.transport.run(["echo", "hi"]))
                     ran.append("body")
             assert ran == [] and a.commands == b.commands == c.commands == []
             assert b.auths == c.auths == []  # refused before authentication
@@ -64,7 +64,7 @@ def test_one_unpinned_node_refuses_the_whole_group_before_any_command(tmp_path: 
             _pin(cfg, b)  # what setup does once the user accepted b's key, and --repin for c
             PinnedHosts(cfg.known_hosts_path).pin(c.host, c.port, c.host_key.convert_to_public(), replace=True)
             async with open_group(cfg) as group:
-                results = await group.run(lambda t: t.run(["echo", "hi"]))
+                results = await group.run(lambda m: m.transport.run(["echo", "hi"]))
             assert [r.value.stdout for r in results if r.value] == ["echo hi\n"] * 3
             assert b.auths == c.auths == ["tester"] and len(a.auths) == 2  # a: logged in, nothing run, the 1st time
 
@@ -94,7 +94,7 @@ def test_an_unreachable_node_is_that_nodes_result_and_its_timeout_is_paid_once(t
             start = time.monotonic()
             async with open_group(cfg) as group:
                 opened = time.monotonic() - start
-                results = await group.run(lambda t: t.run(["echo", "hi"]))
+                results = await group.run(lambda m: m.transport.run(["echo", "hi"]))
             spent = time.monotonic() - start
             ok, gone = results
             assert ok.ok and ok.value is not None and ok.value.stdout == "echo hi\n"

@@ -12,7 +12,7 @@ import pytest
 from higgsfield.config import Config
 from higgsfield.errors import CommandError
 from higgsfield.remote.base import Transport
-from higgsfield.remote.fanout import Group, transport_for
+from higgsfield.remote.fanout import Group, Member, transport_for
 from higgsfield.remote.local import LocalTransport
 
 
@@ -61,15 +61,16 @@ def test_run_takes_no_env() -> None:
 
 
 def test_fanout_turns_exceptions_into_results_but_not_exit_or_interrupt(tmp_path: Path) -> None:
-    group = Group([LocalTransport("a", home=str(tmp_path)), LocalTransport("b", home=str(tmp_path))])
+    ts = [LocalTransport("a", home=str(tmp_path)), LocalTransport("b", home=str(tmp_path))]
+    group = Group([Member(None, t, i) for i, t in enumerate(ts)])  # type: ignore[arg-type]  # (no config needed)
 
-    async def fails(t: Transport) -> None:
-        raise RuntimeError(f"boom on {t.node}")
+    async def fails(m: Member) -> None:
+        raise RuntimeError(f"boom on {m.name}")
 
     results = asyncio.run(group.run(fails))
     assert [r.reason for r in results] == ["RuntimeError: boom on a", "RuntimeError: boom on b"]
 
-    async def exits(t: Transport) -> None:
+    async def exits(m: Member) -> None:
         raise SystemExit(3)
 
     with pytest.raises(SystemExit):
