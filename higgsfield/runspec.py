@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Literal
+from typing import Any
 
 from higgsfield.errors import RunError
 from higgsfield.names import MAX_NAME, NAME_RE, check_node_name, is_run_name
@@ -35,15 +35,14 @@ STATUS_VERSION = 1
 
 # -- run states ---------------------------------------------------------------
 
-QUEUED: Literal["queued"] = "queued"          # waiting for its slots (or for every node to admit it)
-STARTING: Literal["starting"] = "starting"    # admitted, torchrun or its container coming up
-RUNNING: Literal["running"] = "running"
-SUCCEEDED: Literal["succeeded"] = "succeeded"
-FAILED: Literal["failed"] = "failed"
-KILLED: Literal["killed"] = "killed"
+QUEUED = "queued"          # waiting for its slots (or for every node to admit it)
+STARTING = "starting"    # admitted, torchrun or its container coming up
+RUNNING = "running"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+KILLED = "killed"
 
-RunState = Literal["queued", "starting", "running", "succeeded", "failed", "killed"]
-STATES: tuple[RunState, ...] = (QUEUED, STARTING, RUNNING, SUCCEEDED, FAILED, KILLED)
+STATES = (QUEUED, STARTING, RUNNING, SUCCEEDED, FAILED, KILLED)
 ACTIVE: frozenset[str] = frozenset({QUEUED, STARTING, RUNNING})
 TERMINAL: frozenset[str] = frozenset({SUCCEEDED, FAILED, KILLED})
 

@@ -112,9 +112,11 @@ def queue_cmd(ctx: click.Context) -> None:
 def start(ctx: click.Context) -> None:
     """Start a run from {"spec": ..., "secrets": {...}, "token": ...} on stdin (node 0's record: coord_port)."""
     from higgsfield.invoker.process import launch
+    from higgsfield.runspec import RunSpec
 
     payload = json.loads(sys.stdin.read())
-    record = launch(_state(ctx), payload["spec"], payload.get("secrets") or {}, str(payload.get("token") or ""))
+    spec = RunSpec.from_dict(payload.get("spec"))  # refuses another version, re-checks every name
+    record = launch(_state(ctx), spec, payload.get("secrets") or {}, str(payload.get("token") or ""))
     _emit(record.to_dict())
 
 

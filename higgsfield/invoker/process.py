@@ -55,6 +55,7 @@ from higgsfield.invoker.records import (
 )
 from higgsfield.invoker.supervisor import finish
 from higgsfield.invoker.torchrun import kill_workers, signal_group
+from higgsfield.runspec import RunSpec
 
 STOP_GRACE_S = 3.0
 
@@ -111,7 +112,7 @@ def _run_lock(rd: RunDir) -> contextlib.AbstractContextManager[None]:
     return exclusive(rd.path / ".lock")
 
 
-def launch(state_dir: Path, spec: dict[str, Any], secrets: dict[str, str], token: str = "") -> RunRecord:
+def launch(state_dir: Path, run_spec: RunSpec, secrets: dict[str, str], token: str = "") -> RunRecord:
     """Check, record the run and start its supervisor; returns the record (state ``starting``).
 
     ``token`` authenticates the run's nodes to its coordinator (node 0's record
@@ -123,7 +124,8 @@ def launch(state_dir: Path, spec: dict[str, Any], secrets: dict[str, str], token
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     with contextlib.suppress(OSError):
         state_dir.chmod(0o700)
-    rd = RunDir(state_dir, spec["project"], spec["run"])
+    spec = {**run_spec.to_dict(), "nnodes": run_spec.nnodes}
+    rd = RunDir(state_dir, run_spec.project, run_spec.run)
     with _run_lock(rd):
         return _launch(state_dir, rd, spec, secrets, token)
 

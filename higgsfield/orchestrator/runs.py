@@ -37,7 +37,11 @@ from typing import Any
 from higgsfield.config import Config, NodeConfig
 from higgsfield.discovery import find_experiment
 from higgsfield.errors import NodeLost, RunError
-from higgsfield.invoker.records import (
+from higgsfield.orchestrator._output import UPGRADE_HINT, invoke
+from higgsfield.params import check_run_name, resolve
+from higgsfield.remote import Group, Member, NodeResult, Transport, open_group, select_nodes
+from higgsfield.remote.invoker import invoker_argv, node_state_dir
+from higgsfield.runspec import (
     ACTIVE,
     FAILED,
     KILLED,
@@ -45,11 +49,9 @@ from higgsfield.invoker.records import (
     RUNNING,
     STARTING,
     SUCCEEDED,
+    Coordinator,
+    RunSpec,
 )
-from higgsfield.orchestrator._output import UPGRADE_HINT, invoke
-from higgsfield.params import check_run_name, resolve
-from higgsfield.remote import Group, Member, NodeResult, Transport, open_group, select_nodes
-from higgsfield.remote.invoker import invoker_argv, node_state_dir
 
 HEARTBEAT_S = 5.0
 LOST_AFTER_S = 30.0
@@ -117,6 +119,12 @@ def new_run_name(experiment: str) -> str:
     return f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}-{_random.token_hex(2)}"
 
 
+def _nproc(cfg: Config, node: NodeConfig) -> int | None:
+    """Processes on ``node``: a number, or None for one per GPU (``auto``), which the node works out."""
+    n = cfg.node_nproc(node)
+    return None if n == "auto" else int(n)
+
+
 def _code_dir(cfg: Config, node: NodeConfig) -> str:
     if node.is_local:
         return str(cfg.project_dir)
@@ -153,18 +161,16 @@ async def start_run_async(cfg: Config, experiment: str, params: dict[str, Any], 
         master = selected[0]
         master_addr = "127.0.0.1" if master.is_local else master.host
 
-        def launcher(coordinator: dict[str, Any] | None) -> Any:
+        def launcher(coordinator: Coordinator | None) -> Any:
             async def launch(m: Member) -> dict[str, Any]:
                 rank, node, t = m.rank, m.node, m.transport
-                spec = {
-                    "project": cfg.name, "experiment": experiment, "run": run, "module": exp.module,
-                    "code_dir": _code_dir(cfg, node), "src_dir": "src", "params": values,
-                    "node": str(node.name), "node_rank": rank, "nnodes": len(selected), "nodes": names,
-                    "nproc": cfg.node_nproc(node), "master_addr": master_addr, "coordinator": coordinator,
-                    "max_restarts": max_restarts, "runtime": cfg.runtime,
-                    "exclusive": exclusive, "submitted_at": submitted_at,
-                }
-                payload = json.dumps({"spec": spec, "secrets": secrets or {}, "token": token})
+                spec = RunSpec(
+                    project=cfg.name, experiment=experiment, run=run, module=exp.module,
+                    code_dir=_code_dir(cfg, node), params=values, node=str(node.name), node_rank=rank,
+                    nodes=tuple(names), master_addr=master_addr, submitted_at=submitted_at,
+                    nproc=_nproc(cfg, node), coordinator=coordinator, max_restarts=max_restarts,
+                    runtime=cfg.runtime, exclusive=exclusive)
+                payload = json.dumps({"spec": spec.to_dict(), "secrets": secrets or {}, "token": token})
                 return dict(await invoke(t, cfg, ["start"], input=payload, keys=("state", "run")))
             return launch
 
@@ -176,7 +182,7 @@ async def start_run_async(cfg: Config, experiment: str, params: dict[str, Any], 
             results[0] = NodeResult(names[0], 0, error=RunError(
                 f"the invoker on {names[0]} started no run coordinator ({UPGRADE_HINT})"))
         if results[0].ok and len(selected) > 1:
-            coordinator = {"host": master_addr, "port": port, "node": names[0]}
+            coordinator = Coordinator(host=master_addr, port=int(port or 0), node=names[0])
             results += await group[1:].run(launcher(coordinator), timeout=timeout)
         failed = [r for r in results if not r.ok]
         if failed:

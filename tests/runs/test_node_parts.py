@@ -26,6 +26,7 @@ from higgsfield.invoker.deploy import deployed, unpack
 from higgsfield.invoker.records import RunDir, RunRecord, write_json
 from higgsfield.orchestrator.deployment import make_archive
 from higgsfield.ports import RENDEZVOUS_PORTS, free_port
+from higgsfield.runspec import RunSpec
 
 
 def _entry(run: str, want: int, order: float, exclusive: bool = False) -> queue.Entry:
@@ -287,14 +288,15 @@ def test_two_starts_of_one_run_name_at_once_one_is_refused(tmp_path: Path, monke
 
     monkeypatch.setattr(process, "detect_gpus", slow_gpus)
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **kw: FakeSupervisor())
-    spec = {"project": "p", "experiment": "e", "run": "same", "node": "n", "node_rank": 0, "nnodes": 1,
-            "nproc": 1, "code_dir": str(tmp_path), "runtime": "process"}
+    spec = RunSpec(project="p", experiment="e", run="same", module="m", code_dir=str(tmp_path), params={},
+                   node="n", node_rank=0, nodes=("n",), master_addr="127.0.0.1", submitted_at=time.time(),
+                   nproc=1, runtime="process")
     barrier = threading.Barrier(2)
 
     def start() -> str:
         barrier.wait()
         try:
-            process.launch(tmp_path / "state", dict(spec), {})
+            process.launch(tmp_path / "state", spec, {})
             return "started"
         except RunError as e:
             return str(e)
