@@ -32,6 +32,7 @@ PLANTED = {
     "no-torch-on-the-control-side": ("higgsfield/config.py", "def _planted() -> None:\n    import torch\n"),
     "control-side-apart-from-node-side": ("higgsfield/doctor.py",
                                           "def _planted() -> None:\n    from higgsfield.invoker import queue\n"),
+    "run-contract-neutral": ("higgsfield/runspec.py", "def _planted() -> None:\n    import yaml\n"),
     "acyclic": ("higgsfield/training.py",  # llama imports training: a circle
                 "def _planted() -> None:\n    from higgsfield import llama\n"),
 }
