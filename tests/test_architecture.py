@@ -29,7 +29,7 @@ PLANTED = {
     "layers": ("higgsfield/remote/base.py", "def _planted() -> None:\n    from higgsfield import orchestrator\n"),
     "cli-on-top": ("higgsfield/ports.py", "def _planted() -> None:\n    import higgsfield.cli\n"),
     "node-side": ("higgsfield/training.py", "def _planted() -> None:\n    from higgsfield.remote import base\n"),
-    "no-torch-on-the-control-side": ("higgsfield/config.py", "def _planted() -> None:\n    import torch\n"),
+    "no-torch-on-the-control-side": ("higgsfield/config/schema.py", "def _planted() -> None:\n    import torch\n"),
     "control-side-apart-from-node-side": ("higgsfield/doctor.py",
                                           "def _planted() -> None:\n    from higgsfield.invoker import queue\n"),
     "run-contract-neutral": ("higgsfield/runspec.py", "def _planted() -> None:\n    import yaml\n"),

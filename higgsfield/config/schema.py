@@ -1,15 +1,14 @@
-"""The typed model of ``higgsfield.yml`` and its loader.
+"""The typed model of ``higgsfield.yml``: every field typed, documented and checked.
 
-Every field is typed and documented; unknown keys are refused. Any problem is
-reported as one :class:`~higgsfield.errors.ConfigError` line naming the file, the
-line and the field, for example::
-
-    higgsfield.yml:7: nodes[1].port: must be between 1 and 65535 (got 70000)
+Unknown keys are refused, and a field's validator says in words what is wrong with a
+value; :mod:`higgsfield.config.loader` turns that into one line naming the file, the
+line and the field. The derived values (a node's port, user, identity file) live on
+:class:`Config` so no caller repeats the "node's, else ssh's, else the default" rule.
 
 Use::
 
-    cfg = load_config()              # ./higgsfield.yml, or the nearest one above
-    cfg.nodes[0].host, cfg.project_dir
+    cfg = Config.model_validate({"name": "demo", "nodes": [{"host": "gpu-1"}]})
+    cfg.node_port(cfg.nodes[0])      # 22
 """
 
 from __future__ import annotations
@@ -20,13 +19,11 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
@@ -37,7 +34,6 @@ from higgsfield.names import (
     LOCAL_HOSTS,
     MAX_NAME,
     NAME_RE,
-    SECRET_RE,
     check_host,
     check_node_name,
     check_secret_name,
@@ -46,15 +42,11 @@ from higgsfield.names import (
 )
 from higgsfield.text import shown
 
-__all__ = ["CONFIG_FILE", "LOCAL_HOSTS", "NAME_RE", "SECRET_RE", "Config", "NodeConfig", "SSHConfig",
-           "find_config", "json_schema", "load_config", "parse_config"]
+__all__ = ["CONFIG_FILE", "Config", "DockerConfig", "InstallConfig", "NodeConfig", "NodeDup", "SSHConfig",
+           "json_schema"]
 
 CONFIG_FILE = "higgsfield.yml"
 BRANCH_RE = re.compile(r"\A[A-Za-z0-9._/-]{1,200}\Z")
-#: A config is a few KB; anything this big is the wrong file (and would take PyYAML seconds).
-MAX_CONFIG_BYTES = 256 * 1024
-#: YAML nodes visited, aliases expanded, before a config is called an alias bomb.
-MAX_YAML_NODES = 100_000
 
 
 class _Model(BaseModel):
@@ -243,14 +235,14 @@ class Config(_Model):
                 node.name = node.host if port == 22 or node.is_local else f"{node.host}:{port}"
             key = node.name.lower()
             if key in names:
-                raise _NodeDup(i, f"node {shown(node.name)} is listed twice (also nodes[{names[key]}]); "
+                raise NodeDup(i, f"node {shown(node.name)} is listed twice (also nodes[{names[key]}]); "
                                   "give each node a distinct host, port or name")
             names[key] = i
             login = ("localhost", 0, None) if node.is_local else \
                 (node.host.lower().rstrip("."), port, node.user or self.ssh.user)
             if login in logins:
                 what = "this machine" if node.is_local else f"{node.host} port {port}"
-                raise _NodeDup(i, f"node {shown(node.name)} is {what} again (also nodes[{logins[login]}]): two "
+                raise NodeDup(i, f"node {shown(node.name)} is {what} again (also nodes[{logins[login]}]): two "
                                   "nodes for one login would share one state directory; list each machine once")
             logins[login] = i
         return self
@@ -299,235 +291,12 @@ class Config(_Model):
         raise ConfigError(f"{self.path or CONFIG_FILE}: no node named {shown(name)} (nodes: {known})")
 
 
-class _NodeDup(ValueError):
+class NodeDup(ValueError):
+    """A node listed twice: carries the index of the second entry, so the message names its line."""
+
     def __init__(self, index: int, message: str) -> None:
         super().__init__(message)
         self.index = index
-
-
-# -- loading ------------------------------------------------------------------
-
-def find_config(start: Path | None = None) -> Path:
-    """The nearest ``higgsfield.yml`` at or above ``start`` (default: the working directory)."""
-    here = (start or Path.cwd()).resolve()
-    for d in (here, *here.parents):
-        candidate = d / CONFIG_FILE
-        if candidate.is_file():
-            return candidate
-    raise ConfigError(f"no {CONFIG_FILE} in {here} or above: run 'higgsfield init NAME' to create a project, "
-                      "or pass --config")
-
-
-def load_config(path: Path | str | None = None) -> Config:
-    """Read, validate and return the config; raises ConfigError with file:line: field: message."""
-    p = Path(path) if path else find_config()
-    return parse_config(read_config_text(p), p)
-
-
-def read_config_text(p: Path) -> str:
-    """The text of the config file: a regular file, at most MAX_CONFIG_BYTES, UTF-8, not binary."""
-    try:
-        if not p.is_file():
-            # A FIFO or /dev/zero would block or never end; a directory cannot be read.
-            raise ConfigError(f"{p}: file not found" if not p.exists() else f"{p}: not a regular file")
-        with open(p, "rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
-    except OSError as e:
-        raise ConfigError(f"{p}: cannot read: {e.strerror or e}") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{p}: larger than {MAX_CONFIG_BYTES // 1024} KiB; a higgsfield.yml is a few KB, "
-                          "is this the right file?")
-    return decode_text(data, p, "YAML")
-
-
-def decode_text(data: bytes, p: Path, kind: str) -> str:
-    """``data`` as UTF-8 text (a BOM is dropped); ConfigError naming the line of a bad byte or a NUL."""
-    if b"\x00" in data:
-        line = data[:data.index(b"\x00")].count(b"\n") + 1
-        raise ConfigError(f"{p}:{line}: a NUL byte: this is a binary file, not {kind} text")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise ConfigError(f"{p}:{line}: byte 0x{data[e.start]:02x} is not UTF-8: save the file as UTF-8 "
-                          f"{kind} text") from None
-
-
-def parse_config(text: str, path: Path) -> Config:
-    """Validate the config ``text`` read from ``path``; every problem is one ConfigError line."""
-    if len(text) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES // 1024} KiB; a higgsfield.yml is a few KB")
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        _check_keys(root, path)
-        data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        line = f":{mark.line + 1}" if mark else ""
-        what = e.problem or e.context
-        if e.problem and e.context and e.problem.startswith("but "):  # "expected X ... but found Y"
-            what = f"{e.context}, {e.problem}"
-        raise ConfigError(f"{path}{line}: invalid YAML: {what}") from None
-    except yaml.reader.ReaderError as e:
-        at = text[:e.position].count("\n") + 1
-        char = e.character if isinstance(e.character, str) else chr(e.character)
-        raise ConfigError(f"{path}:{at}: invalid YAML: character U+{ord(char):04X} is not allowed in YAML "
-                          "text") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML: {' '.join(str(e).split())}") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: invalid YAML: nested too deeply") from None
-    except ConfigError:
-        raise
-    except Exception as e:  # noqa: BLE001 - PyYAML's constructors on a tagged value: ValueError (an int of
-        # 5000 digits, 2020-13-45), AttributeError ('!!timestamp x'), TypeError...: all mean "cannot be read".
-        raise ConfigError(f"{path}: invalid YAML: a value cannot be read ({shown(str(e))})") from None
-    if data is None:
-        raise ConfigError(f"{path}: the file is empty; it needs at least 'name' and 'nodes'")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}:1: the top level must be a mapping of keys (name, nodes, ...)")
-    try:
-        cfg = Config.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(_format_validation(e, root, path)) from None
-    except RecursionError:
-        raise ConfigError(f"{path}: nested too deeply") from None
-    cfg.path = path.resolve()
-    return cfg
-
-
-_STR_TAG = "tag:yaml.org,2002:str"
-_MERGE_TAG = "tag:yaml.org,2002:merge"
-
-
-def _check_keys(root: yaml.Node | None, path: Path) -> None:
-    """Keys are names, each once per mapping; an alias bomb is refused before anything expands it.
-
-    The walk follows aliases as the loader will (that is where a bomb's cost is), but
-    counts every node it visits and stops at MAX_YAML_NODES: a config is a few hundred.
-    """
-    stack: list[yaml.Node] = [root] if root is not None else []
-    visited = 0
-    while stack:
-        node = stack.pop()
-        visited += 1
-        if visited > MAX_YAML_NODES:
-            raise ConfigError(f"{path}:{node.start_mark.line + 1}: invalid YAML: anchors and aliases expand to more "
-                              f"than {MAX_YAML_NODES} values; write the values out (an alias bomb?)")
-        if isinstance(node, yaml.MappingNode):
-            seen: set[Any] = set()
-            values = []
-            for k, v in node.value:
-                if not isinstance(k, yaml.ScalarNode):
-                    raise ConfigError(f"{path}:{k.start_mark.line + 1}: a key must be a name, not a list or mapping")
-                if k.tag not in (_STR_TAG, _MERGE_TAG):
-                    raise ConfigError(f"{path}:{k.start_mark.line + 1}: key {shown(k.value)} must be a name, "
-                                      "not a number or bool")
-                if k.value in seen:
-                    raise ConfigError(f"{path}:{k.start_mark.line + 1}: key {shown(k.value)} appears twice")
-                seen.add(k.value)
-                values.append(v)
-            stack.extend(reversed(values))   # in document order, so the first problem is the one reported
-        elif isinstance(node, yaml.SequenceNode):
-            stack.extend(reversed(node.value))
-
-
-def _line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
-    """The 1-based line of the YAML node at ``loc`` (or of its nearest existing parent)."""
-    node = root
-    line = node.start_mark.line + 1 if node is not None else None
-    for part in loc:
-        nxt = None
-        if isinstance(node, yaml.MappingNode) and isinstance(part, str):
-            for k, v in node.value:
-                if k.value == part:
-                    line = k.start_mark.line + 1
-                    nxt = v
-                    break
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            nxt = node.value[part]
-            line = nxt.start_mark.line + 1
-        if nxt is None:
-            break
-        node = nxt
-    return line
-
-
-def _field_path(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
-_FRIENDLY = {
-    "int_parsing": "expected an integer",
-    "int_type": "expected an integer",
-    "int_from_float": "expected an integer",
-    "float_parsing": "expected a number",
-    "float_type": "expected a number",
-    "string_type": "expected a string",
-    "list_type": "expected a list",
-    "model_type": "expected a mapping of keys",
-    "dict_type": "expected a mapping of keys",
-    "bool_parsing": "expected true or false",
-}
-
-
-def _format_validation(err: ValidationError, root: yaml.Node | None, path: Path) -> str:
-    e = err.errors()[0]
-    loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p in ("int", "literal['auto']",
-                                                                         "function-after[_positive(), int]")))
-    kind = e["type"]
-    ctx_err = (e.get("ctx") or {}).get("error")
-    if isinstance(ctx_err, _NodeDup):
-        loc = ("nodes", ctx_err.index)
-    given = e.get("input")
-    if kind == "extra_forbidden":
-        allowed = _allowed_keys(loc[:-1])
-        msg = f"unknown key {shown(loc[-1])}" + (f" (allowed: {', '.join(allowed)})" if allowed else "")
-    elif kind == "missing":
-        msg = "is required"
-    elif kind in ("greater_than_equal", "less_than_equal") and loc and loc[-1] == "port":
-        msg = f"must be between 1 and 65535 (got {shown(given)})"
-    elif kind in _FRIENDLY:
-        msg = f"{_FRIENDLY[kind]} (got {shown(given)})"
-    elif kind == "literal_error":
-        msg = f"must be {e['ctx']['expected']} (got {shown(given)})"
-    elif kind == "too_short" and loc == ("nodes",):
-        msg = "list at least one node"
-    elif kind == "value_error":
-        msg = str(ctx_err) if ctx_err else e["msg"]
-    else:
-        msg = e["msg"][0].lower() + e["msg"][1:]
-        if given is not None and not isinstance(given, (dict, list)):
-            msg += f" (got {shown(given)})"
-    line = _line_of(root, loc)
-    where = f"{path}:{line}" if line else str(path)
-    field = _field_path(loc)
-    more = len(err.errors()) - 1
-    tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-    return f"{where}: {field + ': ' if field else ''}{msg}{tail}"
-
-
-def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
-    model: type[BaseModel] = Config
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        info = model.model_fields.get(part)
-        ann = getattr(info, "annotation", None)
-        inner = getattr(ann, "__args__", (ann,))
-        for cand in (ann, *inner):
-            if isinstance(cand, type) and issubclass(cand, BaseModel):
-                model = cand
-                break
-        else:
-            return []
-    return [k for k in model.model_fields if k != "path"]
 
 
 def json_schema() -> dict[str, Any]:
