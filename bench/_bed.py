@@ -42,14 +42,16 @@ LAST_INDEX = 45  # inclusive: 16 hosts, 127.0.0.32-47
 
 
 def load_testbed() -> ModuleType:
-    """scripts/testbed/testbed.py as a module (one implementation for the CLI, the tests and the benches)."""
+    """scripts/testbed/hftestbed/, the test bed package (one implementation for the CLI, the tests and the benches)."""
     name = "_higgsfield_testbed_impl"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "testbed" / "testbed.py")
+    package = REPO / "scripts" / "testbed" / "hftestbed"
+    spec = importlib.util.spec_from_file_location(name, package / "__init__.py",
+                                                  submodule_search_locations=[str(package)])
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look their module up while the file executes
+    sys.modules[name] = mod  # its modules import each other through it; dataclasses look it up
     spec.loader.exec_module(mod)
     return mod
 

@@ -1,6 +1,6 @@
 """The real test bed, as seen from tests: sshd hosts, a Docker engine, the base image.
 
-The implementation is scripts/testbed/testbed.py (stdlib only, also a CLI:
+The implementation is the package scripts/testbed/hftestbed/ (stdlib only, also a CLI:
 `python3 scripts/testbed/testbed.py up|down|status|...`); this module loads it
 and wraps it in a small API for tests:
 
@@ -32,17 +32,18 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-IMPL_PATH = REPO_ROOT / "scripts" / "testbed" / "testbed.py"
+IMPL_PATH = REPO_ROOT / "scripts" / "testbed" / "hftestbed"
 
 
 def _load_impl():
     name = "_higgsfield_testbed_impl"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, IMPL_PATH)
+    spec = importlib.util.spec_from_file_location(name, IMPL_PATH / "__init__.py",
+                                                  submodule_search_locations=[str(IMPL_PATH)])
     assert spec and spec.loader, IMPL_PATH
     mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look their module up while the file executes
+    sys.modules[name] = mod  # its modules import each other through it; dataclasses look it up
     spec.loader.exec_module(mod)
     return mod
 
