@@ -8,7 +8,8 @@ param values. Each rank's stdout and stderr go to ``RUN_DIR/logs/rank<RANK>.log`
 small tee process forked before any user code (or torch) is imported: it appends
 exactly the bytes it reads and keeps ``rank<RANK>.idx``, lines ``OFFSET UNIXTIME``
 (the offset of the first byte of a line that arrived at that time, at least
-``INDEX_EVERY`` seconds apart), which ``logs --since`` uses. However the worker
+``INDEX_EVERY`` seconds apart; the format is :mod:`higgsfield.invoker.logindex`'s),
+which ``logs --since`` uses. However the worker
 dies, even by SIGKILL, the pipe closes and the tee writes everything left in it
 before it exits; it ignores SIGINT/SIGTERM for that (a SIGKILL of the worker's
 process group ends it too). It holds a shared ``flock`` on the index while it
@@ -53,7 +54,8 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
-INDEX_EVERY = 1.0  # seconds between two entries of rank<N>.idx, at least
+from higgsfield.invoker import logindex
+
 _READ = 1 << 16
 
 
@@ -121,17 +123,12 @@ def _tee_child(r: int, fd: int, ifd: int) -> None:
 def tee(src: int, fd: int, ifd: int) -> None:
     """Append all read from ``src`` to ``fd`` (a log opened O_RDWR|O_APPEND) until EOF; index lines in ``ifd``.
 
-    ``ifd`` gets ``OFFSET UNIXTIME`` lines: whenever ``INDEX_EVERY`` seconds passed
-    since the last entry and data arrives, the offset of the first line that starts
-    in it, with the time it arrived. So every line between two entries started
-    arriving less than ``INDEX_EVERY`` seconds after the first of them.
+    The index (``OFFSET UNIXTIME`` lines, at least ``INDEX_EVERY`` seconds apart) is
+    :mod:`higgsfield.invoker.logindex`'s format; the tee holds it while it runs.
     """
-    import fcntl
-
-    fcntl.flock(ifd, fcntl.LOCK_SH)  # held until exit: "a tee still writes this log"
+    logindex.hold(ifd)  # held until exit: "a tee still writes this log"
     size = os.fstat(fd).st_size
-    at_line_start = size == 0 or os.pread(fd, 1, size - 1) == b"\n"
-    last = float("-inf")
+    index = logindex.IndexWriter(at_line_start=size == 0 or os.pread(fd, 1, size - 1) == b"\n")
     while True:
         chunk = os.read(src, _READ)
         if not chunk:
@@ -141,19 +138,13 @@ def tee(src: int, fd: int, ifd: int) -> None:
             start = _write_all(fd, chunk)
         except OSError:  # disk full or the like: keep draining, or the worker would block or get EPIPE
             continue
-        if now - last >= INDEX_EVERY:
-            if at_line_start:
-                entry = start
-            else:
-                nl = chunk.find(b"\n")
-                entry = start + nl + 1 if 0 <= nl < len(chunk) - 1 else -1  # else: the next chunk's start
-            if entry >= 0:
-                try:
-                    os.write(ifd, f"{entry} {now:.3f}\n".encode())
-                    last = now
-                except OSError:
-                    pass
-        at_line_start = chunk.endswith(b"\n")
+        line = index.entry(start, chunk, now)
+        if line is not None:
+            try:
+                os.write(ifd, line)
+                index.wrote(now)
+            except OSError:
+                pass
 
 
 def _note_death(logs: Path, rank: int, started: float) -> None:

@@ -15,7 +15,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from higgsfield.invoker.logs import read_lines, start_offset
+from higgsfield.invoker.logindex import start_offset
+from higgsfield.invoker.logs import read_lines
 from higgsfield.invoker.records import RunDir
 
 REPO = Path(__file__).resolve().parents[1]

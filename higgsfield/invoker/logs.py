@@ -8,7 +8,7 @@ launcher's own log (torchrun's messages: restarts, failures).
 
 ``since`` (a UNIX time) starts each rank's log at its first line that may have
 been written at or after it, found in ``rank<N>.idx`` (see
-:mod:`higgsfield.entrypoint`): it may show up to ``INDEX_EVERY`` (1 s) of earlier
+:mod:`higgsfield.invoker.logindex`): it may show up to ``INDEX_EVERY`` (1 s) of earlier
 lines, never misses a later one. A log without an index (the launcher's, or a
 rank whose tee could not start) is shown whole if it was modified at or after
 ``since``, else only what is appended to it from now on (with ``follow``).
@@ -20,13 +20,13 @@ that.
 
 from __future__ import annotations
 
-import fcntl
 import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from higgsfield.entrypoint import INDEX_EVERY
+from higgsfield.invoker import logindex
+from higgsfield.invoker.logindex import start_offset
 from higgsfield.invoker.records import RunDir
 
 _RANK_LOG = re.compile(r"^rank(\d+)\.log$")
@@ -48,48 +48,9 @@ def _log_files(rd: RunDir) -> dict[int, Path]:
     return files
 
 
-def start_offset(log: Path, since: float) -> int:
-    """Where to start reading ``log`` to show its lines written at or after ``since`` (a UNIX time)."""
-    try:
-        st = log.stat()
-    except OSError:
-        return 0
-    previous = None
-    try:
-        with open(log.with_suffix(".idx"), "rb") as f:
-            for raw in f:
-                fields = raw.split()
-                if len(fields) != 2:
-                    continue  # a torn last entry
-                try:
-                    offset, when = int(fields[0]), float(fields[1])
-                except ValueError:
-                    continue
-                # lines from ``offset`` up to the next entry started before when + INDEX_EVERY
-                if when > since - INDEX_EVERY:
-                    return min(offset, st.st_size)
-                previous = offset
-    except OSError:
-        pass
-    if st.st_mtime < since:
-        return st.st_size
-    return min(previous or 0, st.st_size)  # the end of a line begun earlier, or no index at all
-
-
 def _teeing(rd: RunDir) -> bool:
     """True while some rank's tee still runs (holds its index): its log may still grow."""
-    if not rd.logs.is_dir():
-        return False
-    for p in rd.logs.glob("rank*.idx"):
-        try:
-            with open(p, "rb") as f:
-                try:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    return True
-        except OSError:
-            continue
-    return False
+    return rd.logs.is_dir() and any(logindex.held(p) for p in rd.logs.glob("rank*.idx"))
 
 
 def read_lines(rd: RunDir, *, follow: bool = False, ranks: set[int] | None = None,
