@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 from higgsfield.errors import CommandError
@@ -53,6 +54,27 @@ class Timeouts:
     retries: int = 2
 
 
+class Session(abc.ABC):
+    """One command running on a node with its stdin open, so lines can go both ways.
+
+    For an exchange whose timing matters once the command runs (doctor's clock: the
+    node answers a line with its time, and only that round trip counts, not the login
+    before it). Get one from :meth:`Transport.session`.
+    """
+
+    @abc.abstractmethod
+    async def send(self, text: str) -> None:
+        """Write ``text`` to the command's stdin (and flush it)."""
+
+    @abc.abstractmethod
+    async def receive(self) -> str | None:
+        """The command's next stdout line, without its newline; None at the end of its output."""
+
+    @abc.abstractmethod
+    async def finish(self) -> CommandResult:
+        """Close stdin and wait for the command; ``stdout`` holds what was not received yet."""
+
+
 class Transport(abc.ABC):
     """One node. Connections open lazily on first use; :meth:`close` is idempotent."""
 
@@ -76,6 +98,10 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def stream(self, argv: Sequence[str], *, input: str | bytes | None = None) -> AsyncIterator[str]:
         """Run ``argv`` and yield its stdout line by line (without the newline) until it exits."""
+
+    def session(self, argv: Sequence[str]) -> AbstractAsyncContextManager[Session]:
+        """Start ``argv`` with its stdin open (see :class:`Session`); leaving the block stops it if it still runs."""
+        raise NotImplementedError(f"{type(self).__name__} has no interactive sessions")
 
     @abc.abstractmethod
     async def put_bytes(self, data: bytes, path: str, *, mode: int = 0o600) -> None:

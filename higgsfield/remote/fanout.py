@@ -17,7 +17,7 @@ anywhere on a cluster with an unverified member, and the error is that node's on
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -27,6 +27,8 @@ from higgsfield.remote.base import Transport
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+
+    import asyncssh
 
     from higgsfield.config import Config, NodeConfig
 
@@ -86,11 +88,12 @@ class NodeResult(Generic[T]):
         return f"{type(self.error).__name__}: {self.error}"
 
 
-def transport_for(cfg: Config, node: NodeConfig) -> Transport:
+def transport_for(cfg: Config, node: NodeConfig, *, trusted: Sequence[asyncssh.SSHKey] = ()) -> Transport:
     """LocalTransport for ``localhost``, SSHTransport otherwise, with ``ssh.command_timeout``.
 
     An SSH transport trusts only the keys pinned in ``ssh.known_hosts`` (see
-    :mod:`higgsfield.remote.hostkeys`); it never pins one.
+    :mod:`higgsfield.remote.hostkeys`), and the ``trusted`` ones for itself alone (the
+    keys a user accepted for a ``setup --dry-run``, which pins nothing); it never pins one.
     """
     if node.is_local:
         from higgsfield.remote.local import LocalTransport
@@ -98,7 +101,7 @@ def transport_for(cfg: Config, node: NodeConfig) -> Transport:
         return LocalTransport(str(node.name), command_timeout=cfg.ssh.command_timeout)
     from higgsfield.remote.ssh import SSHTransport
 
-    return SSHTransport.from_config(cfg, node)
+    return SSHTransport.from_config(cfg, node, trusted=trusted)
 
 
 class Group:
@@ -108,9 +111,16 @@ class Group:
         self.members = list(members)
 
     @classmethod
-    def of(cls, cfg: Config, nodes: Sequence[NodeConfig]) -> Group:
-        """A group of ``nodes`` (not connected yet), ranked in the given order."""
-        return cls([Member(n, transport_for(cfg, n), i) for i, n in enumerate(nodes)])
+    def of(cls, cfg: Config, nodes: Sequence[NodeConfig], *,
+           trusted: Mapping[str, Sequence[asyncssh.SSHKey]] | None = None) -> Group:
+        """A group of ``nodes`` (not connected yet), ranked in the given order.
+
+        ``trusted``: node name -> host keys its transport trusts besides the pinned ones
+        (see :func:`transport_for`); only ``setup --dry-run`` passes any.
+        """
+        keys = trusted or {}
+        return cls([Member(n, transport_for(cfg, n, trusted=keys.get(str(n.name), ())), i)
+                    for i, n in enumerate(nodes)])
 
     @property
     def transports(self) -> list[Transport]:

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from higgsfield.errors import CommandError
-from higgsfield.remote.base import CommandResult, Transport
+from higgsfield.remote.base import CommandResult, Session, Transport
 
 
 class LocalTransport(Transport):
@@ -80,6 +80,20 @@ class LocalTransport(Transport):
             raise CommandError(self.node, f"'{argv[0]}' exited {proc.returncode}: {tail[0]}", proc.returncode,
                                "", err)
 
+    @contextlib.asynccontextmanager
+    async def session(self, argv: Sequence[str]) -> AsyncIterator[Session]:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, cwd=self.home, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, limit=1 << 20)
+        except FileNotFoundError:
+            raise CommandError(self.node, f"command not found: {argv[0]}", 127) from None
+        try:
+            yield _LocalSession(self.node, tuple(argv), proc)
+        finally:
+            if proc.returncode is None:
+                await _kill(proc)
+
     async def put_bytes(self, data: bytes, path: str, *, mode: int = 0o600) -> None:
         target = self._path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -95,6 +109,27 @@ class LocalTransport(Transport):
 
     async def close(self) -> None:
         return None
+
+
+class _LocalSession(Session):
+    def __init__(self, node: str, argv: tuple[str, ...], proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        self._node, self._argv, self._proc = node, argv, proc
+        self._stdin, self._stdout, self._stderr = proc.stdin, proc.stdout, proc.stderr
+
+    async def send(self, text: str) -> None:
+        self._stdin.write(text.encode())
+        await self._stdin.drain()
+
+    async def receive(self) -> str | None:
+        line = await self._stdout.readline()
+        return line.decode(errors="replace").rstrip("\n") if line else None
+
+    async def finish(self) -> CommandResult:
+        self._stdin.close()
+        out, err = await asyncio.gather(self._stdout.read(), self._stderr.read())
+        code = await self._proc.wait()
+        return CommandResult(self._node, self._argv, code, out.decode(errors="replace"), err.decode(errors="replace"))
 
 
 async def _kill(proc: asyncio.subprocess.Process) -> None:

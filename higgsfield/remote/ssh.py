@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import asyncssh
 
 from higgsfield.errors import CommandError, ConnectError, HostKeyError
-from higgsfield.remote.base import CommandResult, Timeouts, Transport
+from higgsfield.remote.base import CommandResult, Session, Timeouts, Transport
 from higgsfield.remote.hostkeys import HostKeyPolicy, PinnedHosts, fingerprint, scan_host_key
 
 if TYPE_CHECKING:
@@ -250,6 +250,21 @@ class SSHTransport(Transport):
             if proc.exit_status is None:  # abandoned (break, cancellation): stop the remote command
                 _stop(proc, "TERM")
 
+    @contextlib.asynccontextmanager
+    async def session(self, argv: Sequence[str]) -> AsyncIterator[Session]:
+        conn = await self._open()
+        try:
+            proc = await conn.create_process(build_command(argv), encoding="utf-8", errors="replace")
+        except (asyncssh.DisconnectError, asyncssh.ChannelOpenError, OSError) as e:
+            raise self._lost(argv, e) from None
+        try:
+            yield _SSHSession(self, tuple(argv), proc)
+        except (asyncssh.DisconnectError, OSError) as e:
+            raise self._lost(argv, e) from None
+        finally:
+            if proc.exit_status is None:  # abandoned (an error, cancellation): stop the remote command
+                _stop(proc, "TERM")
+
     # -- files ------------------------------------------------------------------
 
     async def put_bytes(self, data: bytes, path: str, *, mode: int = 0o600) -> None:
@@ -290,6 +305,28 @@ class SSHTransport(Transport):
             raise CommandError(self.node, f"cannot write {path}: {e.reason}") from None
         except (asyncssh.DisconnectError, OSError) as e:
             raise self._lost(["sftp"], e) from None
+
+
+class _SSHSession(Session):
+    def __init__(self, transport: SSHTransport, argv: tuple[str, ...], proc: asyncssh.SSHClientProcess[Any]) -> None:
+        self._transport = transport
+        self._argv = argv
+        self._proc = proc
+
+    async def send(self, text: str) -> None:
+        self._proc.stdin.write(text)
+        await self._proc.stdin.drain()
+
+    async def receive(self) -> str | None:
+        line = await self._proc.stdout.readline()
+        return str(line).rstrip("\n") if line else None
+
+    async def finish(self) -> CommandResult:
+        self._proc.stdin.write_eof()
+        out, err = await asyncio.gather(self._proc.stdout.read(), self._proc.stderr.read())
+        await self._proc.wait()
+        status = self._proc.exit_status if self._proc.exit_status is not None else 255
+        return CommandResult(self._transport.node, self._argv, status, _text(out), _text(err))
 
 
 def _stop(proc: asyncssh.SSHClientProcess[Any], signal: str) -> None:
