@@ -4,6 +4,14 @@ Every command a step runs goes through :meth:`NodeContext.run`, which writes the
 argv, exit status and full output to the node's log file
 (``.higgsfield/logs/setup/<node>.log``), so a failure's one-line reason can point
 there for the rest.
+
+A step's ``check`` reads the node through :meth:`NodeContext.read`: the runner first
+asks every selected step's :meth:`~higgsfield.provision.step.Step.reads` of the node
+in one probe (one SSH session, :mod:`higgsfield.remote.probe`), so a re-run where
+everything is in place costs a node one session for all its checks. Once a step has
+applied something the answers are stale: the next read probes again (one session,
+which the following steps' checks share). A node that cannot run the probe answers
+each read by running it.
 """
 
 from __future__ import annotations
@@ -19,9 +27,16 @@ from higgsfield.errors import HiggsfieldError, StepFailed
 from higgsfield.provision.wheels import Artifacts
 from higgsfield.remote.base import CommandResult, Transport
 from higgsfield.remote.invoker import node_state_dir
+from higgsfield.remote.probe import Probe, Read, probe
 
 if TYPE_CHECKING:
     from higgsfield.config import Config, NodeConfig
+
+
+ID_U = ("id", "-u")
+ID_UN = ("id", "-un")
+BASE_READS = (Read(ID_U), Read(ID_UN))
+"""What every probe asks: who the login is (:meth:`NodeContext.uid`, :meth:`NodeContext.user`)."""
 
 
 @dataclass
@@ -50,8 +65,9 @@ class NodeLog:
         self._f.write(text if text.endswith("\n") else text + "\n")
         self._f.flush()
 
-    def command(self, result: CommandResult, seconds: float) -> None:
-        self.write(f"$ {shlex.join(result.argv)}    # exit {result.exit_status}, {seconds:.2f}s")
+    def command(self, result: CommandResult, seconds: float | None) -> None:
+        took = f"{seconds:.2f}s" if seconds is not None else "in the probe"
+        self.write(f"$ {shlex.join(result.argv)}    # exit {result.exit_status}, {took}")
         for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
             if text.strip():
                 self.write("".join(f"  {name}| {ln}\n" for ln in text.rstrip("\n").splitlines()))
@@ -69,6 +85,11 @@ class NodeContext:
     options: SetupOptions
     artifacts: Artifacts
     facts: dict[str, Any] = field(default_factory=dict)
+    reads: list[Read] = field(default_factory=list)
+    """What the probe asks the node: the reads of the steps of this run (see the module doc)."""
+    probed: Probe | None = None
+    stale: bool = True
+    """The probe's answers may be out of date (none yet, or a step applied something since)."""
 
     @property
     def name(self) -> str:
@@ -90,18 +111,45 @@ class NodeContext:
         self.log.command(result, time.monotonic() - start)
         return result.check() if check else result
 
+    async def probe(self) -> Probe:
+        """Ask the node all of ``reads`` at once (one session), logging every answer."""
+        self.probed = got = await probe(self.transport, self.reads)
+        self.stale = False
+        self.log.write(f"# probe: {len(got.answers)} read-only commands in one session, {got.seconds:.2f}s"
+                       + (f" ({got.error}: each check runs its own commands)" if got.error else ""))
+        if got.uid is not None:
+            self.facts["uid"] = got.uid
+        for result in got.answers.values():
+            self.log.command(result, None)
+        return got
+
+    async def read(self, argv: Sequence[str], *, root: bool = False) -> CommandResult:
+        """A read-only command's result (never raises for its exit status): from the node's probe when one
+        of this run's steps declared it, else run now (as root through :meth:`sudo` for ``root``)."""
+        want = Read(tuple(argv), root)
+        if want in self.reads:
+            got = (await self.probe() if self.stale else self.probed)
+            answer = got.answer(want) if got else None
+            if answer is not None:
+                return answer
+        return await (self.sudo(argv, check=False) if root else self.run(argv, check=False))
+
+    def changed(self) -> None:
+        """Something on the node changed: the next read probes again."""
+        self.stale = True
+
     async def ok(self, argv: Sequence[str]) -> bool:
         """Whether ``argv`` exits 0 (a missing command counts as failing)."""
         return (await self.run(argv, check=False)).ok
 
     async def uid(self) -> int:
         if "uid" not in self.facts:
-            self.facts["uid"] = int((await self.run(["id", "-u"])).stdout.strip())
+            self.facts["uid"] = int((await self.read(ID_U)).check().stdout.strip())
         return int(self.facts["uid"])
 
     async def user(self) -> str:
         if "user" not in self.facts:
-            self.facts["user"] = (await self.run(["id", "-un"])).stdout.strip()
+            self.facts["user"] = (await self.read(ID_UN)).check().stdout.strip()
         return str(self.facts["user"])
 
     async def sudo(self, argv: Sequence[str], *, check: bool = True,

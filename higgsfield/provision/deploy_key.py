@@ -17,6 +17,8 @@ from pathlib import Path
 
 from higgsfield.provision.context import NodeContext
 from higgsfield.provision.step import Check, Step
+from higgsfield.remote.base import CommandResult
+from higgsfield.remote.probe import Read
 
 KEY_PATH = ".ssh/higgsfield_deploy_key"
 KNOWN_HOSTS_PATH = ".ssh/higgsfield_github_known_hosts"
@@ -29,6 +31,19 @@ GITHUB_KNOWN_HOSTS = (
     "github.com ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTYAAABBBEmKSENjQEezOmxkZMy7opKgwFB9"
     "nkt5YRrYMjNuG5N87uRgg6CLrbo5wAdT/y6v0mKV0U2w0WZ2YB/++Tpockg=\n"
 )
+
+
+KEY_HASH = ("sha256sum", KEY_PATH)
+KEY_MODE = ("stat", "-c", "%a", KEY_PATH)
+CONFIG_CAT = ("cat", CONFIG_PATH)
+CONFIG_EXISTS = ("test", "-e", CONFIG_PATH)
+
+
+def _config_text(cat: CommandResult, exists: CommandResult) -> str:
+    """``~/.ssh/config`` as read by ``cat``: empty when absent; CommandError when it exists but is unreadable."""
+    if not cat.ok and exists.ok:
+        cat.check()
+    return cat.stdout if cat.ok else ""
 
 
 def default_key_path(project: str) -> Path:
@@ -73,30 +88,35 @@ class DeployKeyStep(Step):
     def _key(self, ctx: NodeContext) -> Path:
         return ctx.options.deploy_key or default_key_path(ctx.cfg.name)
 
-    async def _remote_config(self, ctx: NodeContext) -> str:
-        r = await ctx.run(["cat", CONFIG_PATH], check=False)
-        if not r.ok and await ctx.ok(["test", "-e", CONFIG_PATH]):
-            r.check()  # exists but unreadable: say so
-        return r.stdout if r.ok else ""
-
-    async def check(self, ctx: NodeContext) -> Check:
+    def _skip(self, ctx: NodeContext) -> Check | None:
         if ctx.node.is_local:
             return Check(False, "local node: uses your own git credentials", skip=True)
         key = self._key(ctx)
         if not key.is_file():
             return Check(False, f"no deploy key at {key}: run 'higgsfield init' or set a key path", skip=True)
-        want = hashlib.sha256(key.read_bytes()).hexdigest()
+        return None
+
+    def reads(self, ctx: NodeContext) -> list[Read]:
+        if self._skip(ctx):
+            return []
+        return [Read(KEY_HASH), Read(KEY_MODE), Read(("cat", KNOWN_HOSTS_PATH)), Read(CONFIG_CAT), Read(CONFIG_EXISTS)]
+
+    async def check(self, ctx: NodeContext) -> Check:
+        skip = self._skip(ctx)
+        if skip:
+            return skip
+        want = hashlib.sha256(self._key(ctx).read_bytes()).hexdigest()
         problems = []
-        r = await ctx.run(["sha256sum", KEY_PATH], check=False)
+        r = await ctx.read(KEY_HASH)
         if not r.ok or r.stdout.split()[:1] != [want]:
             problems.append("key missing or different")
-        mode = await ctx.run(["stat", "-c", "%a", KEY_PATH], check=False)
+        mode = await ctx.read(KEY_MODE)
         if mode.ok and mode.stdout.strip() != "600":
             problems.append(f"key mode {mode.stdout.strip()}")
-        kh = await ctx.run(["cat", KNOWN_HOSTS_PATH], check=False)
+        kh = await ctx.read(("cat", KNOWN_HOSTS_PATH))
         if kh.stdout != GITHUB_KNOWN_HOSTS:
             problems.append("github.com host keys missing")
-        config = await self._remote_config(ctx)
+        config = _config_text(await ctx.read(CONFIG_CAT), await ctx.read(CONFIG_EXISTS))
         if with_block(config, managed_block(ctx.cfg.name)) != config:
             problems.append("~/.ssh/config block missing or different")
         if problems:
@@ -108,7 +128,7 @@ class DeployKeyStep(Step):
         await ctx.run(["chmod", "700", ".ssh"])
         await ctx.transport.put_bytes(self._key(ctx).read_bytes(), KEY_PATH, mode=0o600)
         await ctx.transport.put_bytes(GITHUB_KNOWN_HOSTS.encode(), KNOWN_HOSTS_PATH, mode=0o644)
-        config = await self._remote_config(ctx)
+        config = _config_text(await ctx.run(CONFIG_CAT, check=False), await ctx.run(CONFIG_EXISTS, check=False))
         new = with_block(config, managed_block(ctx.cfg.name))
         if new != config:
             await ctx.transport.put_bytes(new.encode(), CONFIG_PATH, mode=0o600)

@@ -22,6 +22,7 @@ from higgsfield.provision.context import NodeContext
 from higgsfield.provision.step import Check, Step
 from higgsfield.provision.wheels import NodePython, build_id
 from higgsfield.remote.invoker import invoker_bin, venv_dir
+from higgsfield.remote.probe import Read
 
 MIN_PYTHON = (3, 10)
 _PROBE = ("import json, platform, sys; print(json.dumps({'version': '%d.%d' % sys.version_info[:2], "
@@ -29,9 +30,13 @@ _PROBE = ("import json, platform, sys; print(json.dumps({'version': '%d.%d' % sy
 VERSION_RE = re.compile(r"version\s+(\S+)")
 
 
+def _version_argv(ctx: NodeContext) -> tuple[str, ...]:
+    return (*invoker_bin(ctx.cfg, ctx.node), "--version")
+
+
 async def installed_version(ctx: NodeContext) -> str | None:
     """The invoker's version on the node (``higgsfield --version``), or None when absent."""
-    r = await ctx.run([*invoker_bin(ctx.cfg, ctx.node), "--version"], check=False)
+    r = await ctx.read(_version_argv(ctx))
     m = VERSION_RE.search(r.stdout) if r.ok else None
     return m.group(1) if m else None
 
@@ -44,6 +49,9 @@ class InvokerStep(Step):
     def _marker(self, ctx: NodeContext) -> str:
         return f"{venv_dir(ctx.cfg)}/higgsfield-build"
 
+    def reads(self, ctx: NodeContext) -> list[Read]:
+        return [] if ctx.node.is_local else [Read(_version_argv(ctx)), Read(("cat", self._marker(ctx)))]
+
     async def check(self, ctx: NodeContext) -> Check:
         if ctx.node.is_local:
             return Check(False, f"local node: runs this Python's higgsfield {higgsfield.__version__}", skip=True)
@@ -52,7 +60,7 @@ class InvokerStep(Step):
             return Check(False, "not installed")
         if version != higgsfield.__version__:
             return Check(False, f"version {version} installed, {higgsfield.__version__} wanted")
-        marker = await ctx.run(["cat", self._marker(ctx)], check=False)
+        marker = await ctx.read(("cat", self._marker(ctx)))
         if marker.stdout.strip() != build_id():
             return Check(False, f"{version} installed from another build ({marker.stdout.strip() or 'unknown'})")
         return Check(True, f"higgsfield {version}")

@@ -6,11 +6,16 @@ Use::
     report.ok          # every node ready
     report.failures()  # ["gpu-2: docker: ... (full output: .higgsfield/logs/setup/gpu-2.log)"]
 
-Per node: connect, verifying the host key strictly, then each step in order:
-``check``; if needed ``apply`` then ``verify``. A step whose prerequisite failed is
-``not run``; a failed node never stops the others (even an unexpected exception is
-that node's result). ``on_event(node, step, state, detail)`` reports progress for a
-live view (``state`` is "running" or an :class:`Outcome` value).
+The nodes are a :class:`~higgsfield.remote.fanout.Group` (one per run, chosen by
+:func:`~higgsfield.remote.fanout.select_nodes`). Per node: connect, verifying the host
+key strictly, then each step in order: ``check``; if needed ``apply`` then ``verify``.
+The checks read the node through one probe (every selected step's reads in one SSH
+session, see :mod:`higgsfield.provision.context`), so a re-run where everything is in
+place costs a node one session. A step whose prerequisite failed is ``not run``; a
+failed node never stops the others (even an unexpected exception is that node's
+result). ``on_event(node, step, state, detail)`` reports progress for a live view
+(``state`` is "running" or an :class:`Outcome` value); an applied step's detail says
+what was done (what its ``verify`` found goes to the node's log).
 
 New host keys: ``host_keys`` is the :class:`~higgsfield.provision.trust.HostScan`
 the user accepted (see :mod:`higgsfield.provision.trust`); its keys are pinned
@@ -23,7 +28,6 @@ is written.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
 import time
@@ -34,20 +38,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from higgsfield.errors import ConfigError, ConnectError, HiggsfieldError
-from higgsfield.provision.context import NodeContext, NodeLog, SetupOptions
+from higgsfield.provision.context import BASE_READS, NodeContext, NodeLog, SetupOptions
 from higgsfield.provision.deploy_key import DeployKeyStep
 from higgsfield.provision.invoker import InvokerStep
 from higgsfield.provision.step import Outcome, Step
 from higgsfield.provision.system import BaseImageStep, DockerGroupStep, DockerStep, NvidiaStep, OsStep
 from higgsfield.provision.trust import HostScan, pin_accepted, trusted_keys
 from higgsfield.provision.wheels import Artifacts
-from higgsfield.remote.base import Transport
-from higgsfield.remote.fanout import transport_for
+from higgsfield.remote.fanout import Group, Member, select_nodes
 
 if TYPE_CHECKING:
-    import asyncssh
-
-    from higgsfield.config import Config, NodeConfig
+    from higgsfield.config import Config
 
 STEPS: tuple[Step, ...] = (OsStep(), DockerStep(), DockerGroupStep(), NvidiaStep(), InvokerStep(),
                            DeployKeyStep(), BaseImageStep())
@@ -72,6 +73,8 @@ class NodeReport:
     log_path: Path | None = None
     fingerprint: str | None = None
     pinned_now: bool = False
+    user: str | None = None
+    """The login user on the node, once a step asked (so a report can merge notes that differ only in it)."""
     error: str | None = None
     """Why the node could not be reached (then every step is ``not run``)."""
 
@@ -122,13 +125,6 @@ def select_steps(names: Sequence[str] | None) -> list[Step]:
     return [s for s in STEPS if s.name in names]
 
 
-def select_nodes(cfg: Config, names: Sequence[str] | None) -> list[NodeConfig]:
-    if not names:
-        return list(cfg.nodes)
-    chosen = {id(cfg.node(n)) for n in names}  # raises ConfigError for an unknown name
-    return [n for n in cfg.nodes if id(n) in chosen]
-
-
 def log_file(log_dir: Path, node: str) -> Path:
     return log_dir / (re.sub(r"[^A-Za-z0-9_.-]", "_", node) + ".log")
 
@@ -143,61 +139,50 @@ async def provision(cfg: Config, *, nodes: Sequence[str] | None = None, steps: S
     start = time.monotonic()
     opts = options or SetupOptions()
     chosen_steps = select_steps(steps)
-    chosen_nodes = select_nodes(cfg, nodes)
+    chosen_nodes = select_nodes(cfg, names=nodes or ())
     log_dir = opts.log_dir or cfg.project_dir / ".higgsfield" / "logs" / "setup"
     artifacts = Artifacts(opts.cache_dir or cfg.project_dir / ".higgsfield" / "cache")
     emit = on_event or (lambda *_: None)
 
     # built up front: a config problem (e.g. no ssh.user) is one error before anything connects
-    trusted = trusted_keys(host_keys) if dry_run else {}
-    transports = {id(n): _transport(cfg, n, trusted.get(str(n.name), [])) for n in chosen_nodes}
+    group = Group.of(cfg, chosen_nodes, trusted=trusted_keys(host_keys) if dry_run else None)
     if host_keys is not None and not dry_run:
         pin_accepted(cfg, host_keys.new)
-    accepted = {k.node: k.fingerprint for k in host_keys.new} if host_keys else {}
+    accepted = {k.node for k in host_keys.new} if host_keys else set()
     unreachable = dict(host_keys.failed) if host_keys else {}
 
-    async def one(node: NodeConfig) -> NodeReport:
-        rank = cfg.nodes.index(node)
-        name = str(node.name)
-        log_path = log_file(log_dir, name)
-        try:
-            return await _provision_node(cfg, node, rank, transports[id(node)], chosen_steps, dry_run, opts,
-                                         artifacts, log_path, emit, pinned_now=name in accepted,
-                                         unreachable=unreachable.get(name))
-        except Exception as e:  # noqa: BLE001 - a bug or an unexpected error on one node must not stop the others
-            return _crashed(node, rank, chosen_steps, log_path, e, emit)
+    async def one(m: Member) -> NodeReport:
+        return await _provision_node(cfg, m, chosen_steps, dry_run, opts, artifacts, log_file(log_dir, m.name), emit,
+                                     pinned_now=m.name in accepted, unreachable=unreachable.get(m.name))
 
-    reports = await asyncio.gather(*(one(n) for n in chosen_nodes))
-    return SetupReport(list(reports), [s.name for s in chosen_steps], dry_run, time.monotonic() - start)
+    try:
+        results = await group.run(one)
+    finally:
+        await group.close()
+    reports = [r.value if r.value is not None else
+               _crashed(r.node, cfg.nodes.index(m.node), chosen_steps, log_file(log_dir, r.node), r.error, emit)
+               for m, r in zip(group.members, results, strict=True)]
+    return SetupReport(reports, [s.name for s in chosen_steps], dry_run, time.monotonic() - start)
 
 
-def _crashed(node: NodeConfig, rank: int, steps: list[Step], log_path: Path, e: Exception,
+def _crashed(name: str, rank: int, steps: list[Step], log_path: Path, e: BaseException | None,
              emit: Event) -> NodeReport:
     """The report of a node whose setup raised an unexpected exception (its traceback goes to its log)."""
-    name = str(node.name)
     error = f"unexpected error: {type(e).__name__}: {e}"
     with contextlib.suppress(OSError):
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "a") as f:
-            f.write(f"# {error}\n{traceback.format_exc()}")
+            f.write(f"# {error}\n{''.join(traceback.format_exception(type(e), e, e.__traceback__)) if e else ''}")
     with contextlib.suppress(Exception):
         emit(name, CONNECT, Outcome.FAILED.value, error)
     return NodeReport(name, rank, [StepResult(s.name, Outcome.NOT_RUN, error) for s in steps], log_path, error=error)
 
 
-def _transport(cfg: Config, node: NodeConfig, trusted: list[asyncssh.SSHKey]) -> Transport:
-    if not trusted:
-        return transport_for(cfg, node)
-    from higgsfield.remote.ssh import SSHTransport
-
-    return SSHTransport.from_config(cfg, node, trusted=trusted)  # a dry run: accepted, not pinned
-
-
-async def _provision_node(cfg: Config, node: NodeConfig, rank: int, transport: Transport, steps: list[Step],
-                          dry_run: bool, opts: SetupOptions, artifacts: Artifacts, log_path: Path,
-                          emit: Event, *, pinned_now: bool = False, unreachable: str | None = None) -> NodeReport:
-    name = str(node.name)
-    report = NodeReport(name, rank, log_path=log_path)
+async def _provision_node(cfg: Config, m: Member, steps: list[Step], dry_run: bool, opts: SetupOptions,
+                          artifacts: Artifacts, log_path: Path, emit: Event, *, pinned_now: bool = False,
+                          unreachable: str | None = None) -> NodeReport:
+    name, transport = m.name, m.transport
+    report = NodeReport(name, cfg.nodes.index(m.node), log_path=log_path)
     log = NodeLog(log_path)
     try:
         log.write(f"# higgsfield setup on {name} ({'dry run' if dry_run else 'apply'}), "
@@ -215,13 +200,14 @@ async def _provision_node(cfg: Config, node: NodeConfig, rank: int, transport: T
             for s in steps:
                 emit(name, s.name, Outcome.NOT_RUN.value, "node unreachable")
             return report
-        report.fingerprint = getattr(transport, "fingerprint", None)
+        report.fingerprint = transport.fingerprint
         report.pinned_now = pinned_now
         verb = "trusted (dry run, not pinned)" if dry_run else "pinned"
         note = f"{verb} new host key {report.fingerprint}" if pinned_now else (report.fingerprint or "local")
         log.write(f"# connected: {note}")
         emit(name, CONNECT, Outcome.DONE.value, note)
-        ctx = NodeContext(cfg, node, transport, log, opts, artifacts)
+        ctx = NodeContext(cfg, m.node, transport, log, opts, artifacts)
+        ctx.reads = list(dict.fromkeys([*BASE_READS, *(r for s in steps for r in s.reads(ctx))]))
         selected = {s.name for s in steps}
         outcomes: dict[str, Outcome] = {}
         for step in steps:
@@ -234,6 +220,7 @@ async def _provision_node(cfg: Config, node: NodeConfig, rank: int, transport: T
             outcomes[step.name] = result.outcome
             report.steps.append(result)
             emit(name, step.name, result.outcome.value, result.detail)
+        report.user = ctx.facts.get("user")
         return report
     finally:
         await transport.close()
@@ -257,10 +244,14 @@ async def _run_step(step: Step, ctx: NodeContext, dry_run: bool) -> StepResult:
         if dry_run:
             return done(Outcome.WOULD_APPLY, check.detail)
         ctx.log.write(f"## {step.name}: apply ({check.detail})")
-        applied = await step.apply(ctx)
+        try:
+            applied = await step.apply(ctx)
+        finally:
+            ctx.changed()  # the probe's answers are stale now: verify and the next checks probe again
         ctx.log.write(f"## {step.name}: verify")
         verified = await step.verify(ctx)
-        return done(Outcome.APPLIED, f"{applied} ({verified})" if verified else applied)
+        ctx.log.write(f"## {step.name}: verified: {verified}")
+        return done(Outcome.APPLIED, applied)
     except HiggsfieldError as e:
         return done(Outcome.FAILED, str(getattr(e, "reason", None) or e))
     except Exception as e:  # noqa: BLE001 - a bug in one step must not take down the other nodes

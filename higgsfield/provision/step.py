@@ -2,7 +2,8 @@
 
 A step is idempotent by construction: the runner calls ``apply`` only when ``check``
 says the node is not there yet, then ``verify`` must pass. ``check`` never changes
-the node, which is what lets ``--dry-run`` run it.
+the node, which is what lets ``--dry-run`` run it. It declares what it reads
+(``reads``), so the runner asks a node all the checks' commands in one probe.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import ClassVar
 
 from higgsfield.errors import StepFailed
 from higgsfield.provision.context import NodeContext
+from higgsfield.remote.probe import Read
 
 
 class Outcome(str, enum.Enum):
@@ -42,6 +44,13 @@ class Step:
     title: ClassVar[str]
     needs: ClassVar[tuple[str, ...]] = ()
     """Steps that must have succeeded on the node first (when they are part of the run)."""
+
+    def reads(self, ctx: NodeContext) -> list[Read]:
+        """The read-only commands ``check`` reads (:meth:`NodeContext.read`), asked of the node in one probe.
+
+        A command ``check`` reads that is not declared here still works: it runs on its own session.
+        """
+        return []
 
     async def check(self, ctx: NodeContext) -> Check:
         raise NotImplementedError

@@ -8,29 +8,42 @@ import shlex
 from higgsfield.errors import StepFailed
 from higgsfield.provision.context import NodeContext
 from higgsfield.provision.step import Check, Step
+from higgsfield.remote.probe import Read
 
 DOCKER_PACKAGES = ("docker.io",)  # the distribution's package: no third-party script, no curl | bash
 NVIDIA_REPO = "https://nvidia.github.io/libnvidia-container"
 NVIDIA_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
 NVIDIA_LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
 
+UNAME = ("uname", "-sm")
+OS_RELEASE = ("cat", "/etc/os-release")
+SUDO_OK = ("sudo", "-n", "true")
+DOCKER_CLI = ("docker", "--version")
+DOCKER_SERVER = ("docker", "info", "--format", "{{.ServerVersion}}")
+DOCKER_RUNTIMES = ("docker", "info", "--format", "{{json .Runtimes}}")
+USER_GROUPS = ("sh", "-c", 'id -nG "$(id -un)"')  # the group database's, not this login's (which may predate)
+GPU_NAMES = ("nvidia-smi", "--query-gpu=name", "--format=csv,noheader")
+
 
 class OsStep(Step):
     name = "os"
     title = "OS + sudo"
 
+    def reads(self, ctx: NodeContext) -> list[Read]:
+        return [Read(UNAME), Read(OS_RELEASE), Read(SUDO_OK)]
+
     async def check(self, ctx: NodeContext) -> Check:
-        kernel = (await ctx.run(["uname", "-sm"])).stdout.split()
+        kernel = (await ctx.read(UNAME)).check().stdout.split()
         if not kernel or kernel[0] != "Linux":
             raise StepFailed(f"{ctx.name} runs {' '.join(kernel) or 'an unknown OS'}: only Linux nodes are supported")
-        release = (await ctx.run(["cat", "/etc/os-release"], check=False)).stdout
+        release = (await ctx.read(OS_RELEASE)).stdout
         fields = dict(ln.split("=", 1) for ln in release.splitlines() if "=" in ln)
         pretty = fields.get("PRETTY_NAME", "Linux").strip('"')
         ctx.facts["os_id"] = fields.get("ID", "").strip('"')
         ctx.facts["arch"] = kernel[1] if len(kernel) > 1 else ""
         if await ctx.uid() == 0:
             return Check(True, f"{pretty}, {ctx.facts['arch']}, root")
-        sudo = await ctx.run(["sudo", "-n", "true"], check=False)
+        sudo = await ctx.read(SUDO_OK)
         if not sudo.ok:
             user = await ctx.user()
             why = (sudo.stderr.strip().splitlines() or ["sudo failed"])[-1]
@@ -50,11 +63,14 @@ class DockerStep(Step):
     title = "Docker"
     needs = ("os",)
 
+    def reads(self, ctx: NodeContext) -> list[Read]:
+        return [Read(DOCKER_CLI), Read(DOCKER_SERVER, root=True)]
+
     async def check(self, ctx: NodeContext) -> Check:
-        version = await ctx.run(["docker", "--version"], check=False)
+        version = await ctx.read(DOCKER_CLI)
         if not version.ok:
             return Check(False, "docker is not installed")
-        info = await ctx.sudo(["docker", "info", "--format", "{{.ServerVersion}}"], check=False)
+        info = await ctx.read(DOCKER_SERVER, root=True)
         if not info.ok:
             return Check(False, "docker is installed but its engine does not answer")
         return Check(True, f"Docker {info.stdout.strip()}")
@@ -81,13 +97,16 @@ class DockerGroupStep(Step):
     title = "docker group"
     needs = ("docker",)
 
+    def reads(self, ctx: NodeContext) -> list[Read]:
+        return [Read(DOCKER_SERVER), Read(USER_GROUPS)]
+
     async def check(self, ctx: NodeContext) -> Check:
         user = await ctx.user()
         if await ctx.uid() == 0:
             return Check(True, "root uses docker directly")
-        if await ctx.ok(["docker", "info", "--format", "{{.ServerVersion}}"]):
+        if (await ctx.read(DOCKER_SERVER)).ok:
             return Check(True, f"{user} can use docker")
-        groups = (await ctx.run(["id", "-nG", user])).stdout.split()
+        groups = (await ctx.read(USER_GROUPS)).check().stdout.split()
         if "docker" in groups:
             return Check(False, f"{user} is in the docker group but this login predates it")
         return Check(False, f"{user} is not in the docker group")
@@ -111,12 +130,15 @@ class NvidiaStep(Step):
     title = "NVIDIA toolkit"
     needs = ("docker",)
 
+    def reads(self, ctx: NodeContext) -> list[Read]:
+        return [Read(GPU_NAMES), Read(DOCKER_RUNTIMES, root=True)]
+
     async def _gpus(self, ctx: NodeContext) -> list[str]:
-        r = await ctx.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], check=False)
+        r = await ctx.read(GPU_NAMES)
         return [ln.strip() for ln in r.stdout.splitlines() if ln.strip()] if r.ok else []
 
     async def _runtime(self, ctx: NodeContext) -> bool:
-        r = await ctx.sudo(["docker", "info", "--format", "{{json .Runtimes}}"], check=False)
+        r = await ctx.read(DOCKER_RUNTIMES, root=True)
         try:
             return r.ok and "nvidia" in json.loads(r.stdout or "{}")
         except json.JSONDecodeError:
@@ -158,11 +180,20 @@ class BaseImageStep(Step):
     title = "base image"
     needs = ("docker-group",)
 
+    def _inspect(self, ctx: NodeContext) -> tuple[str, ...] | None:
+        image = ctx.cfg.docker.base_image
+        return ("docker", "image", "inspect", "--format", "{{.Id}}", image) if image else None
+
+    def reads(self, ctx: NodeContext) -> list[Read]:
+        inspect = self._inspect(ctx)
+        return [Read(inspect)] if inspect else []
+
     async def check(self, ctx: NodeContext) -> Check:
         image = ctx.cfg.docker.base_image
-        if not image:
+        inspect = self._inspect(ctx)
+        if not image or not inspect:
             return Check(False, "docker.base_image is not set in higgsfield.yml", skip=True)
-        r = await ctx.run(["docker", "image", "inspect", "--format", "{{.Id}}", image], check=False)
+        r = await ctx.read(inspect)
         if r.ok:
             return Check(True, f"{image} present ({r.stdout.strip()[:19]})")
         if "permission denied" in r.stderr.lower():

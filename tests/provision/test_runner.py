@@ -128,7 +128,9 @@ def test_dry_run_changes_no_pins(tmp_path: Path, fake_steps: None) -> None:
 def test_an_unexpected_exception_is_that_nodes_result(tmp_path: Path, fake_steps: None,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = _cfg(tmp_path, [{"host": "localhost"}, {"host": "127.0.0.1", "name": "buggy", "user": "tester"}])
-    real = runner_mod.transport_for
+    from higgsfield.remote import fanout
+
+    real = fanout.transport_for
 
     class Buggy:
         node = "buggy"
@@ -139,10 +141,10 @@ def test_an_unexpected_exception_is_that_nodes_result(tmp_path: Path, fake_steps
         async def close(self) -> None:
             return None
 
-    def fake(cfg: Config, node: object) -> object:
-        return Buggy() if getattr(node, "name", None) == "buggy" else real(cfg, node)  # type: ignore[arg-type]
+    def fake(cfg: Config, node: object, **kw: object) -> object:
+        return Buggy() if getattr(node, "name", None) == "buggy" else real(cfg, node, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(runner_mod, "transport_for", fake)
+    monkeypatch.setattr(fanout, "transport_for", fake)
     report = asyncio.run(provision(cfg, steps=["a", "b"], options=SetupOptions(cache_dir=tmp_path / "cache")))
     local, buggy = report.nodes
     assert local.ok and [s.outcome for s in local.steps] == [Outcome.DONE, Outcome.APPLIED]
