@@ -12,6 +12,11 @@ whose key changed, is refused before authentication and reported with the key it
 offers (``higgsfield setup`` pins it; ``setup --repin`` re-pins it), and no check runs
 there, since its identity is unverified. Every problem comes with the command that fixes it.
 
+A node costs two SSH sessions, whatever the checks: one probe asks it every read-only
+command at once and measures its clock (:mod:`higgsfield.remote.probe`), and one more
+listens (node 0) or connects (the others) for the rendezvous check, which runs
+meanwhile. Each check is a function of the probe's answers.
+
 Use::
 
     report = await diagnose(cfg)
@@ -32,8 +37,9 @@ import higgsfield
 from higgsfield.errors import ConnectError, HiggsfieldError, HostKeyError, HostNotPinnedError
 from higgsfield.ports import RENDEZVOUS_PORTS
 from higgsfield.remote.base import CommandResult, Transport
-from higgsfield.remote.fanout import transport_for
+from higgsfield.remote.fanout import Group, Member, NodeResult, select_nodes
 from higgsfield.remote.invoker import invoker_argv, invoker_bin
+from higgsfield.remote.probe import Clock, Read, probe
 
 if TYPE_CHECKING:
     from higgsfield.config import Config, NodeConfig
@@ -68,6 +74,14 @@ while got < want and time.monotonic() < end:
         pass
 print("accepted", got, flush=True)
 """
+SUDO_OK = ("sudo", "-n", "true")
+DOCKER_SERVER = ("docker", "info", "--format", "{{.ServerVersion}}")
+DOCKER_RUNTIMES = ("docker", "info", "--format", "{{json .Runtimes}}")
+GPU_QUERY = ("nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader")
+SMI = ("nvidia-smi",)
+DF_HOME = ("df", "-Pk", ".")
+DF_IMAGES = ("sh", "-c", 'd=$(docker info --format "{{.DockerRootDir}}" 2>/dev/null) && [ -n "$d" ] && df -Pk "$d"')
+
 _CONNECT = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), float(sys.argv[3])).close()"
 
 
@@ -113,38 +127,68 @@ class DoctorReport:
                 "problems": self.problems()}
 
 
+@dataclass
+class Facts:
+    """What one node answered: the probe's results by argv, its login's uid, its clock."""
+
+    node: str
+    answers: dict[tuple[str, ...], CommandResult] = field(default_factory=dict)
+    uid: int | None = None
+    clock: Clock | None = None
+
+    def __call__(self, argv: Sequence[str]) -> CommandResult:
+        got = self.answers.get(tuple(argv))
+        return got if got is not None else CommandResult(self.node, tuple(argv), 127, "", "not asked")
+
+
+def reads(cfg: Config, node: NodeConfig) -> list[tuple[str, ...]]:
+    """Every command the checks read on ``node``."""
+    out = [SUDO_OK, DOCKER_SERVER, DOCKER_RUNTIMES, GPU_QUERY, SMI, DF_HOME, DF_IMAGES, _version_argv(cfg, node)]
+    env = _env_argv(cfg, node)
+    return out + ([env] if env else [])
+
+
 async def diagnose(cfg: Config, nodes: Sequence[str] | None = None) -> DoctorReport:
     """Check the chosen nodes (default: all) concurrently; never raises for a node's problem."""
     start = time.monotonic()
-    chosen = [cfg.node(n) for n in nodes] if nodes else list(cfg.nodes)
-    transports = {str(n.name): transport_for(cfg, n) for n in chosen}  # verify host keys, never pin
+    group = Group.of(cfg, select_nodes(cfg, names=nodes or ()))  # verify host keys, never pin
+    diags = {m.name: NodeDiagnosis(m.name, cfg.nodes.index(m.node)) for m in group.members}
     try:
-        diags = await asyncio.gather(*(_diagnose_node(cfg, n, transports[str(n.name)]) for n in chosen))
-        reachable = {d.node for d in diags if "sudo" in d.checks}  # connected, host key accepted
-        await _rendezvous(cfg, chosen, transports, reachable, {d.node: d for d in diags})
+        connected = await group.run(lambda m: _connect(cfg, m, diags[m.name]))
+        up = Group([m for m, r in zip(group.members, connected, strict=True) if r.value])
+        checked, _ = await asyncio.gather(up.run(lambda m: _check_node(cfg, m, diags[m.name])),
+                                          _rendezvous(cfg, group, up, diags))
+        results: list[NodeResult[Any]] = [*connected, *checked]
+        for r in (r for r in results if not r.ok):  # the connection was lost, or a bug: that node's one problem
+            diags[r.node].checks["ssh"] = Probe(False, "error", f"the checks could not run: {r.reason}")
     finally:
-        await asyncio.gather(*(t.close() for t in transports.values()), return_exceptions=True)
-    return DoctorReport(list(diags), time.monotonic() - start)
+        await group.close()
+    return DoctorReport(list(diags.values()), time.monotonic() - start)
 
 
 async def _run(t: Transport, argv: Sequence[str]) -> CommandResult:
     return await t.run(argv, check=False, timeout=COMMAND_TIMEOUT_S)
 
 
-async def _diagnose_node(cfg: Config, node: NodeConfig, t: Transport) -> NodeDiagnosis:
-    d = NodeDiagnosis(str(node.name), cfg.nodes.index(node))
-    if not await _connect(cfg, node, t, d):
-        return d
-    for name, probe in (("sudo", _sudo), ("docker", _docker), ("gpus", _gpus), ("disk", _disk),
-                        ("clock", _clock), ("invoker", _invoker), ("environment", _environment)):
-        try:
-            d.checks[name] = await probe(cfg, node, t)
-        except HiggsfieldError as e:
-            d.checks[name] = Probe(False, "error", str(getattr(e, "reason", e)))
-    return d
+async def _check_node(cfg: Config, m: Member, d: NodeDiagnosis) -> None:
+    p = await probe(m.transport, [Read(a, timeout=COMMAND_TIMEOUT_S) for a in reads(cfg, m.node)], clock=True,
+                    timeout=COMMAND_TIMEOUT_S + 10)
+    if p.error is not None:  # every check reads the probe's answers: without python3 none can run
+        d.checks["ssh"] = Probe(False, "no python3", f"cannot probe the node: {p.error}",
+                                "install python3 on the node (higgsfield setup --step invoker does)")
+        return
+    facts = Facts(m.name, {r.argv: a for r, a in p.answers.items()}, p.uid, p.clock)
+    d.checks["sudo"] = _sudo(facts)
+    d.checks["docker"] = _docker(facts)
+    d.checks["gpus"] = _gpus(facts)
+    d.checks["disk"] = _disk(facts)
+    d.checks["clock"] = _clock(facts.clock)
+    d.checks["invoker"] = _invoker(cfg, m.node, facts)
+    d.checks["environment"] = _environment(cfg, m.node, facts)
 
 
-async def _connect(cfg: Config, node: NodeConfig, t: Transport, d: NodeDiagnosis) -> bool:
+async def _connect(cfg: Config, m: Member, d: NodeDiagnosis) -> bool:
+    node, t = m.node, m.transport
     if node.is_local:
         d.checks["ssh"] = Probe(True, "local")
         d.checks["host key"] = Probe(True, "-")
@@ -170,14 +214,14 @@ async def _connect(cfg: Config, node: NodeConfig, t: Transport, d: NodeDiagnosis
         return False
     d.checks["ssh"] = Probe(True, f"ok {time.monotonic() - start:.2f}s")
     # connected: the transport accepts pinned keys only
-    d.checks["host key"] = Probe(True, "matches", data={"fingerprint": getattr(t, "fingerprint", None)})
+    d.checks["host key"] = Probe(True, "matches", data={"fingerprint": t.fingerprint})
     return True
 
 
-async def _sudo(cfg: Config, node: NodeConfig, t: Transport) -> Probe:
-    if (await _run(t, ["id", "-u"])).stdout.strip() == "0":
+def _sudo(f: Facts) -> Probe:
+    if f.uid == 0:
         return Probe(True, "root")
-    r = await _run(t, ["sudo", "-n", "true"])
+    r = f(SUDO_OK)
     if r.ok:
         return Probe(True, "passwordless")
     why = (r.stderr.strip().splitlines() or ["sudo failed"])[-1]
@@ -185,8 +229,8 @@ async def _sudo(cfg: Config, node: NodeConfig, t: Transport) -> Probe:
                  "on the node: echo \"$USER ALL=(ALL) NOPASSWD:ALL\" | sudo tee /etc/sudoers.d/$USER")
 
 
-async def _docker(cfg: Config, node: NodeConfig, t: Transport) -> Probe:
-    r = await _run(t, ["docker", "info", "--format", "{{.ServerVersion}}"])
+def _docker(f: Facts) -> Probe:
+    r = f(DOCKER_SERVER)
     if r.ok:
         return Probe(True, r.stdout.strip(), data={"version": r.stdout.strip()})
     err = r.stderr.strip().lower()
@@ -199,34 +243,27 @@ async def _docker(cfg: Config, node: NodeConfig, t: Transport) -> Probe:
                  "higgsfield setup --step docker (or: sudo systemctl start docker)")
 
 
-async def _gpus(cfg: Config, node: NodeConfig, t: Transport) -> Probe:
-    r = await _run(t, ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
-    if not r.ok:
-        return Probe(True, "none", data={"count": 0})
-    rows = [[c.strip() for c in ln.split(",")] for ln in r.stdout.splitlines() if ln.strip()]
+def _gpus(f: Facts) -> Probe:
+    r = f(GPU_QUERY)
+    rows = [[c.strip() for c in ln.split(",")] for ln in r.stdout.splitlines() if ln.strip()] if r.ok else []
     if not rows:
         return Probe(True, "none", data={"count": 0})
-    header = await _run(t, ["nvidia-smi"])
-    m = re.search(r"CUDA Version:\s*([\d.]+)", header.stdout)
+    m = re.search(r"CUDA Version:\s*([\d.]+)", f(SMI).stdout)
     cuda = m.group(1) if m else None
     data = {"count": len(rows), "names": [r[0] for r in rows], "driver": rows[0][1] if len(rows[0]) > 1 else None,
             "cuda": cuda, "memory": [r[2] for r in rows if len(r) > 2]}
     summary = f"{len(rows)} x {rows[0][0]}, driver {data['driver']}, CUDA {cuda or '?'}"
-    runtimes = await _run(t, ["docker", "info", "--format", "{{json .Runtimes}}"])
+    runtimes = f(DOCKER_RUNTIMES)
     if runtimes.ok and "nvidia" not in runtimes.stdout:
         return Probe(False, summary, "docker has no nvidia runtime: containers will not see the GPUs",
                      "higgsfield setup --step nvidia", data)
     return Probe(True, summary, data=data)
 
 
-async def _disk(cfg: Config, node: NodeConfig, t: Transport) -> Probe:
-    root = await _run(t, ["docker", "info", "--format", "{{.DockerRootDir}}"])
-    places = {"checkpoints": "."}
-    if root.ok and root.stdout.strip():
-        places["images"] = root.stdout.strip()
+def _disk(f: Facts) -> Probe:
     free: dict[str, float] = {}
-    for what, path in places.items():
-        r = await _run(t, ["df", "-Pk", path])
+    for what, argv in (("checkpoints", DF_HOME), ("images", DF_IMAGES)):
+        r = f(argv)
         lines = r.stdout.strip().splitlines()
         if r.ok and len(lines) >= 2:
             free[what] = int(lines[-1].split()[3]) / 1024 / 1024
@@ -241,24 +278,24 @@ async def _disk(cfg: Config, node: NodeConfig, t: Transport) -> Probe:
     return Probe(True, summary, data={"free_gib": free})
 
 
-async def _clock(cfg: Config, node: NodeConfig, t: Transport) -> Probe:
-    before = time.time()
-    r = await _run(t, ["date", "+%s.%N"])
-    after = time.time()
-    try:
-        remote = float(r.stdout.strip())
-    except ValueError:
+def _clock(clock: Clock | None) -> Probe:
+    """The node's clock against this one's; the skew's uncertainty is half the exchange's round trip."""
+    if clock is None:
         return Probe(False, "?", "cannot read the node's clock")
-    skew = remote - (before + after) / 2
-    data = {"skew_s": round(skew, 3), "rtt_s": round(after - before, 3)}
-    if abs(skew) > MAX_SKEW_S + (after - before) / 2:
+    skew = clock.skew_s
+    data = {"skew_s": round(skew, 3), "rtt_s": round(clock.rtt_s, 3)}
+    if abs(skew) > MAX_SKEW_S + clock.rtt_s / 2:
         return Probe(False, f"{skew:+.1f}s", f"clock is {skew:+.1f}s off this machine's",
                      "enable time sync on the node: sudo timedatectl set-ntp true", data)
     return Probe(True, f"{skew:+.2f}s", data=data)
 
 
-async def _invoker(cfg: Config, node: NodeConfig, t: Transport) -> Probe:
-    r = await _run(t, [*invoker_bin(cfg, node), "--version"])
+def _version_argv(cfg: Config, node: NodeConfig) -> tuple[str, ...]:
+    return (*invoker_bin(cfg, node), "--version")
+
+
+def _invoker(cfg: Config, node: NodeConfig, f: Facts) -> Probe:
+    r = f(_version_argv(cfg, node))
     m = re.search(r"version\s+(\S+)", r.stdout) if r.ok else None
     if m is None:
         return Probe(False, "missing", "the invoker is not installed", "higgsfield setup --step invoker")
@@ -268,14 +305,21 @@ async def _invoker(cfg: Config, node: NodeConfig, t: Transport) -> Probe:
     return Probe(True, m.group(1), data={"version": m.group(1)})
 
 
-async def _environment(cfg: Config, node: NodeConfig, t: Transport) -> Probe:
-    """The project environment of ``runtime: process`` (built by deploy): present, stale or missing."""
+def _env_argv(cfg: Config, node: NodeConfig) -> tuple[str, ...] | None:
     if cfg.runtime == "docker":
-        return Probe(True, "not used (runtime: docker)")
+        return None
     argv = [*invoker_argv(cfg, node), "env", "--project", cfg.name, "--check"]
     if node.is_local:
         argv += ["--code-dir", str(cfg.project_dir)]
-    r = await _run(t, argv)
+    return tuple(argv)
+
+
+def _environment(cfg: Config, node: NodeConfig, f: Facts) -> Probe:
+    """The project environment of ``runtime: process`` (built by deploy): present, stale or missing."""
+    argv = _env_argv(cfg, node)
+    if argv is None:
+        return Probe(True, "not used (runtime: docker)")
+    r = f(argv)
     try:
         st = json.loads(r.stdout) if r.ok else None
     except ValueError:
@@ -296,26 +340,27 @@ async def _environment(cfg: Config, node: NodeConfig, t: Transport) -> Probe:
                  "requirements.txt)", "higgsfield deploy", data)
 
 
-async def _rendezvous(cfg: Config, chosen: list[NodeConfig], transports: dict[str, Transport],
-                      reachable: set[str], diags: dict[str, NodeDiagnosis]) -> None:
+async def _rendezvous(cfg: Config, chosen: Group, up: Group, diags: dict[str, NodeDiagnosis]) -> None:
+    """Node 0 listens on a free port of the rendezvous range; every other reachable node connects to it."""
     master = cfg.nodes[0]
     mname = str(master.name)
-    others = [n for n in chosen if n is not master and str(n.name) in reachable]
+    listening = next((m for m in up.members if m.node is master), None)
+    others = [m for m in up.members if m.node is not master]
     lo, hi = RENDEZVOUS_PORTS
     if not others:
         return
-    if mname not in reachable or mname not in transports:
-        for n in others:
-            diags[str(n.name)].checks["rendezvous"] = Probe(
-                True, "-" if mname not in transports else "node 0 down")
+    if listening is None:
+        chose_master = any(m.node is master for m in chosen.members)
+        for m in others:
+            diags[m.name].checks["rendezvous"] = Probe(True, "node 0 down" if chose_master else "-")
         return
-    if master.is_local and any(not n.is_local for n in others):
-        for n in others:
-            diags[str(n.name)].checks["rendezvous"] = Probe(
+    if master.is_local and any(not m.node.is_local for m in others):
+        for m in others:
+            diags[m.name].checks["rendezvous"] = Probe(
                 False, "localhost", "node 0 is 'localhost', which other machines cannot reach",
                 "list node 0 by an address the other nodes can reach")
         return
-    listener = transports[mname].stream(["python3", "-c", _LISTEN, str(lo), str(hi), "10", str(len(others))])
+    listener = listening.transport.stream(["python3", "-c", _LISTEN, str(lo), str(hi), "10", str(len(others))])
     try:
         first = await asyncio.wait_for(listener.__anext__(), COMMAND_TIMEOUT_S)
         if not first.isdigit():
@@ -324,22 +369,16 @@ async def _rendezvous(cfg: Config, chosen: list[NodeConfig], transports: dict[st
             return
         port = int(first)
 
-        async def probe(n: NodeConfig) -> None:
-            t = transports[str(n.name)]
-            try:
-                r = await _run(t, ["python3", "-c", _CONNECT, master.host, str(port), "3"])
-            except HiggsfieldError as e:
-                diags[str(n.name)].checks["rendezvous"] = Probe(False, "error", str(getattr(e, "reason", e)))
-                return
+        async def connect(m: Member) -> Probe:
+            r = await _run(m.transport, ["python3", "-c", _CONNECT, master.host, str(port), "3"])
             if r.ok:
-                diags[str(n.name)].checks["rendezvous"] = Probe(True, f"{master.host}:{port} ok")
-            else:
-                why = (r.stderr.strip().splitlines() or ["failed"])[-1]
-                diags[str(n.name)].checks["rendezvous"] = Probe(
-                    False, "blocked", f"cannot reach node 0 at {master.host}:{port} ({why})",
-                    f"allow TCP {lo}-{hi} from the other nodes to {master.host} (firewall / security group)")
+                return Probe(True, f"{master.host}:{port} ok")
+            why = (r.stderr.strip().splitlines() or ["failed"])[-1]
+            return Probe(False, "blocked", f"cannot reach node 0 at {master.host}:{port} ({why})",
+                         f"allow TCP {lo}-{hi} from the other nodes to {master.host} (firewall / security group)")
 
-        await asyncio.gather(*(probe(n) for n in others))
+        for r in await Group(others).run(connect):
+            diags[r.node].checks["rendezvous"] = r.value if r.value is not None else Probe(False, "error", r.reason)
         diags[mname].checks["rendezvous"] = Probe(True, f"listens :{port}")
     except (HiggsfieldError, asyncio.TimeoutError, StopAsyncIteration) as e:
         diags[mname].checks["rendezvous"] = Probe(False, "error", f"cannot listen on node 0: {e}")

@@ -1,9 +1,8 @@
-"""Doctor probes against canned command output (GPU parsing, docker access, clock skew, invoker version)."""
+"""Doctor checks against canned probe answers (GPU parsing, docker access, clock skew, invoker version)."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import higgsfield
 from higgsfield import doctor
 from higgsfield.config import Config
 from higgsfield.remote.base import CommandResult, Transport
+from higgsfield.remote.probe import Clock
 
 SMI_CSV = "NVIDIA H200, 550.54.15, 143771 MiB\nNVIDIA H200, 550.54.15, 143771 MiB\n"
 SMI = "| NVIDIA-SMI 550.54.15   Driver Version: 550.54.15   CUDA Version: 12.4     |\n"
@@ -45,35 +45,55 @@ def _cfg() -> Config:
     return Config.model_validate({"name": "p", "nodes": [{"host": "gpu-1"}]})
 
 
+def _facts(answers: dict[tuple[str, ...], tuple[int, str, str]], **kw: object) -> doctor.Facts:
+    """The probe's answers as a node would give them (a command not listed answers 127, as if not found)."""
+    return doctor.Facts("n", {argv: CommandResult("n", argv, *a) for argv, a in answers.items()}, **kw)  # type: ignore[arg-type]
+
+
 def test_gpus_parsed_and_missing_runtime_flagged() -> None:
-    cfg = _cfg()
-    t = Canned({"nvidia-smi --query-gpu": (0, SMI_CSV, ""), "nvidia-smi": (0, SMI, ""),
-                "docker info --format {{json .Runtimes}}": (0, '{"runc":{}}', "")})
-    p = asyncio.run(doctor._gpus(cfg, cfg.nodes[0], t))
+    f = _facts({doctor.GPU_QUERY: (0, SMI_CSV, ""), doctor.SMI: (0, SMI, ""),
+                doctor.DOCKER_RUNTIMES: (0, '{"runc":{}}', "")})
+    p = doctor._gpus(f)
     assert p.data["count"] == 2 and p.data["driver"] == "550.54.15" and p.data["cuda"] == "12.4"
     assert p.summary == "2 x NVIDIA H200, driver 550.54.15, CUDA 12.4"
     assert not p.ok and p.fix == "higgsfield setup --step nvidia"
-    t.answers["docker info --format {{json .Runtimes}}"] = (0, '{"nvidia":{},"runc":{}}', "")
-    assert asyncio.run(doctor._gpus(cfg, cfg.nodes[0], t)).ok
-    assert asyncio.run(doctor._gpus(cfg, cfg.nodes[0], Canned({}))).summary == "none"
+    f.answers[doctor.DOCKER_RUNTIMES] = CommandResult("n", doctor.DOCKER_RUNTIMES, 0, '{"nvidia":{},"runc":{}}', "")
+    assert doctor._gpus(f).ok
+    assert doctor._gpus(_facts({})).summary == "none"
 
 
 def test_docker_access_clock_and_invoker() -> None:
     cfg = _cfg()
-    denied = Canned({"docker info": (1, "", "permission denied while trying to connect to the Docker daemon socket")})
-    p = asyncio.run(doctor._docker(cfg, cfg.nodes[0], denied))
+    node = cfg.nodes[0]
+    denied = _facts({doctor.DOCKER_SERVER: (1, "", "permission denied while trying to connect to the Docker daemon socket")})
+    p = doctor._docker(denied)
     assert not p.ok and p.fix == "higgsfield setup --step docker-group"
-    skewed = Canned({"date": (0, f"{time.time() + 30:.3f}\n", "")})
-    p = asyncio.run(doctor._clock(cfg, cfg.nodes[0], skewed))
+    p = doctor._clock(Clock(30.0, 0.01))
     assert not p.ok and p.summary.startswith("+30") and "timedatectl" in (p.fix or "")
-    old = Canned({".higgsfield/venv/bin/higgsfield --version": (0, "higgsfield, version 0.0.9\n", "")})
-    p = asyncio.run(doctor._invoker(cfg, cfg.nodes[0], old))
+    assert doctor._clock(Clock(0.004, 0.002)).summary == "+0.00s"
+    assert not doctor._clock(None).ok
+    version = doctor._version_argv(cfg, node)
+    assert version == (".higgsfield/venv/bin/higgsfield", "--version")
+    p = doctor._invoker(cfg, node, _facts({version: (0, "higgsfield, version 0.0.9\n", "")}))
     assert not p.ok and "0.0.9 differs" in (p.problem or "")
-    same = Canned({".higgsfield/venv/bin/higgsfield --version": (0, f"higgsfield, version {higgsfield.__version__}\n", "")})
-    assert asyncio.run(doctor._invoker(cfg, cfg.nodes[0], same)).ok
-    full = Canned({"df -Pk": (0, "Filesystem 1024-blocks Used Available Capacity Mounted on\n/dev/x 100 50 1048576 50% /\n", "")})
-    p = asyncio.run(doctor._disk(cfg, cfg.nodes[0], full))
+    assert doctor._invoker(cfg, node, _facts({version: (0, f"higgsfield, version {higgsfield.__version__}\n", "")})).ok
+    df = "Filesystem 1024-blocks Used Available Capacity Mounted on\n/dev/x 100 50 1048576 50% /\n"
+    p = doctor._disk(_facts({doctor.DF_HOME: (0, df, "")}))
     assert not p.ok and p.summary == "checkpoints 1 GiB" and "less than 10 GiB" in (p.problem or "")
+    assert doctor._sudo(_facts({}, uid=0)).summary == "root"
+    assert doctor._sudo(_facts({doctor.SUDO_OK: (1, "", "sudo: a password is required\n")}, uid=1000)).summary == \
+        "asks password"
+
+
+def test_one_probe_answers_every_check_on_a_local_node(tmp_path: Path) -> None:
+    """diagnose on localhost: every check gets its answer (and the clock) from the one probe."""
+    cfg = Config.model_validate({"name": "p", "nodes": [{"host": "localhost"}]})
+    cfg.path = tmp_path / "higgsfield.yml"
+    report = asyncio.run(doctor.diagnose(cfg))
+    checks = report.nodes[0].checks
+    assert set(checks) >= {"ssh", "host key", "sudo", "docker", "gpus", "disk", "clock", "invoker", "environment"}
+    assert checks["ssh"].ok and checks["disk"].data["free_gib"]["checkpoints"] > 0
+    assert abs(checks["clock"].data["skew_s"]) < 0.05 and checks["clock"].data["rtt_s"] < 1
 
 
 def test_sudo_asking_for_a_password_is_a_clear_setup_error(tmp_path: Path) -> None:
