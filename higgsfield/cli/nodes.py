@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,15 +29,26 @@ def _console() -> Any:
     return out
 
 
-STEP_NAMES = ("os", "docker", "docker-group", "nvidia", "invoker", "deploy-key", "base-image")
 _STYLE = {"done": "green", "applied": "bold green", "skipped": "dim", "would apply": "yellow",
           "failed": "bold red", "not run": "dim red", "running": "cyan"}
 
 
-@click.command()
+class _ListsSteps(click.Command):
+    """setup's help lists the steps where its text says ``{steps}``: named once, by provision's STEPS,
+    which is imported only when the help is shown (``higgsfield --help`` never imports provision)."""
+
+    def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        if self.help and "{steps}" in self.help:
+            from higgsfield.provision import STEPS
+
+            self.help = self.help.replace("{steps}", ", ".join(s.name for s in STEPS))
+        super().format_help_text(ctx, formatter)
+
+
+@click.command(cls=_ListsSteps)
 @click.option("--dry-run", is_flag=True, help="Run only the read-only checks and print what would be applied.")
 @click.option("--node", "nodes", multiple=True, metavar="NAME", help="Only this node (repeatable).")
-@click.option("--step", "steps", multiple=True, type=click.Choice(STEP_NAMES), help="Only this step (repeatable).")
+@click.option("--step", "steps", multiple=True, metavar="STEP", help="Only this step (repeatable; the steps are above).")
 @click.option("--repin", multiple=True, metavar="NODE",
               help="Replace NODE's pinned host key with the one it offers now, after showing it and asking "
                    "(after a deliberate reinstall or rekey).")
@@ -53,7 +66,7 @@ def setup(ctx: click.Context, dry_run: bool, nodes: tuple[str, ...], steps: tupl
 
     \b
     Steps (each checks first, so a re-run changes nothing):
-      os, docker, docker-group, nvidia, invoker, deploy-key, base-image
+      {steps}
     Exit code 0 only when every node is ready.
 
     \b
@@ -64,13 +77,14 @@ def setup(ctx: click.Context, dry_run: bool, nodes: tuple[str, ...], steps: tupl
     """
     from higgsfield.errors import GroupError
     from higgsfield.provision import SetupOptions, provision, select_steps
-    from higgsfield.provision.runner import CONNECT, select_nodes
+    from higgsfield.provision.runner import CONNECT
     from higgsfield.provision.trust import scan_hosts
+    from higgsfield.remote.fanout import select_nodes
 
     cfg = get_config(ctx)
-    selected = select_nodes(cfg, nodes)
+    chosen_steps = [CONNECT, *(s.name for s in select_steps(steps))]  # an unknown step: one line, exit 2
+    selected = select_nodes(cfg, names=nodes)
     chosen_nodes = [str(n.name) for n in selected]
-    chosen_steps = [CONNECT, *(s.name for s in select_steps(steps))]
     out = _console()
     scan = asyncio.run(scan_hosts(cfg, selected, repin))
     _confirm_host_keys(out, cfg, scan, accept_flag=accept_new_host_keys, dry_run=dry_run)
@@ -80,7 +94,7 @@ def setup(ctx: click.Context, dry_run: bool, nodes: tuple[str, ...], steps: tupl
     def on_event(node: str, step: str, status: str, detail: str) -> None:
         state[(node, step)] = (status, detail)
         if live is not None:
-            live.update(_progress_table(chosen_nodes, chosen_steps, state))
+            live.update(_progress_table(chosen_nodes, chosen_steps, state, dry_run))
         elif status not in ("running", "not run") and (step != CONNECT or status == "failed"):
             out.print(f"{node}  {step}: {status}" + (f" ({detail})" if detail else ""))
 
@@ -88,7 +102,7 @@ def setup(ctx: click.Context, dry_run: bool, nodes: tuple[str, ...], steps: tupl
     if out.is_terminal:
         from rich.live import Live
 
-        live = Live(_progress_table(chosen_nodes, chosen_steps, state), console=out, transient=True,
+        live = Live(_progress_table(chosen_nodes, chosen_steps, state, dry_run), console=out, transient=True,
                     refresh_per_second=8)
     coro = provision(cfg, nodes=nodes or None, steps=steps or None, dry_run=dry_run, host_keys=scan,
                      options=opts, on_event=on_event)
@@ -143,13 +157,17 @@ def _confirm_host_keys(out: Any, cfg: Any, scan: Any, *, accept_flag: bool, dry_
         raise declined(scan, path)
 
 
-def _progress_table(nodes: list[str], steps: list[str], state: dict[tuple[str, str], tuple[str, str]]) -> Table:
+def _progress_table(nodes: list[str], steps: list[str], state: dict[tuple[str, str], tuple[str, str]],
+                    dry_run: bool = False) -> Table:
+    """The live view. Every column is as wide as the longest thing it can show from the start, so the
+    table does not shift sideways as its cells fill."""
     from rich.table import Table
 
+    labels = ["done", "applied", "skipped", "failed", "not run", *(["would apply"] if dry_run else [])]
     table = Table(title="higgsfield setup", title_justify="left")
-    table.add_column("node")
+    table.add_column("node", width=max(len(n) for n in [*nodes, "node"]), no_wrap=True)
     for s in steps:
-        table.add_column(s)
+        table.add_column(s, width=max(len(x) for x in [s, *labels]), no_wrap=True)
     for n in nodes:
         cells = []
         for s in steps:
@@ -160,7 +178,48 @@ def _progress_table(nodes: list[str], steps: list[str], state: dict[tuple[str, s
     return table
 
 
+def merge_notes(notes: Iterable[tuple[str, str, Mapping[str, str | None]]]) -> list[tuple[str, list[str]]]:
+    """Notes (text, node, {placeholder: that node's name for it}) as one line each for the nodes whose notes
+    differ only in those names (16 "added hfnodeN to the docker group" -> "added <user> to the docker
+    group" for 16 nodes); a note alone keeps its names. In first-seen order."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for text, node, names in notes:
+        template = text
+        for placeholder, value in names.items():
+            if value:
+                template = re.sub(rf"(?<![\w.-]){re.escape(value)}(?![\w.-])", placeholder, template)
+        groups.setdefault(template, []).append((text, node))
+    merged = []
+    for template, items in groups.items():
+        texts = {t for t, _ in items}
+        merged.append((texts.pop() if len(texts) == 1 else template, [n for _, n in items]))
+    return merged
+
+
+def _nodes_named(where: list[str], total: int) -> str:
+    """``all nodes``, or the names, with runs of numbered names shortened (hfnode30..hfnode45)."""
+    if len(where) == total > 1:
+        return "all nodes"
+    parts: list[str] = []
+    run: list[tuple[str, int, str]] = []
+
+    def flush() -> None:
+        parts.extend([f"{run[0][2]}..{run[-1][2]}"] if len(run) >= 3 else [r[2] for r in run])
+        run.clear()
+
+    for name in where:
+        m = re.fullmatch(r"(.*?)(\d+)", name)
+        if m and run and run[-1][0] == m.group(1) and run[-1][1] + 1 == int(m.group(2)):
+            run.append((m.group(1), int(m.group(2)), name))
+            continue
+        flush()
+        run.append((m.group(1), int(m.group(2)), name) if m else ("\0", -2, name))
+    flush()
+    return ", ".join(parts)
+
+
 def _render_setup(out: Any, report: SetupReport) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     title = "setup plan (dry run: nothing changed)" if report.dry_run else "setup summary"
@@ -182,14 +241,11 @@ def _render_setup(out: Any, report: SetupReport) -> None:
         if n.pinned_now:
             verb = "trusted (dry run, not pinned)" if report.dry_run else "pinned"
             out.print(f"{verb} {n.node}'s host key {n.fingerprint}")
-    notes: dict[tuple[str, str], list[str]] = {}
-    for n in report.nodes:
-        for r in n.steps:
-            if r.outcome.value in ("skipped", "applied", "would apply"):
-                notes.setdefault((r.step, f"{r.outcome.value}: {r.detail}"), []).append(n.node)
-    for (step, text), where in notes.items():
-        who = "all nodes" if len(where) == len(report.nodes) > 1 else ", ".join(where)
-        out.print(f"[dim]{step}[/] {text} [dim]({who})[/]")
+    notes = [(f"{r.step}\0{r.outcome.value}: {r.detail}", n.node, {"<user>": n.user, "<node>": n.node})
+             for n in report.nodes for r in n.steps if r.outcome.value in ("skipped", "applied", "would apply")]
+    for text, where in merge_notes(notes):
+        step, text = text.split("\0", 1)
+        out.print(f"[dim]{escape(step)}[/] {escape(text)} [dim]({escape(_nodes_named(where, len(report.nodes)))})[/]")
     for line in report.failures():
         out.print(f"[bold red]✗[/] {line}")
     if report.ok:
@@ -225,6 +281,7 @@ def doctor(ctx: click.Context, as_json: bool, nodes: tuple[str, ...]) -> None:
 
 
 def _render_doctor(out: Any, report: DoctorReport) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="higgsfield doctor", title_justify="left")
@@ -235,8 +292,10 @@ def _render_doctor(out: Any, report: DoctorReport) -> None:
         table.add_row(n.node, *(_cell(n.checks.get(c)) for c in ("ssh", "host key", "sudo", "docker", "gpus", "disk",
                                                                   "clock", "invoker", "environment", "rendezvous")))
     out.print(table)
-    for p in report.problems():
-        out.print(f"[bold red]✗[/] {p}")
+    problems = [(f"{name}: {p.problem}" + (f" -> fix: {p.fix}" if p.fix else ""), n.node, {"<node>": n.node})
+                for n in report.nodes for name, p in n.checks.items() if not p.ok and p.problem]
+    for text, where in merge_notes(problems):
+        out.print(f"[bold red]✗[/] {escape(', '.join(where))}: {escape(text)}")
     if report.ok:
         out.print(f"[green]all {len(report.nodes)} node(s) look ready[/] ({report.seconds:.1f}s)")
 
