@@ -55,6 +55,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from higgsfield.invoker import logindex
+from higgsfield.invoker.placement import read_run_spec
+from higgsfield.runspec import RunSpec
 
 _READ = 1 << 16
 
@@ -185,9 +187,8 @@ def main(argv: list[str] | None = None, *, hard_exit: bool = False) -> int:
     (logs / f"rank{rank}.done").unlink(missing_ok=True)  # a restarted worker starts unfinished
     _redirect(logs, rank)
     _write_private(logs / f"rank{rank}.pid", str(os.getpid()))
-    spec = json.loads((run_dir / "spec.json").read_text())
     try:
-        code = run(spec)
+        code = run(read_run_spec(run_dir / "spec.json"))
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if code:
@@ -253,19 +254,20 @@ def _write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
-def run(spec: dict) -> int:  # type: ignore[type-arg]
-    code_dir = Path(spec["code_dir"])
-    src_dir = code_dir / spec.get("src_dir", "src")
+def run(spec: RunSpec) -> int:
+    """Import the experiment's module from the run's (pinned) code and call the experiment with its params."""
+    code_dir = Path(spec.code_dir)
+    src_dir = code_dir / spec.src_dir
     for p in (str(code_dir), str(src_dir)):
         if p not in sys.path:
             sys.path.insert(0, p)
     from higgsfield.experiment import registry, seed_everything
 
-    importlib.import_module(spec["module"])
-    exp = registry().get(spec["experiment"])
+    importlib.import_module(spec.module)
+    exp = registry().get(spec.experiment)
     if exp is None:
-        raise RuntimeError(f"module {spec['module']} did not register experiment '{spec['experiment']}'")
-    params = exp.build_params(spec.get("params") or {})
+        raise RuntimeError(f"module {spec.module} did not register experiment '{spec.experiment}'")
+    params = exp.build_params(spec.params)
     if exp.seed is not None:
         seed_everything(exp.seed)
     exp.func(params)

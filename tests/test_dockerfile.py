@@ -23,7 +23,8 @@ def test_training_image_builds_and_runs_an_experiment(testbed, tmp_path: Path) -
     (rd / "logs").mkdir(parents=True)
     (rd / "spec.json").write_text(json.dumps({
         "project": "higgsfield", "experiment": "regression", "run": "img", "module": "regression",
-        "code_dir": "/workspace", "params": {"steps": "8"}}))
+        "code_dir": "/workspace", "params": {"steps": "8"}, "version": 1,   # a RunSpec (higgsfield.runspec)
+        "node": "n", "node_rank": 0, "nodes": ["n"], "master_addr": "127.0.0.1", "submitted_at": 0}))
     run = subprocess.run(
         ["docker", "run", "--rm", "--network", "host", "--ipc", "host", "-v", f"{rd}:{rd}",
          "-e", "PROJECT_NAME=higgsfield", "-e", "EXPERIMENT_NAME=regression", "-e", "RUN_NAME=img",

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from higgsfield.invoker.logindex import start_offset
 from higgsfield.invoker.logs import read_lines
 from higgsfield.invoker.records import RunDir
+from higgsfield.runspec import RunSpec
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,9 +60,9 @@ def _spawn(tmp_path: Path, params: dict[str, object], **kw: object) -> tuple[sub
     (code / "src" / "chatty.py").write_text(CHATTY)
     rd = tmp_path / "rd"
     (rd / "logs").mkdir(parents=True, exist_ok=True)
-    (rd / "spec.json").write_text(json.dumps({
-        "project": "p", "experiment": "chatty", "run": "r", "module": "chatty", "code_dir": str(code),
-        "params": params}))
+    (rd / "spec.json").write_text(json.dumps(RunSpec(
+        project="p", experiment="chatty", run="r", module="chatty", code_dir=str(code), params=params,
+        node="n", node_rank=0, nodes=("n",), master_addr="127.0.0.1", submitted_at=time.time()).to_dict()))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(PROJECT_NAME="p", EXPERIMENT_NAME="chatty", RUN_NAME="r", PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, "-m", "higgsfield.entrypoint", str(rd)], env=env,  # noqa: S603

@@ -44,10 +44,12 @@ import json
 import os
 import re
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from higgsfield.errors import RunError
+from higgsfield.invoker.placement import NodeRun
 from higgsfield.invoker.records import RunDir
 
 INVOKER_MOUNT = "/opt/higgsfield-invoker"
@@ -173,21 +175,22 @@ class ContainerRun:
     code (a thread waits on the engine); ``terminate(grace)`` is ``docker stop``
     (SIGTERM to torchrun, SIGKILL after ``grace``) without blocking; ``cleanup``
     removes it. Raises RunError when the container cannot be created, and ``poll``
-    raises it when the engine went away during the run.
+    raises it when the engine went away during the run. ``gpu_ids``: the GPUs the run
+    holds on this node (device requests; none on a CPU node).
     """
 
-    def __init__(self, spec: dict[str, Any], rd: RunDir, argv: list[str], env: dict[str, str], *,
-                 secrets: dict[str, str] | None = None) -> None:
+    def __init__(self, run: NodeRun, rd: RunDir, argv: list[str], env: dict[str, str], *,
+                 gpu_ids: Sequence[int] = (), secrets: dict[str, str] | None = None) -> None:
         docker = _sdk()
         self._engine_lost: tuple[type[BaseException], ...] = (docker.errors.DockerException, *_requests_errors())
-        self.name = spec["container"]
-        self.grace = float(spec.get("stop_grace", 3))
+        self.name = run.placement.container
+        self.grace = run.placement.stop_grace
         self._rc: int | None = None
         self._error: str | None = None
         self._done = threading.Event()
         self.client = client(timeout=120)
         try:
-            self.container = self._create(docker, spec, rd, argv, env)
+            self.container = self._create(docker, run, rd, argv, env, list(gpu_ids))
             self.container.start()
             _send_secrets(self.client, self.container, secrets or {})
         except docker.errors.APIError as e:
@@ -201,29 +204,30 @@ class ContainerRun:
             raise RunError(f"lost the Docker engine while starting container {self.name}: {e}") from None
         threading.Thread(target=self._wait, name="higgsfield-container-wait", daemon=True).start()
 
-    def _create(self, docker: Any, spec: dict[str, Any], rd: RunDir, argv: list[str], env: dict[str, str]) -> Any:
+    def _create(self, docker: Any, run: NodeRun, rd: RunDir, argv: list[str], env: dict[str, str],
+                slots: list[int]) -> Any:
         try:
             _remove_stale(self.client, self.name)
         except self._engine_lost as e:
             raise RunError(f"lost the Docker engine while removing a stale {self.name}: {e}") from None
-        code_dir = str(spec["code_dir"])
+        spec = run.spec
+        code_dir = spec.code_dir
         volumes: dict[str, dict[str, str]] = {
             code_dir: {"bind": code_dir, "mode": "ro"},
             str(rd.path): {"bind": str(rd.path), "mode": "rw"},
             str(_invoker_package_dir()): {"bind": f"{INVOKER_MOUNT}/higgsfield", "mode": "ro"},
         }
-        cache = spec.get("cache_dir")
+        cache = run.placement.cache_dir
         if cache:
             Path(cache).mkdir(parents=True, exist_ok=True)
-            volumes[str(cache)] = {"bind": str(cache), "mode": "rw"}
-        slots = spec.get("gpu_ids") or []
+            volumes[cache] = {"bind": cache, "mode": "rw"}
         device_requests = [docker.types.DeviceRequest(device_ids=[str(i) for i in slots], capabilities=[["gpu"]])] \
             if slots else None
         command = [argv[0], "-m", "higgsfield.invoker.launch", str(rd.logs / "launcher.log"), "--", *argv]
-        labels = {f"{LABEL}.project": spec["project"], f"{LABEL}.run": spec["run"],
-                  f"{LABEL}.node": str(spec["node"]), f"{LABEL}.run_dir": str(rd.path)}
+        labels = {f"{LABEL}.project": spec.project, f"{LABEL}.run": spec.run,
+                  f"{LABEL}.node": spec.node, f"{LABEL}.run_dir": str(rd.path)}
         return self.client.containers.create(
-            spec["image"], command=command, name=self.name, detach=True, environment=env, stdin_open=True,
+            run.placement.image, command=command, name=self.name, detach=True, environment=env, stdin_open=True,
             network_mode="host", ipc_mode="host", user=f"{os.getuid()}:{os.getgid()}",
             working_dir=code_dir, volumes=volumes, labels=labels, init=True,
             device_requests=device_requests,

@@ -36,7 +36,9 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from higgsfield.errors import RunError
-from higgsfield.invoker.records import ACTIVE, list_runs, write_json
+from higgsfield.invoker.placement import read_run_spec
+from higgsfield.invoker.records import list_runs, write_json
+from higgsfield.runspec import ACTIVE
 
 COMMIT_FILE = ".higgsfield-commit"
 KEEP_RELEASES = 3
@@ -146,9 +148,9 @@ def prune(state_dir: Path, project: str, keep: int = KEEP_RELEASES) -> list[str]
     current = (root / "code").resolve() if (root / "code").exists() else None
     in_use = {current}
     for rd in list_runs(state_dir, project):
-        with contextlib.suppress(OSError, ValueError, KeyError):
+        with contextlib.suppress(OSError, ValueError, RunError):
             if rd.read().state in ACTIVE:
-                in_use.add(Path(rd.spec()["code_dir"]).resolve())
+                in_use.add(Path(read_run_spec(rd.spec_path).code_dir).resolve())
     dirs = sorted((d for d in releases.iterdir() if d.is_dir() and not d.name.startswith(".")),
                   key=lambda d: d.stat().st_mtime, reverse=True)
     removed = []

@@ -372,13 +372,15 @@ def _facts(env_dir: Path) -> dict[str, Any]:
 
 def prune(state_dir: Path, project: str, *, keep: Path) -> list[str]:
     """Remove the project's other environments, except those an active run still uses."""
-    from higgsfield.invoker.records import ACTIVE, list_runs
+    from higgsfield.invoker.placement import NodeRun
+    from higgsfield.invoker.records import list_runs
+    from higgsfield.runspec import ACTIVE
 
     root = envs_root(state_dir, project)
     in_use = {Path(keep).resolve()}
     for rd in list_runs(state_dir, project):
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            python = rd.spec().get("python")
+        with contextlib.suppress(OSError, ValueError, RunError):
+            python = NodeRun.read(rd.spec_path).placement.python
             if python and rd.read().state in ACTIVE:
                 in_use.add(Path(python).parent.parent.resolve())
     removed = []

@@ -14,7 +14,9 @@ Secrets are never written here (nor anywhere on the node): they live only in the
 run's processes' environments. Everything here is private to the node user:
 directories 0700, files 0600 (other users of a shared node read neither params nor logs).
 
-The record outlives the processes, so a finished run can be inspected later.
+The record outlives the processes, so a finished run can be inspected later. The
+run states are :mod:`higgsfield.runspec`'s; ``spec.json`` is read with
+:class:`higgsfield.invoker.placement.NodeRun`.
 Writes are atomic (temp file + rename): a reader never sees half a record.
 """
 
@@ -28,10 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-QUEUED, STARTING, RUNNING = "queued", "starting", "running"
-SUCCEEDED, FAILED, KILLED = "succeeded", "failed", "killed"
-TERMINAL = frozenset({SUCCEEDED, FAILED, KILLED})
-ACTIVE = frozenset({QUEUED, STARTING, RUNNING})
+from higgsfield.runspec import FAILED, QUEUED, TERMINAL
 
 
 def write_json(path: Path, data: Any, mode: int = 0o600) -> None:
@@ -63,7 +62,7 @@ class RunRecord:
     runtime: str = "process"
     command: list[str] = field(default_factory=list)
     pids: dict[str, int] = field(default_factory=dict)
-    pid_starts: dict[str, int] = field(default_factory=dict)  # role -> /proc start time (guards pid reuse)
+    pid_starts: dict[str, int] = field(default_factory=dict)  # role -> start, ticks since boot (pids: reuse guard)
     container: str | None = None
     image: str | None = None
     slots: list[int] = field(default_factory=list)     # GPU indices (or CPU slots) held while running
@@ -138,11 +137,27 @@ class RunDir:
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
             d.chmod(0o700)
 
-    def spec(self) -> dict[str, Any]:
-        return dict(json.loads(self.spec_path.read_text()))
-
     def exists(self) -> bool:
         return self.record_path.is_file()
+
+
+def finish(rd: RunDir, state: str, rc: int | None = None, fail: dict[str, Any] | None = None) -> RunRecord:
+    """Write the final record: ``state``, the exit code and, for a failed run, its first failure."""
+    rd.legacy_secrets_path.unlink(missing_ok=True)  # left by an older invoker's docker runtime
+    record = rd.read()
+    record.ended_at = time.time()
+    if rc is not None:
+        record.exit_code = rc
+    record.state = state
+    if record.state == FAILED:
+        fail = fail or {"node": record.node, "rank": None, "at": time.time(),
+                        "reason": record.reason or f"torchrun exited {rc}", "tail": []}
+        record.failed_node, record.failed_rank = fail.get("node"), fail.get("rank")
+        record.failed_at = fail.get("at")
+        record.reason = str(fail.get("reason") or record.reason or "failed")
+        record.error_tail = [str(x) for x in fail.get("tail") or []]
+    rd.write(record)
+    return record
 
 
 def list_runs(state_dir: Path, project: str | None = None) -> list[RunDir]:

@@ -1,8 +1,9 @@
 """A run's supervisor on one node: gang admission, torchrun, fail fast, the final record.
 
-``higgsfield invoker start`` (:func:`higgsfield.invoker.process.launch`) checks the
+``higgsfield invoker start`` (:func:`higgsfield.invoker.start.start_run`) checks the
 run, records it and starts this detached process, which owns the run on its node
-until it ends, with or without the control side:
+until it ends, with or without the control side (a kill from the node's CLI is
+:mod:`higgsfield.invoker.stop`):
 
 1. it joins the run's coordinator (:mod:`higgsfield.invoker.coordinator`; node 0's
    supervisor hosts it on the port its start bound) with the run's token, read from
@@ -43,15 +44,9 @@ from higgsfield.errors import RunError
 from higgsfield.invoker import failure, pids, queue, torchrun, wire
 from higgsfield.invoker.coordinator import Coordinator, lost_failure
 from higgsfield.invoker.member import Member
-from higgsfield.invoker.records import (
-    FAILED,
-    KILLED,
-    QUEUED,
-    RUNNING,
-    SUCCEEDED,
-    RunDir,
-    RunRecord,
-)
+from higgsfield.invoker.placement import NodeRun
+from higgsfield.invoker.records import RunDir, finish
+from higgsfield.runspec import FAILED, KILLED, QUEUED, RUNNING, SUCCEEDED
 
 JOIN_S = 120.0          # how long a supervisor tries to reach its run's coordinator
 ABORT_GRACE_S = 2.0     # SIGTERM to SIGKILL when another node failed (nothing to save)
@@ -81,34 +76,33 @@ def supervise(state_dir: Path, project: str, run: str, listen_fd: int | None = N
         import socket
 
         listener = socket.socket(fileno=listen_fd)
-    sup = Supervisor(state_dir, rd, rd.spec(), payload.get("secrets") or {}, str(payload.get("token") or ""),
-                     listener)
+    sup = Supervisor(state_dir, rd, NodeRun.read(rd.spec_path), payload.get("secrets") or {},
+                     str(payload.get("token") or ""), listener)
     return sup.run()
 
 
 class Supervisor:
-    def __init__(self, state_dir: Path, rd: RunDir, spec: dict[str, Any], secrets: dict[str, str], token: str,
+    def __init__(self, state_dir: Path, rd: RunDir, run: NodeRun, secrets: dict[str, str], token: str,
                  listener: Any = None) -> None:
-        self.state_dir, self.rd, self.spec = state_dir, rd, spec
+        spec = run.spec
+        self.state_dir, self.rd, self.node_run = state_dir, rd, run
         self.secrets, self.token = secrets, token
-        self.node = str(spec["node"])
-        self.nodes = [str(n) for n in spec.get("nodes") or [self.node]]
+        self.node = spec.node
+        self.nodes = list(spec.nodes)
         self.inbox: _queue.Queue[dict[str, Any]] = _queue.Queue()
         self.stop_asked = threading.Event()
-        self.cap = queue.capacity(int(spec.get("gpus") or 0))
-        exclusive = bool(spec.get("exclusive"))
-        self.entry = queue.Entry(project=spec["project"], run=spec["run"],
-                                 want=queue.wanted(int(spec["nproc"]), exclusive, self.cap), exclusive=exclusive,
-                                 order=float(spec.get("submitted_at") or time.time()),
-                                 pid=os.getpid(), pid_start=pids.start_time(os.getpid()))
+        self.cap = queue.capacity(run.placement.gpus)
+        self.entry = queue.Entry(project=spec.project, run=spec.run,
+                                 want=queue.wanted(run.nproc, spec.exclusive, self.cap), exclusive=spec.exclusive,
+                                 order=spec.submitted_at, pid=os.getpid(), pid_start=pids.start_time(os.getpid()))
         self.coordinator = None
-        if listener is not None:
-            self.coordinator = Coordinator(listener, token=token, run=spec["run"], nodes=self.nodes,
+        if listener is not None:  # node 0 hosts the coordinator and reaches it on the loopback
+            self.coordinator = Coordinator(listener, token=token, run=spec.run, nodes=self.nodes,
                                            pick_port=lambda: queue.reserve_port(state_dir, self.entry.key), say=say)
-        coord = spec.get("coordinator") or {}
-        host = "127.0.0.1" if listener is not None else str(coord.get("host"))
-        port = int(spec.get("coord_port") or 0) if listener is not None else int(coord.get("port") or 0)
-        self.member = Member(host, port, token=token, run=spec["run"], rank=int(spec["node_rank"]), node=self.node,
+            host, port = "127.0.0.1", run.placement.coord_port or 0
+        else:
+            host, port = (spec.coordinator.host, spec.coordinator.port) if spec.coordinator else ("", 0)
+        self.member = Member(host, port, token=token, run=spec.run, rank=spec.node_rank, node=self.node,
                              coordinator_node=self.nodes[0], inbox=self.inbox)
 
     # -- life ----------------------------------------------------------------------------------------
@@ -222,31 +216,29 @@ class Supervisor:
     # -- running ---------------------------------------------------------------------------------------
 
     def _run(self, slots: list[int], port: int) -> Outcome:
-        spec = dict(self.spec)
-        if self.cap.gpus:
-            spec["gpu_ids"] = slots
-            spec["cuda_visible_devices"] = ",".join(map(str, slots))
-        docker = spec["runtime"] == "docker"
-        command = torchrun.argv(spec, self.rd, "python" if docker else (spec.get("python") or sys.executable), port)
+        run = self.node_run
+        gpu_ids = slots if self.cap.gpus else []   # CPU slots are a count, not devices
+        command = torchrun.argv(run, self.rd, "python" if run.docker else (run.placement.python or sys.executable),
+                                port)
         record = self.rd.read()
         record.slots, record.master_port, record.command = slots, port, command
         since = time.time()
         try:
-            if docker:
+            if run.docker:
                 from higgsfield.invoker.containers import ContainerRun
 
-                handle: Any = ContainerRun(spec, self.rd, command, torchrun.container_env(spec, self.rd),
-                                           secrets=self.secrets)
+                handle: Any = ContainerRun(run, self.rd, command, torchrun.container_env(run, self.rd),
+                                           gpu_ids=gpu_ids, secrets=self.secrets)
             else:
-                handle = torchrun.ProcessRun(command, self.rd, cwd=spec.get("code_dir") or None,
-                                             env=torchrun.process_env(spec, self.rd, self.secrets))
-                _record_pid(record, "launcher", handle.pid)
+                handle = torchrun.ProcessRun(command, self.rd, cwd=run.spec.code_dir,
+                                             env=torchrun.process_env(run, self.rd, self.secrets, gpu_ids))
+                pids.remember(record, "launcher", handle.pid)
         except (RunError, OSError) as e:
             say(str(e))
             return self._own_end(Outcome(FAILED, 1, self._own_failure(str(e))))
         record.state, record.started_at = RUNNING, time.time()
         self.rd.write(record)
-        rc, cause = self._watch(handle, spec)
+        rc, cause = self._watch(handle)
         code = rc if isinstance(rc, int) else None
         if self._stopping() or (cause is not None and cause["t"] == "killed"):
             self.member.send("killed")
@@ -263,7 +255,7 @@ class Supervisor:
             return self._own_end(Outcome(FAILED, 1, self._own_failure(str(rc))))
         return self._own_end(Outcome(FAILED, code, failure.describe(self.rd, self.node, code, since)))
 
-    def _watch(self, handle: Any, spec: dict[str, Any]) -> tuple[int | str, dict[str, Any] | None]:
+    def _watch(self, handle: Any) -> tuple[int | str, dict[str, Any] | None]:
         """Wait for torchrun; stop it on a kill or an abort. (exit code or engine error, what stopped it)."""
         cause: dict[str, Any] | None = None
         stop_at = grace = 0.0
@@ -279,7 +271,7 @@ class Supervisor:
                 msg = self._next(0.2)
                 if cause is None:
                     if self._stopping():
-                        cause, grace = {"t": "killed"}, float(spec.get("stop_grace") or 3.0)
+                        cause, grace = {"t": "killed"}, self.node_run.placement.stop_grace
                     elif msg is not None and msg["t"] in ("abort", "lost"):
                         cause, grace = msg, ABORT_GRACE_S
                         why = (msg.get("failure") or {}).get("reason") or msg.get("kind") or "abort"
@@ -310,29 +302,3 @@ class Supervisor:
         record = self.rd.read()
         record.state = state
         self.rd.write(record)
-
-
-def _record_pid(record: RunRecord, role: str, pid: int) -> None:
-    record.pids[role] = pid
-    start = pids.start_time(pid)
-    if start is not None:
-        record.pid_starts[role] = start
-
-
-def finish(rd: RunDir, state: str, rc: int | None = None, fail: dict[str, Any] | None = None) -> RunRecord:
-    """Write the final record: ``state``, the exit code and, for a failed run, its first failure."""
-    rd.legacy_secrets_path.unlink(missing_ok=True)  # left by an older invoker's docker runtime
-    record = rd.read()
-    record.ended_at = time.time()
-    if rc is not None:
-        record.exit_code = rc
-    record.state = state
-    if record.state == FAILED:
-        fail = fail or {"node": record.node, "rank": None, "at": time.time(),
-                        "reason": record.reason or f"torchrun exited {rc}", "tail": []}
-        record.failed_node, record.failed_rank = fail.get("node"), fail.get("rank")
-        record.failed_at = fail.get("at")
-        record.reason = str(fail.get("reason") or record.reason or "failed")
-        record.error_tail = [str(x) for x in fail.get("tail") or []]
-    rd.write(record)
-    return record

@@ -12,70 +12,82 @@ The process runtime gives torchrun a *minimal* environment: the locale, ``PATH``
 ``HOME`` and the user's identity from the invoker's, then the run's own variables and
 its secrets. Nothing else of the invoker's environment (an SSH agent socket, a
 login's tokens, whatever the node's shell exported) reaches user code.
+
+The run's processes are told apart from any other by psutil (:mod:`higgsfield.invoker.pids`):
+torchrun by its recorded pid and start time, each worker by the pid it wrote to
+``rank<N>.pid`` and the run directory in its environment (``HIGGSFIELD_RUN_DIR``).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
-from typing import Any
+from collections.abc import Sequence
 
+import psutil
+
+from higgsfield.invoker import pids
+from higgsfield.invoker.placement import NodeRun
 from higgsfield.invoker.records import RunDir
 
 # What the process runtime keeps of the invoker's environment (plus every LC_* locale variable).
 KEPT_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR")
+RUN_DIR_VAR = "HIGGSFIELD_RUN_DIR"
 
 
-def argv(spec: dict[str, Any], rd: RunDir, python: str, port: int) -> list[str]:
+def argv(run: NodeRun, rd: RunDir, python: str, port: int) -> list[str]:
     """The torchrun command for this node (static rendezvous on node 0, at ``port``)."""
+    spec = run.spec
     return [
         python, "-m", "torch.distributed.run",
-        "--nnodes", str(spec["nnodes"]),
-        "--node_rank", str(spec["node_rank"]),
-        "--nproc_per_node", str(spec["nproc"]),
-        "--master_addr", str(spec["master_addr"]),
+        "--nnodes", str(spec.nnodes),
+        "--node_rank", str(spec.node_rank),
+        "--nproc_per_node", str(run.nproc),
+        "--master_addr", spec.master_addr,
         "--master_port", str(port),
-        "--max_restarts", str(spec.get("max_restarts", 0)),
+        "--max_restarts", str(spec.max_restarts),
         "-m", "higgsfield.entrypoint", str(rd.path),
     ]
 
 
-def run_vars(spec: dict[str, Any], rd: RunDir) -> dict[str, str]:
+def run_vars(run: NodeRun, rd: RunDir) -> dict[str, str]:
     """The run's own variables (both runtimes)."""
-    env = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}
-    env.update({
-        "PROJECT_NAME": spec["project"],
-        "EXPERIMENT_NAME": spec["experiment"],
-        "RUN_NAME": spec["run"],
-        "HIGGSFIELD_RUN_DIR": str(rd.path),
-        "HIGGSFIELD_NODE": str(spec.get("node", "")),
+    spec = run.spec
+    env = {
+        "PROJECT_NAME": spec.project,
+        "EXPERIMENT_NAME": spec.experiment,
+        "RUN_NAME": spec.run,
+        RUN_DIR_VAR: str(rd.path),
+        "HIGGSFIELD_NODE": spec.node,
         "PYTHONUNBUFFERED": "1",
         # torchrun restarts over gloo fail to reconnect when the rendezvous store is shared.
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-    })
-    if spec.get("checkpoint_dir"):
-        env["HIGGSFIELD_CHECKPOINT_DIR"] = str(spec["checkpoint_dir"])
+    }
+    if run.placement.checkpoint_dir:
+        env["HIGGSFIELD_CHECKPOINT_DIR"] = run.placement.checkpoint_dir
     return env
 
 
-def process_env(spec: dict[str, Any], rd: RunDir, secrets: dict[str, str],
+def process_env(run: NodeRun, rd: RunDir, secrets: dict[str, str], gpu_ids: Sequence[int] = (),
                 base: dict[str, str] | None = None) -> dict[str, str]:
-    """The process runtime's environment: the kept basics of ``base`` (os.environ), the secrets, the run's."""
+    """The process runtime's environment: the kept basics of ``base`` (os.environ), the secrets, the run's.
+
+    ``gpu_ids``: the GPUs the run holds on this node (``CUDA_VISIBLE_DEVICES``; none on a CPU node).
+    """
     src = os.environ if base is None else base
     env = {k: v for k, v in src.items() if k in KEPT_ENV or k.startswith("LC_")}
     env.update(secrets)
-    env.update(run_vars(spec, rd))
-    if spec.get("cuda_visible_devices") is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(spec["cuda_visible_devices"])
+    env.update(run_vars(run, rd))
+    if gpu_ids:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
     return env
 
 
-def container_env(spec: dict[str, Any], rd: RunDir) -> dict[str, str]:
+def container_env(run: NodeRun, rd: RunDir) -> dict[str, str]:
     """The container's configured environment: only the run's own variables (secrets come on stdin)."""
     from higgsfield.invoker.containers import INVOKER_MOUNT
 
-    env = run_vars(spec, rd)
+    env = run_vars(run, rd)
     env.update({"HOME": "/tmp", "PYTHONPATH": INVOKER_MOUNT, "PYTHONDONTWRITEBYTECODE": "1"})
     return env
 
@@ -83,59 +95,38 @@ def container_env(spec: dict[str, Any], rd: RunDir) -> dict[str, str]:
 class ProcessRun:
     """torchrun as a process of its own session on this node (the process runtime).
 
-    ``terminate`` asks it to stop (SIGTERM to its process group: torchrun stops its
-    workers); ``kill`` ends everything of the run that is left, workers included.
+    ``terminate`` asks it to stop (SIGTERM to torchrun, which stops its workers);
+    ``kill`` ends everything of the run that is left: torchrun, its workers (each in a
+    session of its own) and whatever they started.
     """
 
     def __init__(self, command: list[str], rd: RunDir, *, cwd: str | None, env: dict[str, str]) -> None:
         self.rd = rd
-        self.proc = subprocess.Popen(command, cwd=cwd, env=env, start_new_session=True)  # noqa: S603
+        self.proc = psutil.Popen(command, cwd=cwd, env=env, start_new_session=True)  # noqa: S603
         self.pid = self.proc.pid
 
     def poll(self) -> int | None:
         return self.proc.poll()
 
-    def wait(self, timeout: float) -> int | None:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
     def terminate(self, grace: float) -> None:
-        signal_group(self.pid, signal.SIGTERM)
+        pids.send([self.proc], signal.SIGTERM)
 
     def kill(self) -> None:
-        kill_workers(self.rd, signal.SIGKILL)
-        signal_group(self.pid, signal.SIGKILL)
+        pids.kill([self.proc, *workers(self.rd)])
 
     def cleanup(self) -> None:
         """After torchrun ended: nothing of the run outlives it (workers, their tees)."""
         self.kill()
 
 
-def signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def kill_workers(rd: RunDir, sig: int) -> None:
-    """Signal every worker that recorded its pid and still belongs to this run."""
+def workers(rd: RunDir) -> list[psutil.Process]:
+    """The run's live workers: the pids in ``rank<N>.pid`` whose process has this run dir in its environment."""
+    out = []
     for p in rd.logs.glob("rank*.pid"):
         try:
-            pid = int(p.read_text().strip())
-        except (OSError, ValueError):
+            proc = pids.find(int(p.read_text().strip()))
+            if proc is not None and proc.environ().get(RUN_DIR_VAR) == str(rd.path):
+                out.append(proc)
+        except (OSError, ValueError, psutil.Error):
             continue
-        if belongs(pid, rd):
-            signal_group(pid, sig)
-
-
-def belongs(pid: int, rd: RunDir) -> bool:
-    """True when ``pid`` is a live process of this run (guards against pid reuse)."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).environ().get("HIGGSFIELD_RUN_DIR") == str(rd.path)
-    except (psutil.Error, OSError):
-        return False
+    return out

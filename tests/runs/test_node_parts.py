@@ -20,13 +20,14 @@ import pytest
 from runs_helpers import exe
 
 from higgsfield.errors import RunError
-from higgsfield.invoker import coordinator, logs, pids, process, queue, supervisor, torchrun
+from higgsfield.invoker import coordinator, logs, pids, queue, start, stop, supervisor, torchrun
 from higgsfield.invoker.containers import container_name, image_tag
 from higgsfield.invoker.deploy import deployed, unpack
-from higgsfield.invoker.records import RunDir, RunRecord, write_json
+from higgsfield.invoker.placement import NodeRun, Placement
+from higgsfield.invoker.records import RunDir, RunRecord, finish, write_json
 from higgsfield.orchestrator.deployment import make_archive
 from higgsfield.ports import RENDEZVOUS_PORTS, free_port
-from higgsfield.runspec import RunSpec
+from higgsfield.runspec import Coordinator, RunSpec
 
 
 def _entry(run: str, want: int, order: float, exclusive: bool = False) -> queue.Entry:
@@ -92,13 +93,25 @@ def test_queue_an_older_run_takes_back_slots_not_yet_committed_never_committed_o
     assert [e.run for e in queue.snapshot(tmp_path)] == ["old", "young"]
 
 
+def _node_run(tmp_path: Path, *, placement: dict[str, object] | None = None, **spec: object) -> NodeRun:
+    """Run p/r of experiment e on node n (node 0 of 1, process runtime), as ``start`` pins and places it."""
+    fields: dict[str, object] = {
+        "project": "p", "experiment": "e", "run": "r", "module": "m", "code_dir": str(tmp_path), "params": {},
+        "node": "n", "node_rank": 0, "nodes": ("n",), "master_addr": "127.0.0.1", "submitted_at": time.time(),
+        "nproc": 1, "runtime": "process", "coordinator": Coordinator("127.0.0.1", 9, "n"), **spec}
+    where: dict[str, object] = {"gpus": 0, "cache_dir": str(tmp_path / "cache"),
+                                "checkpoint_dir": str(tmp_path / "cache" / "ckpt"), "container": "hf-p-e-r-n",
+                                **(placement or {})}
+    return NodeRun(RunSpec(**fields), Placement(**where))  # type: ignore[arg-type]
+
+
 def test_the_process_runtime_gives_torchrun_a_minimal_environment(tmp_path: Path) -> None:
     rd = RunDir(tmp_path, "p", "r")
-    spec = {"project": "p", "experiment": "e", "run": "r", "node": "n", "cuda_visible_devices": "1,2"}
+    spec = _node_run(tmp_path)
     base = {"PATH": "/usr/bin", "HOME": "/home/u", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "USER": "u",
             "SSH_AUTH_SOCK": "/tmp/agent", "AWS_SECRET_ACCESS_KEY": "leak", "PYTHONPATH": "/elsewhere",
             "HIGGSFIELD_DEBUG": "1"}
-    env = torchrun.process_env(spec, rd, {"HF_TOKEN": "s3"}, base=base)
+    env = torchrun.process_env(spec, rd, {"HF_TOKEN": "s3"}, [1, 2], base=base)
     assert env == {"PATH": "/usr/bin", "HOME": "/home/u", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "USER": "u",
                    "HF_TOKEN": "s3", "CUDA_VISIBLE_DEVICES": "1,2", **torchrun.run_vars(spec, rd)}
 
@@ -213,7 +226,8 @@ def test_container_launcher_takes_secrets_from_stdin_into_the_environment(tmp_pa
 def test_queue_and_records_do_not_trust_a_reused_pid(tmp_path: Path) -> None:
     me = pids.start_time(os.getpid())
     assert me is not None and pids.alive(os.getpid(), me)
-    assert not pids.alive(os.getpid(), me + 1) and pids.reused(os.getpid(), me + 1)
+    assert not pids.alive(os.getpid(), me + 1) and pids.find(os.getpid(), me + 1) is None
+    assert pids.find(os.getpid(), me) is not None and pids.start_time(2 ** 22 + 12345) is None
     # a queue holder whose pid now names another process (this one) holds nothing
     stale = queue.Entry(project="p", run="old", want=1, exclusive=False, order=0.0, pid=os.getpid(),
                         pid_start=me - 1, slots=[0])
@@ -233,35 +247,35 @@ def test_refresh_and_kill_never_signal_a_reused_supervisor_pid(tmp_path: Path) -
                         pid_starts={"supervisor": start - 5, "launcher": start - 5}, created_at=time.time() - 60)
         rd.write(rec)
         write_json(rd.spec_path, {"project": "p", "run": "r"})
-        assert process.refresh(rd).state == "failed"       # its supervisor is gone: the pid is someone else's
+        assert stop.refresh(rd).state == "failed"          # its supervisor is gone: the pid is someone else's
         rd.write(rec)
-        assert process.kill(tmp_path, "p", "r", grace=0.3).state == "killed"
+        assert stop.kill(tmp_path, "p", "r", grace=0.3).state == "killed"
         assert bystander.poll() is None, "kill signalled an unrelated process that reused the pid"
     finally:
         bystander.kill()
         bystander.wait()
 
 
-def _supervisor(tmp_path: Path, **spec: object) -> tuple[supervisor.Supervisor, RunDir]:
-    """A supervisor of run p/r on node n (not connected to any coordinator)."""
+def _supervisor(tmp_path: Path, *, placement: dict[str, object] | None = None,
+                **spec: object) -> tuple[supervisor.Supervisor, RunDir]:
+    """A supervisor of run p/r on node n (not connected to any coordinator: nothing listens on port 9)."""
     rd = RunDir(tmp_path, "p", "r")
     rd.make()
     rd.write(RunRecord(project="p", experiment="e", run="r", node="n", node_rank=0, nnodes=1, nproc=1,
                        state="starting"))
-    full = {"project": "p", "experiment": "e", "run": "r", "node": "n", "node_rank": 0, "nnodes": 1, "nproc": 1,
-            "master_addr": "127.0.0.1", "code_dir": str(tmp_path), "runtime": "process",
-            "coordinator": {"host": "127.0.0.1", "port": 9}, **spec}
-    write_json(rd.spec_path, full)
-    return supervisor.Supervisor(tmp_path, rd, full, {}, "t" * 64), rd
+    run = _node_run(tmp_path, placement=placement, **spec)
+    run.write(rd.spec_path)
+    assert NodeRun.read(rd.spec_path) == run      # spec.json reads back as it was written
+    return supervisor.Supervisor(tmp_path, rd, run, {}, "t" * 64), rd
 
 
 def test_a_kill_landing_just_after_torchrun_starts_still_stops_it(tmp_path: Path) -> None:
-    sup, rd = _supervisor(tmp_path)
+    sup, rd = _supervisor(tmp_path, placement={"stop_grace": 1.0})
     handle = torchrun.ProcessRun([sys.executable, "-c", "import time; time.sleep(30)"], rd, cwd=None,
                                  env=dict(os.environ))
     rd.kill_marker.touch()       # the kill arrived while torchrun started, before its pid was recorded
     t0 = time.monotonic()
-    rc, cause = sup._watch(handle, {"stop_grace": 1.0})
+    rc, cause = sup._watch(handle)
     assert time.monotonic() - t0 < 10 and rc != 0 and cause == {"t": "killed"}
     assert handle.poll() is not None
 
@@ -269,7 +283,7 @@ def test_a_kill_landing_just_after_torchrun_starts_still_stops_it(tmp_path: Path
 def test_a_supervisor_without_its_coordinator_fails_the_run_naming_node_0(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(supervisor, "JOIN_S", 1.0)   # nothing listens on port 9
-    sup, rd = _supervisor(tmp_path, nodes=["n0", "n"], node_rank=1, nnodes=2)
+    sup, rd = _supervisor(tmp_path, nodes=("n0", "n"), node_rank=1)
     queue_state = tmp_path
     assert sup.run() == 0
     rec = rd.read()
@@ -286,24 +300,42 @@ def test_two_starts_of_one_run_name_at_once_one_is_refused(tmp_path: Path, monke
         time.sleep(0.5)  # widens the window between the "already active?" check and the record
         return 0
 
-    monkeypatch.setattr(process, "detect_gpus", slow_gpus)
+    monkeypatch.setattr(start, "detect_gpus", slow_gpus)
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **kw: FakeSupervisor())
     spec = RunSpec(project="p", experiment="e", run="same", module="m", code_dir=str(tmp_path), params={},
                    node="n", node_rank=0, nodes=("n",), master_addr="127.0.0.1", submitted_at=time.time(),
                    nproc=1, runtime="process")
     barrier = threading.Barrier(2)
 
-    def start() -> str:
+    def start_one() -> str:
         barrier.wait()
         try:
-            process.launch(tmp_path / "state", spec, {})
+            start.start_run(tmp_path / "state", spec, {})
             return "started"
         except RunError as e:
             return str(e)
 
     with ThreadPoolExecutor(2) as pool:
-        outcomes = sorted(pool.map(lambda _: start(), range(2)))
+        outcomes = sorted(pool.map(lambda _: start_one(), range(2)))
     assert outcomes[1] == "started" and "already starting" in outcomes[0], outcomes
+
+
+@pytest.mark.parametrize("payload,words", [
+    ("spec-99", "run spec version 99 is not the version this node's higgsfield reads (1): the nodes are older "
+                "than this higgsfield; upgrade them with 'higgsfield setup'"),
+    ("{not json", "the run request on stdin is not JSON"),
+])
+def test_a_start_the_node_cannot_read_is_refused_in_one_line_and_writes_nothing(tmp_path: Path, payload: str,
+                                                                                 words: str) -> None:
+    if payload == "spec-99":
+        spec = {**_node_run(tmp_path).spec.to_dict(), "version": 99}
+        payload = json.dumps({"spec": spec, "secrets": {"HF_S": "s3cr3t"}, "token": "t" * 64})
+    state = tmp_path / "state"
+    r = subprocess.run([sys.executable, "-m", "higgsfield", "invoker", "--state-dir", str(state), "start"],
+                       input=payload, capture_output=True, text=True, timeout=60)
+    # what the control side shows as the node's error: the last line of stderr (remote.base.Result.check)
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", f"error: {words}\n")
+    assert not (state / "runs").exists()
 
 
 def test_logs_are_read_in_bounded_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -417,11 +449,11 @@ def test_a_docker_engine_going_away_mid_run_fails_the_run_with_the_reason(tmp_pa
             Client.closed = True
 
     monkeypatch.setattr(containers, "client", lambda timeout=None: Client())
-    sup, rd = _supervisor(tmp_path, runtime="docker", image="img", container="hf-p-e-r-n")
-    handle = containers.ContainerRun(sup.spec, rd, ["python", "-m", "torch.distributed.run"],
-                                     torchrun.container_env(sup.spec, rd), secrets={"HF_S": "s3cr3t"})
+    sup, rd = _supervisor(tmp_path, runtime="docker", placement={"image": "img"})
+    handle = containers.ContainerRun(sup.node_run, rd, ["python", "-m", "torch.distributed.run"],
+                                     torchrun.container_env(sup.node_run, rd), secrets={"HF_S": "s3cr3t"})
     assert sent == [b'{"HF_S": "s3cr3t"}\n']
-    rc, cause = sup._watch(handle, sup.spec)
+    rc, cause = sup._watch(handle)
     assert isinstance(rc, str) and "lost the Docker engine" in rc and cause is None and Client.closed
-    final = supervisor.finish(rd, "failed", None, sup._own_failure(rc))
+    final = finish(rd, "failed", None, sup._own_failure(rc))
     assert final.state == "failed" and "lost the Docker engine" in (final.reason or "") and final.failed_node == "n"

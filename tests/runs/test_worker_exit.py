@@ -17,6 +17,7 @@ import pytest
 
 from higgsfield.invoker import failure
 from higgsfield.invoker.records import RunDir
+from higgsfield.runspec import RunSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,8 +57,9 @@ def _run(tmp_path: Path, how: str) -> tuple[int, RunDir, float]:
     (code / "src" / "ending.py").write_text(ENDINGS)
     rd = RunDir(tmp_path / "state", "p", how)
     rd.make()
-    rd.spec_path.write_text(json.dumps({"project": "p", "experiment": "ending", "run": how, "module": "ending",
-                                        "code_dir": str(code), "params": {"how": how}}))
+    rd.spec_path.write_text(json.dumps(RunSpec(
+        project="p", experiment="ending", run=how, module="ending", code_dir=str(code), params={"how": how},
+        node="n", node_rank=0, nodes=("n",), master_addr="127.0.0.1", submitted_at=time.time()).to_dict()))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(PROJECT_NAME="p", EXPERIMENT_NAME="ending", RUN_NAME=how, PYTHONPATH=str(REPO))
     t0 = time.time()
