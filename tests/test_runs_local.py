@@ -205,7 +205,8 @@ def test_entrypoint_runs_without_torchrun_env(project: Path, tmp_path: Path) -> 
     (rd / "logs").mkdir(parents=True)
     (rd / "spec.json").write_text(json.dumps({
         "project": "localproj", "experiment": "probe", "run": "solo", "module": "probe",
-        "code_dir": str(project), "params": {"flag": "yes"}}))
+        "code_dir": str(project), "params": {"flag": "yes"}, "version": 1,   # a RunSpec (higgsfield.runspec)
+        "node": "localhost", "node_rank": 0, "nodes": ["localhost"], "master_addr": "127.0.0.1", "submitted_at": 0}))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(PROJECT_NAME="localproj", EXPERIMENT_NAME="probe", RUN_NAME="solo")
     r = subprocess.run([sys.executable, "-m", "higgsfield.entrypoint", str(rd)], env=env, timeout=60)
@@ -234,6 +235,7 @@ class _FakeTransport:
         self.calls: list[list[str]] = []
         self.inputs: list[object] = []
         self.streams: list[list[object]] = []
+        self.closes = 0
 
     async def run(self, argv: list[str], input: object = None, timeout: float | None = None) -> object:
         from higgsfield.remote.base import CommandResult
@@ -255,22 +257,47 @@ class _FakeTransport:
             yield item
 
     async def close(self) -> None:
-        pass
+        self.closes += 1
 
 
-def _fake_group(monkeypatch: pytest.MonkeyPatch, transports: list[_FakeTransport]) -> None:
+def _fake_group(monkeypatch: pytest.MonkeyPatch, transports: list[_FakeTransport]) -> list[object]:
+    """Every group a command opens is made of ``transports``; returns the list of groups opened."""
     import contextlib
 
-    from higgsfield.orchestrator import runs
+    from higgsfield import orchestrator
+    from higgsfield.orchestrator import start
     from higgsfield.remote.fanout import Group, Member
+
+    opened: list[object] = []
 
     @contextlib.asynccontextmanager
     async def open_group(cfg, nodes=None):  # type: ignore[no-untyped-def]
         chosen = list(nodes if nodes is not None else cfg.nodes)
         by_name = {t.node: t for t in transports}
-        yield Group([Member(n, by_name[str(n.name)], i) for i, n in enumerate(chosen)])  # type: ignore[arg-type]
+        group = Group([Member(n, by_name[str(n.name)], i) for i, n in enumerate(chosen)])  # type: ignore[arg-type]
+        opened.append(group)
+        yield group
 
-    monkeypatch.setattr(runs, "open_group", open_group)
+    monkeypatch.setattr(start, "open_group", open_group)
+    monkeypatch.setattr(orchestrator, "connect", open_group)
+    return opened
+
+
+def _group(cfg, transports: list[_FakeTransport]):  # type: ignore[no-untyped-def]
+    from higgsfield.remote.fanout import Group, Member
+
+    by_name = {t.node: t for t in transports}
+    return Group([Member(n, by_name[str(n.name)], i) for i, n in enumerate(cfg.nodes)])  # type: ignore[arg-type]
+
+
+def _collect(lines) -> list:  # type: ignore[no-untyped-def, type-arg]
+    """Every item of the async iterator ``lines``, with its own event loop."""
+    import asyncio
+
+    async def go() -> list:  # type: ignore[type-arg]
+        return [line async for line in lines]
+
+    return asyncio.run(go())
 
 
 def _two_node_cfg(project: Path):  # type: ignore[no-untyped-def]
@@ -286,15 +313,15 @@ def test_a_failed_start_kills_on_every_node_and_names_where_the_kill_failed(
         project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import asyncio
 
-    from higgsfield.errors import CommandError
-    from higgsfield.orchestrator import runs
+    from higgsfield import orchestrator as runs
+    from higgsfield.errors import CommandError, RunError
 
     cfg = _two_node_cfg(project)
     started = json.dumps({"state": "starting", "run": "x", "coord_port": 29500})
     a = _FakeTransport("a", {"start": started, "kill": json.dumps({"state": "killed", "run": "x"})})
     b = _FakeTransport("b", {"start": asyncio.TimeoutError(), "kill": CommandError("b", "connection lost")})
     _fake_group(monkeypatch, [a, b])
-    with pytest.raises(runs.RunError) as e:
+    with pytest.raises(RunError) as e:
         runs.start_run(cfg, "probe", {}, run_name="x")
     msg = str(e.value)
     assert "failed to start on 1 node(s): b: timed out" in msg
@@ -316,50 +343,97 @@ def test_a_failed_start_kills_on_every_node_and_names_where_the_kill_failed(
                                            ('{"no_state": 1}', "no state, run"), ("", "nothing")])
 def test_unexpected_invoker_output_is_one_clear_error(project: Path, monkeypatch: pytest.MonkeyPatch,
                                                       stdout: str, needle: str) -> None:
-    from higgsfield.orchestrator import runs
+    from higgsfield.errors import RunError
+    from higgsfield.orchestrator import start_run
 
     cfg = _two_node_cfg(project)
     _fake_group(monkeypatch, [_FakeTransport("a", {"start": stdout}), _FakeTransport("b", {})])
-    with pytest.raises(runs.RunError) as e:
-        runs.start_run(cfg, "probe", {}, run_name="x")
+    with pytest.raises(RunError) as e:
+        start_run(cfg, "probe", {}, run_name="x")
     assert "unexpected invoker output" in str(e.value) and needle in str(e.value)
     assert "higgsfield setup" in str(e.value) and "failed to start on 1 node(s): a:" in str(e.value)
 
 
-def test_a_consumer_stopping_early_ends_the_log_thread_and_its_streams() -> None:
+def test_a_printer_stopping_early_closes_every_node_stream(project: Path) -> None:
+    """A closed pipe (or Ctrl-C) while following: the streams' tasks end and each node's stream is closed."""
     import asyncio
-    import threading
+    import io
 
-    from higgsfield.orchestrator import runs
+    from higgsfield.cli.runs import _print_stream
+    from higgsfield.orchestrator import follow, merge
 
-    closed = threading.Event()
+    cfg = _two_node_cfg(project)
+    closed: list[str] = []
 
-    async def endless():  # type: ignore[no-untyped-def]
-        try:
-            i = 0
-            while True:
-                i += 1
-                yield i
-                await asyncio.sleep(0.001)
-        finally:
-            closed.set()   # where stream_logs closes its SSH streams
+    class Endless(_FakeTransport):
+        async def stream(self, argv: list[str], input: object = None):  # type: ignore[no-untyped-def]
+            try:
+                i = 0
+                while True:
+                    i += 1
+                    yield f"0\tline {i}"
+                    await asyncio.sleep(0.001)
+            finally:
+                closed.append(self.node)   # where an SSH stream stops its remote command
 
-    before = threading.active_count()
-    lines = runs._sync(endless)
-    for n in lines:
-        if n == 5:
-            break
-    lines.close()  # what a for-loop's break / an exception does to the generator
-    assert closed.wait(5), "the async stream was not closed"
-    deadline = time.time() + 5
-    while threading.active_count() > before and time.time() < deadline:
-        time.sleep(0.05)
-    assert threading.active_count() == before, "the log thread outlived its consumer"
+    class Pipe(io.StringIO):
+        def write(self, text: str) -> int:
+            if self.getvalue().count("\n") >= 5:
+                raise BrokenPipeError
+            return super().write(text)
+
+    status = merge([{"project": "localproj", "experiment": "probe", "run": "x", "node": n, "node_rank": i,
+                     "state": "running", "created_at": 1.0} for i, n in enumerate(("a", "b"))])[0]
+    group = _group(cfg, [Endless("a", {}), Endless("b", {})])
+
+    async def go() -> int:
+        with pytest.raises(BrokenPipeError):
+            await _print_stream(follow(group, cfg, status, lost_after=30), color=False)
+        return len([t for t in asyncio.all_tasks() if t is not asyncio.current_task()])
+
+    out = Pipe()
+    saved, sys.stdout = sys.stdout, out
+    try:
+        left = asyncio.run(go())
+    finally:
+        sys.stdout = saved
+    assert out.getvalue().count("\n") == 5
+    assert sorted(closed) == ["a", "b"], "a node's stream was left open"
+    assert left == 0, "a stream's task outlived the printer"
+
+
+def test_run_starts_follows_and_ends_over_one_group(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``higgsfield run``: start, follow and the final status in one event loop, over one group's connections."""
+    import asyncio
+
+    from higgsfield import orchestrator
+    from higgsfield.cli._common import console
+    from higgsfield.cli.runs import _run
+
+    cfg = _two_node_cfg(project)
+    rec = {"project": "localproj", "experiment": "probe", "run": "x", "created_at": 1.0, "nnodes": 2}
+    done = [{**rec, "node": n, "node_rank": i, "state": "succeeded", "exit_code": 0} for i, n in enumerate("ab")]
+    a = _FakeTransport("a", {"start": json.dumps({**rec, "node": "a", "node_rank": 0, "state": "starting",
+                                                  "coord_port": 29500}),
+                             "status": json.dumps(done[:1])})
+    b = _FakeTransport("b", {"start": json.dumps({**rec, "node": "b", "node_rank": 1, "state": "starting"}),
+                             "status": json.dumps(done[1:])})
+    a.streams = [["0\tstep 1", "0\tdone"]]
+    b.streams = [["1\tstep 1", "1\tdone"]]
+    opened = _fake_group(monkeypatch, [a, b])
+    plan = orchestrator.plan_run(cfg, "probe", {}, run_name="x")
+    started: list[object] = []
+    final = asyncio.run(_run(cfg, plan, {}, detach=False, err=console(stderr=True), started=started))  # type: ignore[arg-type]
+    assert final is not None and final.state == "succeeded" and final.run == "x"
+    assert len(opened) == 1, "run opened more than one group"
+    for t in (a, b):   # start, the log stream, then one status question: all on the same transport
+        subs = [c[c.index("invoker") + 3] for c in t.calls]
+        assert subs == ["start", "logs", "status"], (t.node, subs)
 
 
 def test_status_names_the_earliest_failure_and_run_exits_with_the_failing_node_s_code() -> None:
     from higgsfield.cli.runs import exit_code
-    from higgsfield.orchestrator.runs import _merge
+    from higgsfield.orchestrator import merge as _merge
 
     base = {"project": "p", "experiment": "e", "run": "r", "nnodes": 3, "nproc": 1, "created_at": 1.0}
 
@@ -386,29 +460,32 @@ def test_status_names_the_earliest_failure_and_run_exits_with_the_failing_node_s
 def test_a_broken_log_stream_is_reattached_without_losing_or_repeating_a_line(
         project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from higgsfield.errors import CommandError
-    from higgsfield.orchestrator import runs
+    from higgsfield.orchestrator import NOTICE, follow, logs, merge
 
     cfg = _two_node_cfg(project)
     a, b = _FakeTransport("a", {}), _FakeTransport("b", {})
     a.streams = [["0\tstep 1", "-1\tlaunch", "0\tstep 2", CommandError("a", "connection lost")],
                  ["#hb", "0\tstep 1", "-1\tlaunch", "0\tstep 2", "0\tstep 3", "-1\tdone"]]
     b.streams = [["1\tstep 1", "1\tstep 2", "1\tstep 3"]]
-    _fake_group(monkeypatch, [a, b])
-    status = runs._merge([{"project": "localproj", "experiment": "probe", "run": "x", "node": n, "node_rank": i,
-                           "state": "running", "created_at": 1.0} for i, n in enumerate(("a", "b"))])[0]
-    lines = list(runs.follow_run(cfg, status, lost_after=30))
-    by_node = {n: [(ln.rank, ln.text) for ln in lines if ln.node == n and ln.rank != runs.NOTICE] for n in "ab"}
+    group = _group(cfg, [a, b])
+    status = merge([{"project": "localproj", "experiment": "probe", "run": "x", "node": n, "node_rank": i,
+                     "state": "running", "created_at": 1.0} for i, n in enumerate(("a", "b"))])[0]
+    lines = _collect(follow(group, cfg, status, lost_after=30))
+    by_node = {n: [(ln.rank, ln.text) for ln in lines if ln.node == n and ln.rank != NOTICE] for n in "ab"}
     assert by_node["a"] == [(0, "step 1"), (-1, "launch"), (0, "step 2"), (0, "step 3"), (-1, "done")]
     assert by_node["b"] == [(1, "step 1"), (1, "step 2"), (1, "step 3")]
-    notices = [ln.text for ln in lines if ln.rank == runs.NOTICE]
+    notices = [ln.text for ln in lines if ln.rank == NOTICE]
     assert notices == ["lost the log stream (connection lost); re-attaching"]
     assert not [c for t in (a, b) for c in t.calls if "kill" in c]      # the nodes decide the run, not this side
+    assert a.closes == 0   # re-attached over the same transport and its connection
 
-    # a node whose stream never comes back, once the others ended: reported, and still nothing is killed
-    monkeypatch.setattr(runs, "REATTACH_TRIES", 1)
+    # a node whose stream never comes back, once the others ended: reported, and still nothing is killed;
+    # its connection is closed, so the final status logs in afresh
+    monkeypatch.setattr(logs, "REATTACH_TRIES", 1)
     a.streams = [["0\tstep 1", CommandError("a", "connection lost")], [CommandError("a", "refused")]]
     b.streams = [["1\tstep 1"]]
     a.calls.clear()
     with pytest.raises(NodeLost, match="lost the log stream of node a .*refused; whether the run goes on"):
-        list(runs.follow_run(cfg, status, lost_after=30))
+        _collect(follow(group, cfg, status, lost_after=30))
     assert not [c for c in a.calls if "kill" in c]
+    assert a.closes == 1 and b.closes == 0

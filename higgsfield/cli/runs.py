@@ -2,30 +2,34 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 import sys
 import time
+from collections.abc import AsyncIterator, Iterable
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 import click
 
 from higgsfield.cli._common import console, experiment_name, get_config, run_name
+from higgsfield.runspec import FAILED, KILLED, QUEUED, RUNNING, STARTING, SUCCEEDED
 from higgsfield.text import shown
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from higgsfield.config import Config
-    from higgsfield.orchestrator import LogLine, RunStatus
+    from higgsfield.orchestrator import LogLine, RunHandle, RunPlan, RunStatus
+    from higgsfield.remote import NodeResult
 
 _COLORS = ["cyan", "green", "magenta", "yellow", "blue", "bright_cyan", "bright_green", "bright_magenta"]
 # C0 controls but tab, DEL, C1 controls: a node's log line must not drive the terminal (ANSI escapes, OSC, bell)
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 RECENT_FAILURES = 5   # status shows the error of the failed runs among the last this many
-_STATE_STYLE = {"succeeded": "green", "failed": "red", "killed": "yellow", "running": "cyan",
-                "starting": "cyan", "queued": "dim"}
+_STATE_STYLE = {SUCCEEDED: "green", FAILED: "red", KILLED: "yellow", RUNNING: "cyan", STARTING: "cyan", QUEUED: "dim"}
 
 
 def clean(text: str) -> str:
@@ -33,30 +37,31 @@ def clean(text: str) -> str:
     return _CONTROL.sub("", text)
 
 
-def _print_lines(lines: object, *, color: bool) -> None:
-    from higgsfield.orchestrator.runs import NOTICE
+def _show(line: LogLine, out: IO[str], *, color: bool) -> None:
+    """One log line, tagged ``node/rank`` (what a node sent is shown, never obeyed)."""
+    from higgsfield.orchestrator import NOTICE
 
-    out = sys.stdout
-    for line in lines:  # type: ignore[attr-defined]
-        ln: LogLine = line
-        who = "higgsfield" if ln.rank == NOTICE else "launcher" if ln.rank < 0 else ln.rank
-        tag = clean(f"{ln.node}/{who}")
-        text = clean(ln.text)
-        if color:
-            code = 36 if ln.rank < 0 else 31 + (ln.rank % 6)
-            out.write(f"\x1b[{code}m{tag}\x1b[0m | {text}\n")
-        else:
-            out.write(f"{tag} | {text}\n")
-        out.flush()
+    who = "higgsfield" if line.rank == NOTICE else "launcher" if line.rank < 0 else line.rank
+    tag = clean(f"{line.node}/{who}")
+    text = clean(line.text)
+    if color:
+        code = 36 if line.rank < 0 else 31 + (line.rank % 6)
+        out.write(f"\x1b[{code}m{tag}\x1b[0m | {text}\n")
+    else:
+        out.write(f"{tag} | {text}\n")
+    out.flush()
 
 
-def _follow(cfg: Config, status: RunStatus, *, follow: bool, node: str | None = None,
-            ranks: tuple[int, ...] = (), since: float | None = None) -> None:
-    from higgsfield.orchestrator import iter_logs
-    from higgsfield.orchestrator.runs import LOST_AFTER_S
+def _print_lines(lines: Iterable[LogLine], *, color: bool) -> None:
+    for line in lines:
+        _show(line, sys.stdout, color=color)
 
-    _print_lines(iter_logs(cfg, status, follow=follow, node=node, ranks=ranks, since=since,
-                           lost_after=LOST_AFTER_S if follow else None), color=sys.stdout.isatty())
+
+async def _print_stream(lines: AsyncIterator[LogLine], *, color: bool) -> None:
+    """Print ``lines`` as they come; the streams behind them close however this ends."""
+    async with contextlib.aclosing(lines) as items:  # type: ignore[type-var]
+        async for line in items:
+            _show(line, sys.stdout, color=color)
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
@@ -112,39 +117,60 @@ def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: 
     cfg = get_config(ctx)
     given = parse_assignments(params)
     values = secrets.collect(cfg)
+    plan = orchestrator.plan_run(cfg, experiment, given, run_name=run_name, nodes=nodes,
+                                 max_restarts=max_restarts, exclusive=exclusive)
     err = console(stderr=True)
-    handle = orchestrator.start_run(cfg, experiment, given, run_name=run_name, nodes=nodes,
-                                    max_restarts=max_restarts, secrets=values, exclusive=exclusive)
-    err.print(f"[bold]run[/] {handle.run} started on {', '.join(handle.nodes)}")
-    if detach:
-        err.print(f"follow: higgsfield logs {handle.run} -f    stop: higgsfield kill {handle.run}")
-        click.echo(handle.run)
-        return
-    status = handle.status()
+    started: list[RunHandle] = []
     try:
-        _print_lines(orchestrator.follow_run(cfg, status), color=sys.stdout.isatty())
-    except orchestrator.NodeLost as lost:  # the nodes decide the run: its final status below says how it ended
-        err.print(f"{clean(str(lost))}", style="red", markup=False, highlight=False)
+        final = asyncio.run(_run(cfg, plan, values, detach=detach, err=err, started=started))
     except KeyboardInterrupt:
-        err.print(f"\ndetached; run {handle.run} goes on.\n"
-                  f"follow: higgsfield logs {handle.run} -f    stop: higgsfield kill {handle.run}")
+        if not started:
+            raise
+        err.print(f"\ndetached; run {plan.run} goes on.\n"
+                  f"follow: higgsfield logs {plan.run} -f    stop: higgsfield kill {plan.run}")
         sys.exit(130)
-    final = _wait_final(cfg, handle.run)
+    if final is None:
+        return
     style = _STATE_STYLE.get(final.state, "")
     extra = ""
     if final.failed_node:
         extra = f" (first failure: node {clean(final.failed_node)}" + (
             f", rank {final.failed_rank})" if final.failed_rank is not None else ")")
-    err.print(f"run {handle.run} [{style}]{final.state}[/]{extra}")
+    err.print(f"run {plan.run} [{style}]{final.state}[/]{extra}")
     _print_failure(err, final)
     sys.exit(exit_code(final))
 
 
+async def _run(cfg: Config, plan: RunPlan, values: dict[str, str], *, detach: bool, err: Console,
+               started: list[RunHandle]) -> RunStatus | None:
+    """Start, follow and ask the final status over one group: its connections open once, for all three.
+
+    The run's end is learnt from its log streams ending (each node ends its stream
+    when its part ended), then its status is asked once (again only while a lagging
+    node's record still says it runs). None when detached.
+    """
+    from higgsfield import orchestrator
+
+    async with orchestrator.connect(cfg, plan.nodes) as group:
+        handle = await orchestrator.launch(group, cfg, plan, secrets=values)
+        started.append(handle)
+        err.print(f"[bold]run[/] {handle.run} started on {', '.join(handle.nodes)}")
+        if detach:
+            err.print(f"follow: higgsfield logs {handle.run} -f    stop: higgsfield kill {handle.run}")
+            click.echo(handle.run)
+            return None
+        try:
+            await _print_stream(orchestrator.follow(group, cfg, handle.status()), color=sys.stdout.isatty())
+        except orchestrator.NodeLost as lost:  # the nodes decide the run: its final status says how it ended
+            err.print(f"{clean(str(lost))}", style="red", markup=False, highlight=False)
+        return await orchestrator.final_status(group, cfg, handle.run)
+
+
 def exit_code(status: RunStatus) -> int:
     """``run``'s exit code: 0 when the run succeeded; else the failing node's (a signal N as 128+N), at least 1."""
-    if status.state == "succeeded":
+    if status.state == SUCCEEDED:
         return 0
-    code = status.exit_code if status.state == "failed" else None
+    code = status.exit_code if status.state == FAILED else None
     if not code:
         return 1
     return min(255, 128 - code if code < 0 else code)
@@ -152,23 +178,12 @@ def exit_code(status: RunStatus) -> int:
 
 def _print_failure(out: Console, status: RunStatus, indent: str = "  ") -> None:
     """The first failure's reason and the last lines of its error (what a node sent is shown, never obeyed)."""
-    if status.state != "failed":
+    if status.state != FAILED:
         return
     if status.reason:
         out.print(f"{indent}{clean(status.reason)}", markup=False, highlight=False)
     for line in status.error_tail:
         out.print(f"{indent}| {clean(line)}", markup=False, highlight=False)
-
-
-def _wait_final(cfg: Config, run_name: str, timeout: float = 30.0) -> RunStatus:
-    from higgsfield.orchestrator import get_run
-
-    deadline = time.time() + timeout
-    status = get_run(cfg, run_name)
-    while status.state in ("queued", "starting", "running") and time.time() < deadline:
-        time.sleep(0.3)
-        status = get_run(cfg, run_name)
-    return status
 
 
 @click.command()
@@ -184,25 +199,23 @@ def _wait_final(cfg: Config, run_name: str, timeout: float = 30.0) -> RunStatus:
 def logs(ctx: click.Context, target: str, follow: bool, node: str | None, ranks: tuple[int, ...],
          since: float | None) -> None:
     """Print the merged logs of a run (an experiment name means its latest run)."""
-    from higgsfield.orchestrator import get_run
-
     cfg = get_config(ctx)
-    status = get_run(cfg, target)
     try:
-        _follow(cfg, status, follow=follow, node=node, ranks=ranks, since=since)
+        asyncio.run(_logs(cfg, target, follow=follow, node=node, ranks=ranks, since=since))
     except KeyboardInterrupt:
         sys.exit(130)
 
 
-def _fmt_time(t: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+async def _logs(cfg: Config, target: str, *, follow: bool, node: str | None, ranks: tuple[int, ...],
+                since: float | None) -> None:
+    """Find the run and print its logs over one group (following: re-attaching over the same connections)."""
+    from higgsfield import orchestrator
 
-
-def _fmt_duration(d: float | None) -> str:
-    if d is None:
-        return "-"
-    d = int(d)
-    return f"{d // 3600}h{d % 3600 // 60:02d}m" if d >= 3600 else f"{d // 60}m{d % 60:02d}s"
+    async with orchestrator.connect(cfg) as group:
+        status = await orchestrator.find_run(group, cfg, target)
+        lines = orchestrator.stream_logs(group, cfg, status, follow=follow, node=node, ranks=ranks, since=since,
+                                         lost_after=orchestrator.LOST_AFTER_S if follow else None)
+        await _print_stream(lines, color=sys.stdout.isatty())
 
 
 @click.command()
@@ -210,32 +223,31 @@ def _fmt_duration(d: float | None) -> str:
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
     """List runs on every node: state, nodes, start, duration, exit code, first failure."""
-    from rich.table import Table
+    from rich.text import Text
 
-    from higgsfield.orchestrator import list_runs
+    from higgsfield.cli._status_table import GAP, failure_of, layout
 
     cfg = get_config(ctx)
-    runs, results = list_runs(cfg)
+    runs, results = asyncio.run(_status(cfg))
     unreachable = [r for r in results if not r.ok]
     if as_json:
         click.echo(json.dumps({"runs": [r.to_dict() for r in runs],
                                "unreachable": {r.node: r.reason for r in unreachable}}, indent=2))
         return
     out = console()
-    table = Table(box=None, pad_edge=False)
-    for col in ("RUN", "EXPERIMENT", "STATE", "NODES", "STARTED", "DURATION", "EXIT", "FIRST FAILURE"):
-        table.add_column(col)
-    for r in runs:
-        failure = f"{r.failed_node}" + (f" rank {r.failed_rank}" if r.failed_rank is not None else "") \
-            if r.failed_node else ""
-        style = _STATE_STYLE.get(r.state, "")
-        table.add_row(r.run, r.experiment, f"[{style}]{r.state}[/]", ",".join(r.nodes), _fmt_time(r.started_at),
-                      _fmt_duration(r.duration), "" if r.exit_code is None else str(r.exit_code), failure)
     if runs:
-        out.print(table)
-        for r in [r for r in runs[-RECENT_FAILURES:] if r.state == "failed"]:
-            where = f"{r.failed_node}" + (f" rank {r.failed_rank}" if r.failed_rank is not None else "")
-            out.print(f"\n{r.run}: first failure on {clean(where)}:", markup=False, highlight=False)
+        titles, widths, rows = layout(runs, out.width)
+        out.print(Text((" " * GAP).join(t.ljust(w) for t, w in zip(titles, widths, strict=True)).rstrip(),
+                       style="bold"))
+        for r, row in zip(runs, rows, strict=True):
+            line = Text()
+            for i, (title, cell, w) in enumerate(zip(titles, row, widths, strict=True)):
+                line.append(" " * GAP if i else "")
+                line.append(clean(cell).ljust(w), style=_STATE_STYLE.get(r.state, "") if title == "STATE" else "")
+            line.rstrip()
+            out.print(line)
+        for r in [r for r in runs[-RECENT_FAILURES:] if r.state == FAILED]:
+            out.print(f"\n{r.run}: first failure on {clean(failure_of(r))}:", markup=False, highlight=False)
             _print_failure(out, r)
     else:
         out.print("no runs yet: start one with 'higgsfield run EXPERIMENT'")
@@ -245,16 +257,28 @@ def status(ctx: click.Context, as_json: bool) -> None:
         sys.exit(1)
 
 
+async def _status(cfg: Config) -> tuple[list[RunStatus], list[NodeResult[Any]]]:
+    from higgsfield import orchestrator
+
+    async with orchestrator.connect(cfg) as group:
+        return await orchestrator.query_runs(group, cfg)
+
+
 @click.command()
 @click.argument("target", metavar="EXPERIMENT|RUN", callback=run_name)
 @click.pass_context
 def kill(ctx: click.Context, target: str) -> None:
     """Stop a run (or every active run of an experiment) on every node."""
-    from higgsfield.orchestrator import kill as _kill
-
     cfg = get_config(ctx)
-    for r in _kill(cfg, target):
+    for r in asyncio.run(_kill(cfg, target)):
         click.echo(f"{r.run}: {r.state}")
+
+
+async def _kill(cfg: Config, target: str) -> list[RunStatus]:
+    from higgsfield import orchestrator
+
+    async with orchestrator.connect(cfg) as group:
+        return await orchestrator.kill_runs(group, cfg, target)
 
 
 @click.command()

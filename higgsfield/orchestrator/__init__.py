@@ -1,22 +1,31 @@
-"""Control-side operations across nodes: deploy, run, logs, status, kill (and the queue's view)."""
+"""Control-side operations across nodes: deploy, run, logs, status, kill (and the queue's view).
 
+One module a concept: :mod:`.start` (validate and launch), :mod:`.status` (node
+records merged into a run's status), :mod:`.logs` (merged streams, followed with
+re-attach), :mod:`.kill`, :mod:`.deployment`. The async calls take a connected
+:class:`~higgsfield.remote.Group` (:func:`connect`), so one command reuses its
+connections for all its steps; ``start_run``, ``list_runs``, ``get_run`` and ``kill``
+run their own event loop, for callers that do one thing.
+"""
+
+from higgsfield.errors import NodeLost
 from higgsfield.orchestrator.deployment import DeployResult, NodeDeploy, deploy
-from higgsfield.orchestrator.runs import (
-    LogLine,
-    NodeLost,
-    RunHandle,
-    RunStatus,
-    follow_run,
+from higgsfield.orchestrator.kill import kill, kill_runs, stop_run
+from higgsfield.orchestrator.logs import LOST_AFTER_S, NOTICE, LogLine, follow, stream_logs
+from higgsfield.orchestrator.nodes import connect
+from higgsfield.orchestrator.start import RunHandle, RunPlan, launch, plan_run, start_run, start_run_async
+from higgsfield.orchestrator.status import (
+    final_status,
+    find_run,
     get_run,
-    iter_logs,
-    kill,
     list_runs,
+    merge,
+    query_runs,
     resolve_target,
-    start_run,
-    start_run_async,
-    stream_logs,
 )
+from higgsfield.runspec import RunStatus
 
-__all__ = ["DeployResult", "LogLine", "NodeDeploy", "NodeLost", "RunHandle", "RunStatus", "deploy", "follow_run",
-           "get_run", "iter_logs", "kill", "list_runs", "resolve_target", "start_run", "start_run_async",
-           "stream_logs"]
+__all__ = ["LOST_AFTER_S", "NOTICE", "DeployResult", "LogLine", "NodeDeploy", "NodeLost", "RunHandle", "RunPlan",
+           "RunStatus", "connect", "deploy", "final_status", "find_run", "follow", "get_run", "kill", "kill_runs",
+           "launch", "list_runs", "merge", "plan_run", "query_runs", "resolve_target", "start_run",
+           "start_run_async", "stop_run", "stream_logs"]

@@ -397,7 +397,8 @@ def run(seconds: float, batch: int, out: Path | None, targets: list[str], first_
         rounds: int | None = None, quiet: bool = False) -> tuple[int, list[str]]:
     """Fuzz until ``seconds`` pass (or ``rounds`` rounds ran); returns (inputs tried, findings)."""
     global WORK
-    stubs = {name: getattr(orchestrator, name) for name in ("start_run", "get_run", "kill", "deploy")}
+    stubs = {name: getattr(orchestrator, name) for name in ("start_run", "plan_run", "connect", "get_run", "kill",
+                                                             "deploy")}
     saved_home = os.environ.get("HIGGSFIELD_HOME_CONFIG")
     findings: list[str] = []
     start = time.monotonic()

@@ -1,0 +1,163 @@
+"""Starting a run: validate, build each node's :class:`~higgsfield.runspec.RunSpec`, launch node 0, then the rest.
+
+Params are validated before any node is contacted (:func:`plan_run`). Node ranks
+follow the order of ``nodes`` in higgsfield.yml. Node 0 starts first: its start binds
+the run's coordinator port, which the other nodes are started with. If any node
+fails to launch, the run is stopped on every node (also those that did not answer:
+one that timed out may have a supervisor running) and the error names the failed
+nodes. A node whose slots are busy queues the run (state ``queued``); it starts by
+itself. Starting never follows the run (see :mod:`higgsfield.orchestrator.logs`).
+
+Use::
+
+    plan = plan_run(cfg, "tiny_llama", {"steps": "50"})     # no I/O; a bad param raises here
+    async with connect(cfg, plan.nodes) as group:           # keep the group to follow the run
+        handle = await launch(group, cfg, plan, secrets={"HF_TOKEN": "..."})
+    handle = start_run(cfg, "tiny_llama", {"steps": "50"})  # the same, with its own event loop
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets as _random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from higgsfield.config import Config, NodeConfig
+from higgsfield.discovery import find_experiment
+from higgsfield.errors import RunError
+from higgsfield.orchestrator._output import UPGRADE_HINT, invoke
+from higgsfield.orchestrator.kill import stop_run
+from higgsfield.orchestrator.status import merge
+from higgsfield.orchestrator.timeouts import START_S, step_timeout
+from higgsfield.params import check_run_name, resolve
+from higgsfield.remote import Group, Member, NodeResult, open_group, select_nodes
+from higgsfield.remote.invoker import node_state_dir
+from higgsfield.runspec import Coordinator, RunSpec, RunStatus
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run checked and ready to launch: nothing has been sent to a node yet."""
+
+    experiment: str
+    module: str
+    params: dict[str, Any]          # resolved and validated values
+    run: str
+    nodes: list[NodeConfig]         # in node-rank order
+    max_restarts: int = 0
+    exclusive: bool = False
+
+
+@dataclass
+class RunHandle:
+    """A started run: its name and the nodes it runs on (in node-rank order)."""
+
+    project: str
+    experiment: str
+    run: str
+    nodes: list[str]
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    def status(self) -> RunStatus:
+        """The run's status as its nodes reported it at start (no extra round trip)."""
+        return merge(self.records)[0]
+
+
+def new_run_name(experiment: str) -> str:
+    return f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}-{_random.token_hex(2)}"
+
+
+def plan_run(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: str | None = None,
+             nodes: int | None = None, max_restarts: int = 0, exclusive: bool = False) -> RunPlan:
+    """Find ``experiment``, validate its params, the run name and the node count; raise before any I/O."""
+    exp = find_experiment(cfg.project_dir / "src", experiment)
+    values = resolve(exp.params, params, experiment)
+    if run_name is not None:
+        check_run_name(run_name)
+    if max_restarts < 0:
+        raise RunError("--max-restarts must be >= 0")
+    return RunPlan(experiment=experiment, module=exp.module, params=values,
+                   run=run_name or new_run_name(experiment), nodes=select_nodes(cfg, nodes),
+                   max_restarts=max_restarts, exclusive=exclusive)
+
+
+async def launch(group: Group, cfg: Config, plan: RunPlan, *,
+                 secrets: dict[str, str] | None = None) -> RunHandle:
+    """Start ``plan`` on ``group`` (its nodes, connected, in node-rank order); returns when every node started it."""
+    names = [m.name for m in group.members]
+    master = group.members[0].node
+    master_addr = "127.0.0.1" if master.is_local else master.host
+    token = _random.token_hex(32)  # authenticates the run's nodes to its coordinator; sent on stdin only
+    submitted_at = time.time()  # the FIFO order of every node's queue
+
+    def launcher(coordinator: Coordinator | None) -> Any:
+        async def one(m: Member) -> dict[str, Any]:
+            spec = RunSpec(
+                project=cfg.name, experiment=plan.experiment, run=plan.run, module=plan.module,
+                code_dir=_code_dir(cfg, m.node), params=plan.params, node=m.name, node_rank=m.rank,
+                nodes=tuple(names), master_addr=master_addr, submitted_at=submitted_at,
+                nproc=_nproc(cfg, m.node), coordinator=coordinator, max_restarts=plan.max_restarts,
+                runtime=cfg.runtime, exclusive=plan.exclusive)
+            payload = json.dumps({"spec": spec.to_dict(), "secrets": secrets or {}, "token": token})
+            return dict(await invoke(m.transport, cfg, ["start"], input=payload, keys=("state", "run")))
+        return one
+
+    # Node 0 first: its start binds the run's coordinator port, which the others are started with.
+    timeout = step_timeout(cfg, START_S)
+    results = await group[:1].run(launcher(None), timeout=timeout)
+    port = results[0].value.get("coord_port") if results[0].ok and results[0].value else None
+    if results[0].ok and not port:
+        results[0] = NodeResult(names[0], 0, error=RunError(
+            f"the invoker on {names[0]} started no run coordinator ({UPGRADE_HINT})"))
+    if results[0].ok and len(names) > 1:
+        coordinator = Coordinator(host=master_addr, port=int(port or 0), node=names[0])
+        results += await group[1:].run(launcher(coordinator), timeout=timeout)
+    failed = [r for r in results if not r.ok]
+    if failed:
+        await _stop_everywhere(group, cfg, plan.run, failed)
+    return RunHandle(cfg.name, plan.experiment, plan.run, names, [r.value for r in results if r.value is not None])
+
+
+async def _stop_everywhere(group: Group, cfg: Config, run: str, failed: list[NodeResult[Any]]) -> None:
+    """Stop ``run`` on every node, not only those that answered; raise the error naming what failed where."""
+    kills = await stop_run(group, cfg, run, missing_ok=True)
+    stopped = [k.node for k in kills if k.ok and k.value and not k.value.get("missing")]
+    unkilled = [k for k in kills if not k.ok]
+    detail = "; ".join(f"{r.node}: {r.reason}" for r in failed)
+    raise RunError(f"run '{run}' failed to start on {len(failed)} node(s): {detail}"
+                   + (f" (stopped it on {', '.join(stopped)})" if stopped else "")
+                   + (f"; could not stop it on {'; '.join(f'{k.node}: {k.reason}' for k in unkilled)}"
+                      f" (run 'higgsfield kill {run}')" if unkilled else ""))
+
+
+async def start_run_async(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: str | None = None,
+                          nodes: int | None = None, max_restarts: int = 0,
+                          secrets: dict[str, str] | None = None, exclusive: bool = False) -> RunHandle:
+    """Validate, connect the selected nodes, launch; the connections close when it returns."""
+    plan = plan_run(cfg, experiment, params, run_name=run_name, nodes=nodes, max_restarts=max_restarts,
+                    exclusive=exclusive)
+    async with open_group(cfg, plan.nodes) as group:
+        return await launch(group, cfg, plan, secrets=secrets)
+
+
+def start_run(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: str | None = None,
+              nodes: int | None = None, max_restarts: int = 0, secrets: dict[str, str] | None = None,
+              exclusive: bool = False) -> RunHandle:
+    """:func:`start_run_async` with its own event loop (for ``higgsfield ci run`` and scripts)."""
+    return asyncio.run(start_run_async(cfg, experiment, params, run_name=run_name, nodes=nodes,
+                                       max_restarts=max_restarts, secrets=secrets, exclusive=exclusive))
+
+
+def _nproc(cfg: Config, node: NodeConfig) -> int | None:
+    """Processes on ``node``: a number, or None for one per GPU (``auto``), which the node works out."""
+    n = cfg.node_nproc(node)
+    return None if n == "auto" else int(n)
+
+
+def _code_dir(cfg: Config, node: NodeConfig) -> str:
+    if node.is_local:
+        return str(cfg.project_dir)
+    return f"{node_state_dir(cfg)}/projects/{cfg.name}/code"
