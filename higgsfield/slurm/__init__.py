@@ -1,0 +1,19 @@
+"""The Slurm backend (control side): a run is one batch job on a cluster reached through its login node.
+
+- :mod:`~higgsfield.slurm.settings`: the ``slurm:`` block of higgsfield.yml (:class:`SlurmSettings`);
+- :mod:`~higgsfield.slurm.layout`: where a run's files live in the shared workdir;
+- :mod:`~higgsfield.slurm.script`: the batch script (``#SBATCH`` lines, one ``srun`` task per node);
+- :mod:`~higgsfield.slurm.states`: Slurm's job states as run states;
+- :mod:`~higgsfield.slurm.jobs`: submit, query, cancel through the login node (:class:`SlurmCluster`).
+
+Inside the allocation the node side takes over: :mod:`higgsfield.slurm_task`. Stdlib and
+the control side's own packages only, never torch.
+"""
+
+from __future__ import annotations
+
+from higgsfield.slurm.jobs import Job, SlurmCluster, SlurmError, SlurmRefused, Submitted, template_spec
+from higgsfield.slurm.settings import Login, SlurmSettings
+
+__all__ = ["Job", "Login", "SlurmCluster", "SlurmError", "SlurmRefused", "SlurmSettings", "Submitted",
+           "template_spec"]
