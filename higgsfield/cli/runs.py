@@ -8,9 +8,9 @@ import json
 import re
 import sys
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import datetime
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from higgsfield.orchestrator import LogLine, RunHandle, RunPlan, RunStatus
     from higgsfield.remote import NodeResult
 
-_COLORS = ["cyan", "green", "magenta", "yellow", "blue", "bright_cyan", "bright_green", "bright_magenta"]
 # C0 controls but tab, DEL, C1 controls: a node's log line must not drive the terminal (ANSI escapes, OSC, bell)
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 RECENT_FAILURES = 5   # status shows the error of the failed runs among the last this many
@@ -37,31 +36,38 @@ def clean(text: str) -> str:
     return _CONTROL.sub("", text)
 
 
-def _show(line: LogLine, out: IO[str], *, color: bool) -> None:
-    """One log line, tagged ``node/rank`` (what a node sent is shown, never obeyed)."""
+def _printer(*, color: bool) -> Callable[[LogLine], None]:
+    """Prints one log line to stdout, tagged ``node/rank`` (what a node sent is shown, never obeyed)."""
     from higgsfield.orchestrator import NOTICE
 
-    who = "higgsfield" if line.rank == NOTICE else "launcher" if line.rank < 0 else line.rank
-    tag = clean(f"{line.node}/{who}")
-    text = clean(line.text)
-    if color:
-        code = 36 if line.rank < 0 else 31 + (line.rank % 6)
-        out.write(f"\x1b[{code}m{tag}\x1b[0m | {text}\n")
-    else:
-        out.write(f"{tag} | {text}\n")
-    out.flush()
+    out = sys.stdout
+
+    def show(line: LogLine) -> None:
+        who = "higgsfield" if line.rank == NOTICE else "launcher" if line.rank < 0 else line.rank
+        tag = clean(f"{line.node}/{who}")
+        text = clean(line.text)
+        if color:
+            code = 36 if line.rank < 0 else 31 + (line.rank % 6)
+            out.write(f"\x1b[{code}m{tag}\x1b[0m | {text}\n")
+        else:
+            out.write(f"{tag} | {text}\n")
+        out.flush()
+
+    return show
 
 
 def _print_lines(lines: Iterable[LogLine], *, color: bool) -> None:
+    show = _printer(color=color)
     for line in lines:
-        _show(line, sys.stdout, color=color)
+        show(line)
 
 
 async def _print_stream(lines: AsyncIterator[LogLine], *, color: bool) -> None:
     """Print ``lines`` as they come; the streams behind them close however this ends."""
+    show = _printer(color=color)
     async with contextlib.aclosing(lines) as items:  # type: ignore[type-var]
         async for line in items:
-            _show(line, sys.stdout, color=color)
+            show(line)
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
