@@ -330,14 +330,15 @@ def node(rd: RunDir, master: str) -> int:
 # -- command line ----------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    cut = args_in.index("--") if "--" in args_in else len(args_in)
+    command = args_in[cut + 1:]   # the batch step's srun line, verbatim
     parser = argparse.ArgumentParser(prog="python -m higgsfield.slurm_task")
     parser.add_argument("role", choices=["batch", "node"])
     parser.add_argument("run_dir")
     parser.add_argument("--master", required=True)
-    parser.add_argument("command", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_in[:cut])
     rd = run_dir(args.run_dir)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
     try:
         if args.role == "batch":
             if not command:

@@ -100,7 +100,7 @@ class SlurmCluster:
         s = self.settings
         return BatchJob(paths=paths, python=s.interpreter, nodes=s.nodes, gpus_per_node=s.gpus_per_node,
                         cpus_per_task=s.cpus_per_task, partition=s.partition, account=s.account, time=s.time,
-                        max_restarts=max_restarts, extra=s.extra)
+                        max_restarts=max_restarts, exclusive=s.exclusive, extra=s.extra)
 
     # -- submit -------------------------------------------------------------------------------
 
@@ -146,11 +146,12 @@ class SlurmCluster:
 
     def _hint(self, stderr: str) -> str:
         low = stderr.lower()
+        if "account" in low:  # "Invalid account or account/partition combination specified"
+            acct = f"account '{self.settings.account}'" if self.settings.account else "your default account"
+            part = f" with partition '{self.settings.partition}'" if self.settings.partition else ""
+            return f" ({acct}{part} in the slurm block; 'sacctmgr show assoc user=$USER' lists yours)"
         if "partition" in low and self.settings.partition:
             return f" (partition '{self.settings.partition}' in the slurm block; 'sinfo -s' lists the partitions)"
-        if "account" in low:
-            acct = f"account '{self.settings.account}'" if self.settings.account else "your default account"
-            return f" ({acct} in the slurm block; 'sacctmgr show assoc user=$USER' lists yours)"
         if "time limit" in low and self.settings.time:
             return f" (time '{self.settings.time}' in the slurm block is over the partition's limit)"
         return ""

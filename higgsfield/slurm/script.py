@@ -8,6 +8,7 @@
     #SBATCH --ntasks-per-node=1
     #SBATCH --gpus-per-node=G            (left out for G = 0)
     #SBATCH --partition=P --account=A --time=T   (each when set, one per line)
+    #SBATCH --exclusive                  (whole nodes, unless the settings say exclusive: false)
     #SBATCH --output=RUN_DIR/logs/launcher.log
     #SBATCH --requeue + --open-mode=append    (max_restarts > 0; else --no-requeue)
     set -eu
@@ -52,6 +53,7 @@ class BatchJob:
     account: str | None = None
     time: str | None = None
     max_restarts: int = 0
+    exclusive: bool = True
     extra: tuple[str, ...] = ()
 
     @property
@@ -68,6 +70,8 @@ class BatchJob:
         for name, value in (("partition", self.partition), ("account", self.account), ("time", self.time)):
             if value is not None:
                 opts.append(f"--{name}={value}")
+        if self.exclusive:
+            opts.append("--exclusive")
         opts.append(f"--output={self.paths.launcher_log}")
         if self.max_restarts > 0:
             opts += ["--requeue", "--open-mode=append"]

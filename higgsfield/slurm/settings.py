@@ -58,6 +58,7 @@ class SlurmSettings:
     cpus_per_task: int | None = None
     time: str | None = None         # None: the partition's default time limit
     python: str | None = None       # the project environment's python; default <workdir>/venv/bin/python
+    exclusive: bool = True          # whole nodes (--exclusive): a node's torchrun uses all of it
     extra: tuple[str, ...] = field(default=())   # more sbatch options, each one '--name=value' word
 
     @property
@@ -89,6 +90,7 @@ class SlurmSettings:
             else _int(d["cpus_per_task"], f"{where}.cpus_per_task", 1, 4096),
             time=_opt(d, "time", where, check_time),
             python=None if d.get("python") is None else _abs_path(d["python"], f"{where}.python"),
+            exclusive=_bool(d.get("exclusive", True), f"{where}.exclusive"),
             extra=_extra(d.get("extra", ()), f"{where}.extra"),
         )
         return settings
@@ -170,6 +172,12 @@ def _opt(d: Mapping[str, Any], key: str, where: str, check: Any) -> Any:
 def _int(v: object, where: str, lo: int, hi: int) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
         raise ConfigError(f"{where}: expected a whole number from {lo} to {hi} (got {shown(v)})")
+    return v
+
+
+def _bool(v: object, where: str) -> bool:
+    if not isinstance(v, bool):
+        raise ConfigError(f"{where}: expected true or false (got {shown(v)})")
     return v
 
 

@@ -1,0 +1,133 @@
+"""A real Slurm cluster (scripts/slurm-testbed.sh: slurmctld, 3 slurmd nodes, slurmdbd) and its login node.
+
+The login node is test-bed host hfnode20 (127.0.0.22:2222): the tests reach it over real SSH
+through :class:`~higgsfield.remote.ssh.SSHTransport`, as the control side does, and its
+user's sbatch/squeue find the cluster through Debian's default /etc/slurm/slurm.conf (a link
+the test bed makes). Jobs run as hfnode20 on nodes n1..n3 with the bed's shared venv
+(editable higgsfield + torch) as the project environment.
+
+A cluster that is not up fails the tests with the command that starts it (they never skip:
+`make test` starts it first).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from slurm_helpers import EXPERIMENT, Cluster
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "slurm-testbed.sh"
+START = "make slurm-testbed  (SLURM_TB_DBD=1 SLURM_TB_USERS=hfnode20,hfnode21 scripts/slurm-testbed.sh up 3)"
+LOGIN_HOST = 20            # hfnode20 on 127.0.0.22: this directory's login node, nobody else's
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def _bed() -> Any:
+    sys.path.insert(0, str(REPO / "tests"))
+    import testbed
+
+    return testbed
+
+
+def slurm_up() -> bool:
+    return subprocess.run([str(SCRIPT), "status"], capture_output=True, timeout=60).returncode == 0
+
+
+@pytest.fixture(scope="session")
+def slurm() -> None:
+    """The cluster is up with accounting, and the login user has an association (enforced accounts)."""
+    if os.geteuid() != 0:
+        pytest.fail(f"the Slurm test bed needs root; start it with: {START}")
+    if not slurm_up():
+        pytest.fail(f"the Slurm test bed is not up; start it with: {START}")
+    out = subprocess.run(["sacctmgr", "-n", "-P", "show", "assoc", "format=user"], capture_output=True,
+                         text=True, timeout=60).stdout.split()
+    if "hfnode20" not in out:
+        subprocess.run(["sacctmgr", "-i", "add", "user", "hfnode20", "account=testlab"], check=True,
+                       capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def login(slurm: None) -> Any:
+    """Test-bed host hfnode20, up, with the laptop key authorized; its Host."""
+    tb = _bed()
+    try:
+        bed = tb.ensure_testbed(docker=False, image=False)
+    except tb.TestbedUnavailable as e:
+        pytest.fail(f"test bed unavailable: {e}")
+    h = tb.impl.make_host(LOGIN_HOST, bed.state_dir)
+    tb.impl.ensure_user(h, bed.client_pubkey)
+    tb.impl.start_host(h)
+    return {"bed": bed, "host": h}
+
+
+def _venv(state_dir: Path) -> Path:
+    """The bed's shared node venv (tests/runs builds the same one): editable higgsfield + torch."""
+    venv = state_dir / "runs-invoker-venv"
+    if (venv / ".ready").exists() and (venv / "bin" / "higgsfield").exists():
+        return venv
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([SYSTEM_PYTHON, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "pip"), "install", "--quiet"]
+    subprocess.run([*pip, "--upgrade", "setuptools>=64", "wheel"], check=True)
+    subprocess.run([*pip, "--no-build-isolation", "-e", str(REPO), "torch==2.13.0"], check=True)
+    (venv / ".ready").write_text("ok\n")
+    for p in [venv, *venv.rglob("*")]:
+        if p.is_dir():
+            p.chmod(p.stat().st_mode | 0o755)
+    return venv
+
+
+@pytest.fixture(scope="session")
+def workdir(login: Any) -> Iterator[Path]:
+    """The run's shared workdir in hfnode20's home: venv link, project code; removed afterwards."""
+    user = login["host"].user
+    pw = pwd.getpwnam(user)
+    venv = _venv(login["bed"].state_dir)
+    d = Path(pw.pw_dir) / f"hf-slurm-{uuid.uuid4().hex[:8]}"
+    (d / "code" / "src").mkdir(parents=True)
+    (d / "code" / "src" / "slurmprobe.py").write_text(EXPERIMENT)
+    (d / "venv").symlink_to(venv)
+    for p in [d, *d.rglob("*")]:
+        os.lchown(p, pw.pw_uid, pw.pw_gid)
+    d.chmod(0o700)
+    yield d
+    if not os.environ.get("HF_SLURM_KEEP"):  # HF_SLURM_KEEP=1 keeps it to look into
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def known_hosts(login: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Pinned with the login node's real host key, as 'higgsfield setup' leaves it."""
+    path = tmp_path_factory.mktemp("slurm-known") / "known_hosts"
+    path.write_text(_bed().impl.known_hosts_line(login["host"]) + "\n")
+    return path
+
+
+@pytest.fixture
+def settings_data(login: Any, workdir: Path) -> dict[str, Any]:
+    h = login["host"]
+    return {"login": {"host": h.address, "user": h.user, "port": h.port, "name": "login",
+                      "identity_file": str(login["bed"].client_key)},
+            "workdir": str(workdir), "partition": "debug", "account": "testlab", "nodes": 2, "time": "5"}
+
+
+@pytest.fixture
+def cluster(settings_data: dict[str, Any], known_hosts: Path) -> Iterator[Cluster]:
+    from higgsfield.slurm import SlurmSettings
+
+    c = Cluster(SlurmSettings.from_mapping(settings_data, "test"), known_hosts)
+    yield c
+    # nothing of a test's runs outlives it
+    subprocess.run(["scancel", "-u", "hfnode20"], capture_output=True, timeout=60)
+    c.close()
