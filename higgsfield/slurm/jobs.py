@@ -172,18 +172,23 @@ class SlurmCluster:
         ids = [j for j in job_ids if j.isdigit()]
         if not ids:
             return {}
-        found: dict[str, Job] = {}
-        r = await self.transport.run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", SQUEUE_FORMAT],
-                                     check=False)
-        if r.ok:
-            found.update(parse_squeue(r.stdout))
+        found = await self.squeue(ids)
         missing = [j for j in ids if j not in found]
         if missing and await self.accounting():
-            r = await self.transport.run(["sacct", "-X", "-n", "-P", "-j", ",".join(missing), "-o", SACCT_FIELDS],
-                                         check=False)
-            if r.ok:
-                found.update({k: v for k, v in parse_sacct(r.stdout).items() if k in missing})
+            found.update(await self.sacct(missing))
         return found
+
+    async def squeue(self, job_ids: Sequence[str]) -> dict[str, Job]:
+        """The jobs slurmctld still holds (``-t all``: finished ones too, for ``MinJobAge``)."""
+        r = await self.transport.run(["squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", SQUEUE_FORMAT],
+                                     check=False)   # a job id slurmctld forgot: exit 1, "Invalid job id"
+        return parse_squeue(r.stdout) if r.ok else {}
+
+    async def sacct(self, job_ids: Sequence[str]) -> dict[str, Job]:
+        """The jobs in the accounting database (finished long ago too)."""
+        r = await self.transport.run(["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids), "-o", SACCT_FIELDS],
+                                     check=False)
+        return {k: v for k, v in parse_sacct(r.stdout).items() if k in job_ids} if r.ok else {}
 
     async def job_id(self, project: str, run: str) -> str:
         paths = self.paths(project, run)

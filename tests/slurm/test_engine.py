@@ -103,7 +103,10 @@ def test_two_nodes_all_reduce_logs_and_success(cluster: Cluster, workdir: Path) 
         assert len(started) == 1 and f"secret_len={len(SECRET)}" in started[0], by_rank[r]
     nodes = {t.split("node=")[1].split()[0] for r in range(4) for t in by_rank[r] if t.startswith("started")}
     assert len(nodes) == 2, nodes
-    # no accounting: squeue (-t all keeps the finished job) plus the run record say the same
+    # accounting (sacct) says the same as squeue; so does squeue alone, and the record once the job is purged
+    assert cluster(cluster.engine.accounting())
+    acct = cluster(cluster.engine.sacct([job.job_id]))[job.job_id]
+    assert (acct.state, acct.exit_code, acct.nodes) == ("COMPLETED", 0, tuple(st.nodes))
     cluster.engine._accounting = False
     assert cluster(cluster.engine.status(s.project, s.run)).state == "succeeded"
     from higgsfield.slurm.jobs import merge
