@@ -56,9 +56,13 @@ def wait_file(path: Path, timeout: float = 90) -> None:
 
 
 def logs(cluster: Cluster, s: Any) -> list[tuple[int, str]]:
-    """What ``higgsfield invoker logs`` prints on the login node, unchanged, for this run."""
+    """What ``higgsfield invoker logs -f`` prints on the login node, unchanged, for this (finished) run.
+
+    ``-f`` so the ranks' tees have drained (a worker's tee can write its last lines just
+    after the worker, and so the run, ended); on a finished run it returns once they have.
+    """
     async def collect() -> list[tuple[int, str]]:
-        return [x async for x in cluster.engine.logs(s.project, s.run)]
+        return [x async for x in cluster.engine.logs(s.project, s.run, follow=True)]
     return cluster(collect())
 
 
