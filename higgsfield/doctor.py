@@ -75,8 +75,7 @@ while got < want and time.monotonic() < end:
 print("accepted", got, flush=True)
 """
 SUDO_OK = ("sudo", "-n", "true")
-DOCKER_SERVER = ("docker", "info", "--format", "{{.ServerVersion}}")
-DOCKER_RUNTIMES = ("docker", "info", "--format", "{{json .Runtimes}}")
+DOCKER_INFO = ("docker", "info", "--format", "{{json .}}")  # one call: the version and the runtimes
 GPU_QUERY = ("nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader")
 SMI = ("nvidia-smi",)
 DF_HOME = ("df", "-Pk", ".")
@@ -143,7 +142,7 @@ class Facts:
 
 def reads(cfg: Config, node: NodeConfig) -> list[tuple[str, ...]]:
     """Every command the checks read on ``node``."""
-    out = [SUDO_OK, DOCKER_SERVER, DOCKER_RUNTIMES, GPU_QUERY, SMI, DF_HOME, DF_IMAGES, _version_argv(cfg, node)]
+    out = [SUDO_OK, DOCKER_INFO, GPU_QUERY, SMI, DF_HOME, DF_IMAGES, _version_argv(cfg, node)]
     env = _env_argv(cfg, node)
     return out + ([env] if env else [])
 
@@ -218,6 +217,14 @@ async def _connect(cfg: Config, m: Member, d: NodeDiagnosis) -> bool:
     return True
 
 
+def _json(r: CommandResult) -> dict[str, Any]:
+    try:
+        got = json.loads(r.stdout) if r.ok else {}
+    except ValueError:
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
 def _sudo(f: Facts) -> Probe:
     if f.uid == 0:
         return Probe(True, "root")
@@ -230,9 +237,10 @@ def _sudo(f: Facts) -> Probe:
 
 
 def _docker(f: Facts) -> Probe:
-    r = f(DOCKER_SERVER)
-    if r.ok:
-        return Probe(True, r.stdout.strip(), data={"version": r.stdout.strip()})
+    r = f(DOCKER_INFO)
+    version = str(_json(r).get("ServerVersion") or "")
+    if r.ok and version:
+        return Probe(True, version, data={"version": version})
     err = r.stderr.strip().lower()
     if r.exit_status == 127:
         return Probe(False, "missing", "docker is not installed", "higgsfield setup --step docker")
@@ -253,8 +261,8 @@ def _gpus(f: Facts) -> Probe:
     data = {"count": len(rows), "names": [r[0] for r in rows], "driver": rows[0][1] if len(rows[0]) > 1 else None,
             "cuda": cuda, "memory": [r[2] for r in rows if len(r) > 2]}
     summary = f"{len(rows)} x {rows[0][0]}, driver {data['driver']}, CUDA {cuda or '?'}"
-    runtimes = f(DOCKER_RUNTIMES)
-    if runtimes.ok and "nvidia" not in runtimes.stdout:
+    info = f(DOCKER_INFO)
+    if info.ok and "nvidia" not in (_json(info).get("Runtimes") or {}):
         return Probe(False, summary, "docker has no nvidia runtime: containers will not see the GPUs",
                      "higgsfield setup --step nvidia", data)
     return Probe(True, summary, data=data)

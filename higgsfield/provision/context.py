@@ -123,15 +123,20 @@ class NodeContext:
             self.log.command(result, None)
         return got
 
-    async def read(self, argv: Sequence[str], *, root: bool = False) -> CommandResult:
+    async def read(self, argv: Sequence[str], *, root: bool = False, user_first: bool = False) -> CommandResult:
         """A read-only command's result (never raises for its exit status): from the node's probe when one
-        of this run's steps declared it, else run now (as root through :meth:`sudo` for ``root``)."""
-        want = Read(tuple(argv), root)
+        of this run's steps declared it, else run now (as root through :meth:`sudo` for ``root``; with
+        ``user_first`` as the login user first, see :class:`~higgsfield.remote.probe.Read`)."""
+        want = Read(tuple(argv), root, user_first)
         if want in self.reads:
             got = (await self.probe() if self.stale else self.probed)
             answer = got.answer(want) if got else None
             if answer is not None:
                 return answer
+        if root and user_first:
+            first = await self.run(argv, check=False)
+            if first.ok:
+                return first
         return await (self.sudo(argv, check=False) if root else self.run(argv, check=False))
 
     def changed(self) -> None:

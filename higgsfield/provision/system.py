@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import shlex
+from typing import Any
 
 from higgsfield.errors import StepFailed
 from higgsfield.provision.context import NodeContext
 from higgsfield.provision.step import Check, Step
+from higgsfield.remote.base import CommandResult
 from higgsfield.remote.probe import Read
 
 DOCKER_PACKAGES = ("docker.io",)  # the distribution's package: no third-party script, no curl | bash
@@ -19,10 +21,18 @@ UNAME = ("uname", "-sm")
 OS_RELEASE = ("cat", "/etc/os-release")
 SUDO_OK = ("sudo", "-n", "true")
 DOCKER_CLI = ("docker", "--version")
-DOCKER_SERVER = ("docker", "info", "--format", "{{.ServerVersion}}")
-DOCKER_RUNTIMES = ("docker", "info", "--format", "{{json .Runtimes}}")
+DOCKER_INFO = ("docker", "info", "--format", "{{json .}}")  # one call: the version, the runtimes, the root dir
 USER_GROUPS = ("sh", "-c", 'id -nG "$(id -un)"')  # the group database's, not this login's (which may predate)
 GPU_NAMES = ("nvidia-smi", "--query-gpu=name", "--format=csv,noheader")
+
+
+def _docker_info(r: CommandResult) -> dict[str, Any]:
+    """``docker info --format {{json .}}``'s answer as a dict (empty when it is not one)."""
+    try:
+        info = json.loads(r.stdout or "{}")
+    except json.JSONDecodeError:
+        return {}
+    return info if isinstance(info, dict) else {}
 
 
 class OsStep(Step):
@@ -64,16 +74,16 @@ class DockerStep(Step):
     needs = ("os",)
 
     def reads(self, ctx: NodeContext) -> list[Read]:
-        return [Read(DOCKER_CLI), Read(DOCKER_SERVER, root=True)]
+        return [Read(DOCKER_CLI), Read(DOCKER_INFO, root=True, user_first=True)]
 
     async def check(self, ctx: NodeContext) -> Check:
-        version = await ctx.read(DOCKER_CLI)
-        if not version.ok:
+        if not (await ctx.read(DOCKER_CLI)).ok:
             return Check(False, "docker is not installed")
-        info = await ctx.read(DOCKER_SERVER, root=True)
-        if not info.ok:
+        info = await ctx.read(DOCKER_INFO, root=True, user_first=True)
+        version = _docker_info(info).get("ServerVersion") if info.ok else None
+        if not version:
             return Check(False, "docker is installed but its engine does not answer")
-        return Check(True, f"Docker {info.stdout.strip()}")
+        return Check(True, f"Docker {version}")
 
     async def apply(self, ctx: NodeContext) -> str:
         did = []
@@ -98,13 +108,13 @@ class DockerGroupStep(Step):
     needs = ("docker",)
 
     def reads(self, ctx: NodeContext) -> list[Read]:
-        return [Read(DOCKER_SERVER), Read(USER_GROUPS)]
+        return [Read(DOCKER_INFO), Read(USER_GROUPS)]
 
     async def check(self, ctx: NodeContext) -> Check:
         user = await ctx.user()
         if await ctx.uid() == 0:
             return Check(True, "root uses docker directly")
-        if (await ctx.read(DOCKER_SERVER)).ok:
+        if (await ctx.read(DOCKER_INFO)).ok:
             return Check(True, f"{user} can use docker")
         groups = (await ctx.read(USER_GROUPS)).check().stdout.split()
         if "docker" in groups:
@@ -131,18 +141,15 @@ class NvidiaStep(Step):
     needs = ("docker",)
 
     def reads(self, ctx: NodeContext) -> list[Read]:
-        return [Read(GPU_NAMES), Read(DOCKER_RUNTIMES, root=True)]
+        return [Read(GPU_NAMES), Read(DOCKER_INFO, root=True, user_first=True)]
 
     async def _gpus(self, ctx: NodeContext) -> list[str]:
         r = await ctx.read(GPU_NAMES)
         return [ln.strip() for ln in r.stdout.splitlines() if ln.strip()] if r.ok else []
 
     async def _runtime(self, ctx: NodeContext) -> bool:
-        r = await ctx.read(DOCKER_RUNTIMES, root=True)
-        try:
-            return r.ok and "nvidia" in json.loads(r.stdout or "{}")
-        except json.JSONDecodeError:
-            return False
+        r = await ctx.read(DOCKER_INFO, root=True, user_first=True)
+        return r.ok and "nvidia" in (_docker_info(r).get("Runtimes") or {})
 
     async def check(self, ctx: NodeContext) -> Check:
         gpus = await self._gpus(ctx)

@@ -9,7 +9,9 @@ stderr. A check then reads its answers as the :class:`CommandResult` s it would 
 got by running the commands itself.
 
 - ``Read(argv, root=True)`` runs as root: directly when the login is root, else
-  through ``sudo -n`` (as :meth:`~higgsfield.provision.context.NodeContext.sudo` does).
+  through ``sudo -n`` (as :meth:`~higgsfield.provision.context.NodeContext.sudo` does);
+  with ``user_first`` as the login user first, through sudo only if that fails. The
+  same command asked twice (as the same user) runs once.
 - ``clock=True`` also measures the node's clock: the script says ``ready``, the
   control side sends one line and the node answers with its time, so the skew is
   taken against the midpoint of that exchange alone, not of the login before it
@@ -49,20 +51,36 @@ if spec.get("clock"):
 uid = os.getuid()
 reads = spec["reads"]
 results = [None] * len(reads)
-def one(i, argv, root, timeout):
-    if root and uid != 0:
-        argv = ["sudo", "-n"] + argv
+memo, lock = {}, threading.Lock()
+def execute(argv, as_root, timeout):
+    key = json.dumps([as_root, argv])
+    with lock:
+        mine = key not in memo
+        if mine:
+            memo[key] = [threading.Event(), None]
+    slot = memo[key]
+    if not mine:
+        slot[0].wait()
+        return slot[1]
+    run = ["sudo", "-n"] + argv if as_root else argv
     try:
-        p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        p = subprocess.run(run, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            timeout=timeout)
         code = p.returncode if p.returncode >= 0 else 128 - p.returncode
-        results[i] = [code, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")]
+        slot[1] = [code, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace"), as_root]
     except FileNotFoundError:
-        results[i] = [127, "", "%s: command not found" % argv[0]]
+        slot[1] = [127, "", "%s: command not found" % run[0], as_root]
     except subprocess.TimeoutExpired:
-        results[i] = [124, "", "'%s' timed out after %gs" % (argv[0], timeout)]
+        slot[1] = [124, "", "'%s' timed out after %gs" % (run[0], timeout), as_root]
     except OSError as e:
-        results[i] = [126, "", "%s: %s" % (argv[0], e)]
+        slot[1] = [126, "", "%s: %s" % (run[0], e), as_root]
+    slot[0].set()
+    return slot[1]
+def one(i, argv, root, user_first, timeout):
+    r = execute(argv, root and uid != 0 and not user_first, timeout)
+    if root and user_first and uid != 0 and r[0] != 0:
+        r = execute(argv, True, timeout)
+    results[i] = r
 threads = [threading.Thread(target=one, args=(i,) + tuple(r)) for i, r in enumerate(reads)]
 for t in threads:
     t.start()
@@ -78,12 +96,12 @@ class Read:
 
     argv: tuple[str, ...]
     root: bool = False
+    user_first: bool = False
+    """With ``root``: run as the login user first, and through sudo only if that fails; for a command
+    whose answer is the same for both (the docker engine's info), so a user who may use docker costs
+    no sudo, and shares the run with the same command read as the user."""
     timeout: float = field(default=READ_TIMEOUT_S, compare=False)
     """Seconds the command may run on the node (it then answers exit 124)."""
-
-    def as_run(self, uid: int | None) -> tuple[str, ...]:
-        """The argv as run by a login with ``uid``: ``sudo -n`` first for a root read by another user."""
-        return self.argv if not self.root or uid == 0 else ("sudo", "-n", *self.argv)
 
 
 @dataclass(frozen=True)
@@ -114,7 +132,7 @@ class Probe:
 
 def probe_argv(reads: Sequence[Read], *, clock: bool = False) -> list[str]:
     """The one command that answers ``reads`` on a node (python3 and its standard library only)."""
-    spec = {"clock": clock, "reads": [[list(r.argv), r.root, r.timeout] for r in reads]}
+    spec = {"clock": clock, "reads": [[list(r.argv), r.root, r.user_first, r.timeout] for r in reads]}
     return ["python3", "-c", _SCRIPT, json.dumps(spec, separators=(",", ":"))]
 
 
@@ -141,8 +159,9 @@ async def probe(transport: Transport, reads: Sequence[Read], *, clock: bool = Fa
         if not isinstance(answers, list) or len(answers) != len(unique):
             raise ValueError("no answer")
         got.uid = int(data["uid"])  # type: ignore[index]
-        for read, (code, out, err) in zip(unique, answers, strict=True):
-            got.answers[read] = CommandResult(transport.node, read.as_run(got.uid), int(code), str(out), str(err))
+        for read, (code, out, err, as_root) in zip(unique, answers, strict=True):
+            ran = ("sudo", "-n", *read.argv) if as_root else read.argv
+            got.answers[read] = CommandResult(transport.node, ran, int(code), str(out), str(err))
     except (ValueError, TypeError, KeyError, IndexError):
         got.answers.clear()
         tail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or ["no output"]

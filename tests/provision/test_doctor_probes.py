@@ -52,12 +52,12 @@ def _facts(answers: dict[tuple[str, ...], tuple[int, str, str]], **kw: object) -
 
 def test_gpus_parsed_and_missing_runtime_flagged() -> None:
     f = _facts({doctor.GPU_QUERY: (0, SMI_CSV, ""), doctor.SMI: (0, SMI, ""),
-                doctor.DOCKER_RUNTIMES: (0, '{"runc":{}}', "")})
+                doctor.DOCKER_INFO: (0, '{"ServerVersion": "27.1", "Runtimes": {"runc": {}}}', "")})
     p = doctor._gpus(f)
     assert p.data["count"] == 2 and p.data["driver"] == "550.54.15" and p.data["cuda"] == "12.4"
     assert p.summary == "2 x NVIDIA H200, driver 550.54.15, CUDA 12.4"
     assert not p.ok and p.fix == "higgsfield setup --step nvidia"
-    f.answers[doctor.DOCKER_RUNTIMES] = CommandResult("n", doctor.DOCKER_RUNTIMES, 0, '{"nvidia":{},"runc":{}}', "")
+    f.answers[doctor.DOCKER_INFO] = CommandResult("n", doctor.DOCKER_INFO, 0, '{"Runtimes": {"nvidia": {}, "runc": {}}}', "")
     assert doctor._gpus(f).ok
     assert doctor._gpus(_facts({})).summary == "none"
 
@@ -65,7 +65,7 @@ def test_gpus_parsed_and_missing_runtime_flagged() -> None:
 def test_docker_access_clock_and_invoker() -> None:
     cfg = _cfg()
     node = cfg.nodes[0]
-    denied = _facts({doctor.DOCKER_SERVER: (1, "", "permission denied while trying to connect to the Docker daemon socket")})
+    denied = _facts({doctor.DOCKER_INFO: (1, "", "permission denied while trying to connect to the Docker daemon socket")})
     p = doctor._docker(denied)
     assert not p.ok and p.fix == "higgsfield setup --step docker-group"
     p = doctor._clock(Clock(30.0, 0.01))
