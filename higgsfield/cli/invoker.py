@@ -110,13 +110,22 @@ def queue_cmd(ctx: click.Context) -> None:
 @invoker.command()
 @click.pass_context
 def start(ctx: click.Context) -> None:
-    """Start a run from {"spec": ..., "secrets": {...}, "token": ...} on stdin (node 0's record: coord_port)."""
-    from higgsfield.invoker.process import launch
-    from higgsfield.runspec import RunSpec
+    """Start a run from {"spec": ..., "secrets": {...}, "token": ...} on stdin (node 0's record: coord_port).
 
-    payload = json.loads(sys.stdin.read())
+    A spec this node cannot read (another version, a bad field) is refused before anything
+    is written: one line on stderr, exit 2, which the control side shows as the node's error.
+    """
+    from higgsfield.invoker.start import start_run
+    from higgsfield.runspec import RunSpec, SpecError
+
+    try:
+        payload = json.loads(sys.stdin.read())
+    except ValueError:
+        raise SpecError("the run request on stdin is not JSON") from None
+    if not isinstance(payload, dict):
+        raise SpecError("the run request on stdin is not a JSON object")
     spec = RunSpec.from_dict(payload.get("spec"))  # refuses another version, re-checks every name
-    record = launch(_state(ctx), spec, payload.get("secrets") or {}, str(payload.get("token") or ""))
+    record = start_run(_state(ctx), spec, payload.get("secrets") or {}, str(payload.get("token") or ""))
     _emit(record.to_dict())
 
 
@@ -138,8 +147,8 @@ def supervise(ctx: click.Context, project: str, run: str, listen_fd: int | None)
 @click.pass_context
 def status(ctx: click.Context, project: str | None, run_name: str | None) -> None:
     """Print the records of this node's runs as a JSON list."""
-    from higgsfield.invoker.process import refresh
     from higgsfield.invoker.records import list_runs
+    from higgsfield.invoker.stop import refresh
 
     out = []
     for rd in list_runs(_state(ctx), project):
@@ -163,8 +172,8 @@ def logs(ctx: click.Context, project: str, run_name: str, follow: bool, ranks: t
     """Print RANK<TAB>LINE for every log line of a run (rank -1: the launcher)."""
     from higgsfield.errors import RunError
     from higgsfield.invoker.logs import read_lines
-    from higgsfield.invoker.process import refresh
     from higgsfield.invoker.records import RunDir
+    from higgsfield.invoker.stop import refresh
 
     rd = RunDir(_state(ctx), project, run_name)
     if not rd.exists():
@@ -186,9 +195,9 @@ def logs(ctx: click.Context, project: str, run_name: str, follow: bool, ranks: t
 def kill(ctx: click.Context, project: str, run_name: str | None, target: str | None, grace: float,
          missing_ok: bool) -> None:
     """Stop a run on this node; prints its final record (with --target: {"matched", "killed": [records]})."""
-    from higgsfield.invoker.process import kill as _kill
-    from higgsfield.invoker.process import kill_target
     from higgsfield.invoker.records import RunDir
+    from higgsfield.invoker.stop import kill as _kill
+    from higgsfield.invoker.stop import kill_target
 
     if target is not None:
         _emit(kill_target(_state(ctx), project, target, grace=grace))
@@ -199,3 +208,4 @@ def kill(ctx: click.Context, project: str, run_name: str | None, target: str | N
         _emit({"missing": True, "run": run_name})
         return
     _emit(_kill(_state(ctx), project, run_name, grace=grace).to_dict())
+

@@ -256,6 +256,30 @@ def test_refresh_and_kill_never_signal_a_reused_supervisor_pid(tmp_path: Path) -
         bystander.wait()
 
 
+def test_ending_a_process_ends_what_it_started_even_in_another_session_and_even_ignoring_sigterm(
+        tmp_path: Path) -> None:
+    # torchrun's workers run in sessions of their own, and a rank may ignore SIGTERM (it saves a checkpoint)
+    child = ("import os, signal, time; os.setsid(); signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+             "open(os.environ['PIDFILE'], 'w').write(str(os.getpid())); time.sleep(60)")
+    spawn = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
+    parent = subprocess.Popen([sys.executable, "-c", spawn], env={**os.environ, "PIDFILE": str(tmp_path / "child")},
+                              start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "child").exists() or not (tmp_path / "child").read_text():
+            assert time.monotonic() < deadline, "the child never started"
+            time.sleep(0.05)
+        kid = int((tmp_path / "child").read_text())
+        proc = pids.find(parent.pid, pids.start_time(parent.pid))
+        assert proc is not None
+        t0 = time.monotonic()
+        assert pids.end([proc], grace=0.5) == []
+        assert time.monotonic() - t0 < 5 and parent.wait(5) is not None and not pids.alive(kid)
+    finally:
+        parent.kill()
+        parent.wait()
+
+
 def _supervisor(tmp_path: Path, *, placement: dict[str, object] | None = None,
                 **spec: object) -> tuple[supervisor.Supervisor, RunDir]:
     """A supervisor of run p/r on node n (not connected to any coordinator: nothing listens on port 9)."""
