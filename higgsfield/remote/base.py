@@ -81,6 +81,8 @@ class Transport(abc.ABC):
     node: str
     fingerprint: str | None = None
     """The node's host key fingerprint (SHA256) once connected; None for a transport without one (local)."""
+    command_timeout: float | None = None
+    """Seconds one command may run when ``run`` is given no ``timeout`` (``ssh.command_timeout``); None: unbounded."""
 
     async def connect(self) -> None:
         """Open the connection now rather than at the first command (a no-op without one).

@@ -141,10 +141,14 @@ async def probe(transport: Transport, reads: Sequence[Read], *, clock: bool = Fa
     """Ask the node every read at once, in one session; see the module doc.
 
     ``timeout`` bounds the whole probe (default: the longest read's timeout plus a
-    margin); a connection lost or a probe timed out raises CommandError.
+    margin, but never past the transport's ``command_timeout``: the probe is one command
+    to the user, who set how long a command may take); a connection lost or a probe
+    timed out raises CommandError.
     """
     unique = list(dict.fromkeys(reads))
     limit = timeout if timeout is not None else max((r.timeout for r in unique), default=0) + 30
+    if transport.command_timeout is not None:
+        limit = min(limit, transport.command_timeout)
     argv = probe_argv(unique, clock=clock)
     start = time.monotonic()
     measured: Clock | None = None

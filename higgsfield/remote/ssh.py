@@ -77,6 +77,7 @@ class SSHTransport(Transport):
         """Keys trusted for this transport alone, besides the pinned ones: those a user
         accepted in a ``setup --dry-run``, which writes no pin."""
         self.timeouts = timeouts or Timeouts()
+        self.command_timeout = self.timeouts.command
         self.fingerprint: str | None = None
         """The server host key's SHA256 fingerprint, once connected."""
         self._conn: asyncssh.SSHClientConnection | None = None
@@ -205,7 +206,7 @@ class SSHTransport(Transport):
                   timeout: float | None = None, check: bool = True) -> CommandResult:
         conn = await self._open()
         command = build_command(argv)
-        limit = timeout if timeout is not None else self.timeouts.command
+        limit = timeout if timeout is not None else self.command_timeout
         data = input.encode() if isinstance(input, str) else input
         try:
             proc = await conn.create_process(command, encoding=None)
