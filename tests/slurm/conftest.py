@@ -67,6 +67,10 @@ def login(slurm: None) -> Any:
         pytest.fail(f"test bed unavailable: {e}")
     h = tb.impl.make_host(LOGIN_HOST, bed.state_dir)
     tb.impl.ensure_user(h, bed.client_pubkey)
+    # On a fresh machine the cluster's associations were made before this unix user existed:
+    # slurmctld resolves an association's uid when it loads it and refuses the user's jobs
+    # ("Invalid account") until it is told to look again.
+    subprocess.run(["scontrol", "reconfigure"], check=True, capture_output=True, timeout=60)
     tb.impl.start_host(h)
     return {"bed": bed, "host": h}
 
