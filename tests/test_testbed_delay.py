@@ -9,10 +9,8 @@ Uses the bench's own host (hfnode30, 127.0.0.32) through bench/_bed.py, under it
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -27,12 +25,9 @@ DELAY = 0.4
 
 
 def _bed() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_hf_bench_bed", REPO / "bench" / "_bed.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    import testbed  # tests/ is on sys.path (rootdir conftest)
+
+    return testbed.bench_bed()
 
 
 @pytest.fixture(scope="module")

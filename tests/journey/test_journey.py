@@ -42,6 +42,9 @@ from typing import Any
 import pytest
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runs"))  # runs_helpers (tests/ has no packages)
+from runs_helpers import lines_by_rank  # noqa: E402
+
 pytestmark = [pytest.mark.slow, pytest.mark.sshd, pytest.mark.docker]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,7 +52,6 @@ INDICES = (4, 5, 6)  # this test's own hosts: the shared hfnode0-3 are never tou
 NODES = [f"hfnode{i}" for i in INDICES]
 PROJECT = "journey"
 STATE = ".hfjourney"
-LINE = re.compile(r"^(hfnode\d)/(\d+|launcher) \| (.*)$")
 
 PROBE = '''\
 """Says which higgsfield and python a rank runs with, then waits (a long run to kill)."""
@@ -192,15 +194,6 @@ def _home(node: str) -> Path:
     return Path("/home") / node
 
 
-def _by_rank(out: str) -> dict[tuple[str, str], list[str]]:
-    by: dict[tuple[str, str], list[str]] = {}
-    for ln in out.splitlines():
-        m = LINE.match(ln)
-        if m:
-            by.setdefault((m.group(1), m.group(2)), []).append(m.group(3))
-    return by
-
-
 def _status(user: User) -> dict[str, dict[str, Any]]:
     r = user("status", "--json", timeout=120)
     data = json.loads(r.stdout)
@@ -244,10 +237,10 @@ def _train_run_logs_status(user: User, runtime: str, label: str) -> str:
     assert len(losses) == 4 and losses[-1] < losses[0], losses  # steps 1, 10, 20, 30: the loss goes down
 
     logs = user("logs", run, timeout=120).stdout
-    by = _by_rank(logs)
+    by = lines_by_rank(logs)
     assert {k[0] for k in by} == set(NODES), sorted(by)
     assert [t for t in by[("hfnode4", "0")] if t.startswith("step")] == \
-        [t for t in _by_rank(r.stdout)[("hfnode4", "0")] if t.startswith("step")]
+        [t for t in lines_by_rank(r.stdout)[("hfnode4", "0")] if t.startswith("step")]
     assert any(t.startswith("done: 6 process(es)") for t in by[("hfnode4", "0")])
 
     table = user("status", timeout=120).stdout

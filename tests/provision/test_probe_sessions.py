@@ -9,10 +9,8 @@ off (half the delayed login, taken as part of the clock's round trip).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -28,12 +26,9 @@ MAX_SESSIONS = 3
 
 
 def _bed() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_hf_bench_bed", REPO / "bench" / "_bed.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    import testbed  # tests/ is on sys.path (rootdir conftest)
+
+    return testbed.bench_bed()
 
 
 @pytest.fixture(scope="module")
