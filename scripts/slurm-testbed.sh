@@ -355,7 +355,18 @@ do_down() {
   unlink_default_conf
 }
 
+# The daemons outlive this script: they must not keep what its caller had open (a lock file
+# held with `flock FILE make test` would stay held by munged and slurmdbd until `down`).
+close_inherited_fds() {
+  local fd
+  for fd in $(ls /proc/$$/fd); do
+    [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-" 2>/dev/null
+  done
+  return 0
+}
+
 do_up() {
+  close_inherited_fds
   local want_mode=${SLURM_TB_MODE:-multi} want_n=${1:-${SLURM_TB_NODES:-3}} want_dbd=${SLURM_TB_DBD:-0}
   case "$want_mode" in netns|multi) ;; *) die "SLURM_TB_MODE must be netns or multi";; esac
   [[ "$want_n" =~ ^[0-9]+$ ]] && [ "$want_n" -ge 1 ] && [ "$want_n" -le 64 ] || die "node count must be 1..64"
