@@ -221,6 +221,30 @@ class SlurmCluster:
         jobs, record = await asyncio.gather(self.jobs([job_id]), self.record(project, run))
         return merge(submitted, jobs.get(job_id), record)
 
+    async def statuses(self, project: str) -> list[RunStatus]:
+        """Every run of ``project`` in the workdir (oldest first): one read of the records, one squeue, one sacct."""
+        r = await self.transport.run(["python3", "-c", _LIST_RUNS, posixpath.join(self.settings.workdir, "runs",
+                                                                                  project)], check=False)
+        if not r.ok:
+            raise SlurmError(f"cannot list the runs in {self.settings.workdir} on {self.transport.node}: "
+                             f"{sbatch_error(r.stderr)}")
+        try:
+            items = [i for i in json.loads(r.stdout) if isinstance(i, dict) and isinstance(i.get("job"), dict)]
+        except ValueError:
+            raise SlurmError(f"{self.transport.node} listed the runs as {r.stdout[:100]!r}, not JSON") from None
+        jobs = await self.jobs([str(i["job"].get("job_id", "")) for i in items])
+        out = [merge(i["job"], jobs.get(str(i["job"].get("job_id", ""))), i.get("record")) for i in items]
+        return sorted(out, key=lambda st: st.created_at)
+
+    async def placement(self, project: str, run: str) -> dict[str, Any] | None:
+        """The spec the job pinned to its allocation (``spec.json``: its nodes in node-rank order, nproc)."""
+        r = await self.transport.run(["cat", self.paths(project, run).file("spec.json")], check=False)
+        try:
+            data = json.loads(r.stdout) if r.ok else None
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
+
     # -- cancel -------------------------------------------------------------------------------
 
     async def cancel(self, project: str, run: str, *, wait: float = CANCEL_WAIT_S) -> Job | None:
@@ -266,6 +290,28 @@ class SlurmCluster:
             rank, _, text = line.partition("\t")
             if rank.lstrip("-").isdigit():
                 yield int(rank), text
+
+
+#: Run on the login node: every run directory's job.json and run.json, as one JSON list (one round trip).
+_LIST_RUNS = """\
+import json, os, sys
+root, out = sys.argv[1], []
+try:
+    names = sorted(os.listdir(root))
+except OSError:
+    names = []
+for name in names:
+    item = {"run": name}
+    for key, file in (("job", "job.json"), ("record", "run.json")):
+        try:
+            with open(os.path.join(root, name, file)) as f:
+                item[key] = json.load(f)
+        except (OSError, ValueError):
+            pass
+    if "job" in item:
+        out.append(item)
+print(json.dumps(out))
+"""
 
 
 # -- parsing Slurm's answers ------------------------------------------------------------------
