@@ -135,7 +135,8 @@ class SlurmSession:
                 return
             await asyncio.sleep(QUEUED_POLL_S)
         placed = await self.cluster.placement(project, run) or {}
-        hosts = [str(h) for h in placed.get("nodes") or []]
+        # torchrun's c10d rendezvous orders the nodes by name (each is --local_addr its own): as slurm_task does
+        hosts = sorted(str(h) for h in placed.get("nodes") or [])
         nproc = max(1, int(placed.get("nproc") or 1))
         argv = self.cluster.logs_argv(project, run, follow=follow, since=since)
         for r in ranks:

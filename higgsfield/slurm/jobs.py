@@ -109,7 +109,7 @@ class SlurmCluster:
 
         ``spec.max_restarts`` becomes the job's requeue count. Raises :class:`SlurmRefused`
         with sbatch's reason in one line for a job Slurm will not take (the secrets file is
-        removed again), :class:`SlurmError` for a run name already used in the workdir.
+        removed again, with the run's directory), :class:`SlurmError` for a run name already used in the workdir.
         """
         paths = self.paths(spec.project, spec.run)
         t = self.transport
@@ -132,7 +132,9 @@ class SlurmCluster:
         await t.put_bytes(script.encode(), paths.script, mode=0o700)
         result = await t.run(["sbatch", "--parsable", paths.script], check=False)
         if not result.ok:
-            await t.run(["rm", "-f", paths.secrets], check=False)
+            # nothing half-written: the run's directory (no job.json yet) and its empty checkpoint directory go
+            await t.run(["rm", "-rf", paths.dir], check=False)
+            await t.run(["rmdir", paths.checkpoints], check=False)
             raise SlurmRefused(f"Slurm refused run '{spec.run}': {sbatch_error(result.stderr or result.stdout)}"
                                f"{self._hint(result.stderr)}")
         job_id = result.stdout.strip().split(";", 1)[0]
