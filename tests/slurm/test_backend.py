@@ -1,7 +1,7 @@
 """The backend a project gets, the Slurm backend's plan and log tagging, and the login node's preflight answers.
 
 Pure: a recording transport stands for the login node (the real one is the journey's,
-tests/slurm/test_journey.py).
+tests/slurm/test_slurm_journey.py).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ its home (which the bed's compute nodes n1..n3 see)::
     higgsfield ci run probe                   # as a workflow does: queued behind it, Slurm's reason shown
     higgsfield status --json; kill; ci kill   # both end killed, nothing left in squeue
 
-    .venv/bin/python -m pytest tests/slurm/test_journey.py -s
+    .venv/bin/python -m pytest tests/slurm/test_slurm_journey.py -s
 """
 
 from __future__ import annotations
