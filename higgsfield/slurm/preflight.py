@@ -24,7 +24,8 @@ from higgsfield.slurm.jobs import sbatch_error
 from higgsfield.slurm.settings import SlurmSettings
 
 COMMANDS = ("sbatch", "srun", "squeue", "scancel", "sinfo")
-WHICH = ("sh", "-c", "command -v " + " ".join(COMMANDS))
+# one name per 'command -v': dash's takes only its first argument
+WHICH = ("sh", "-c", 'for c in "$@"; do command -v "$c"; done', "sh", *COMMANDS)
 SINFO = ("sinfo", "-h", "-o", "%P|%a|%t|%D|%G")   # partition (* = default)|avail|state|node count|gres
 SHARED_MARK = ".higgsfield-shared"   # in the workdir once a compute node read what the login node wrote there
 SHARED_WAIT_S = 30                    # srun --immediate: how long the shared check waits for a node

@@ -160,3 +160,16 @@ def test_the_test_only_job_is_shaped_like_a_run() -> None:
     assert argv[:3] == ("sbatch", "--test-only", "--nodes=2")
     assert {"--gpus-per-node=8", "--partition=debug", "--account=lab", "--time=10", "--qos=high"} <= set(argv)
     assert argv[-2:] == ("--wrap", "true")
+
+
+def test_which_finds_every_command_in_sh(tmp_path: Path) -> None:
+    """The login node's /bin/sh may be dash, whose 'command -v' reads only its first argument."""
+    import os
+    import subprocess
+
+    for c in pf.COMMANDS:
+        (tmp_path / c).write_text("#!/bin/sh\n")
+        (tmp_path / c).chmod(0o755)
+    out = subprocess.run(list(pf.WHICH), capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin"}).stdout
+    assert pf.commands(out).ok, out
