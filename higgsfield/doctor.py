@@ -17,6 +17,11 @@ command at once and measures its clock (:mod:`higgsfield.remote.probe`), and one
 listens (node 0) or connects (the others) for the rendezvous check, which runs
 meanwhile. Each check is a function of the probe's answers.
 
+A Slurm cluster's login node (``diagnose(cfg.on_login_node())``) gets the checks that
+mean something there: the clock, the invoker and the project environment in the
+workdir, and Slurm's own view (:mod:`higgsfield.slurm.preflight`): the commands, the
+partition with its nodes, idle nodes and GPUs from sinfo, and a run's job accepted.
+
 Use::
 
     report = await diagnose(cfg)
@@ -40,6 +45,8 @@ from higgsfield.remote.base import CommandResult, Transport
 from higgsfield.remote.fanout import Group, Member, NodeResult, select_nodes
 from higgsfield.remote.invoker import invoker_argv, invoker_bin
 from higgsfield.remote.probe import Clock, Read, probe
+from higgsfield.slurm import SlurmSettings
+from higgsfield.slurm import preflight as pf
 
 if TYPE_CHECKING:
     from higgsfield.config import Config, NodeConfig
@@ -142,9 +149,37 @@ class Facts:
 
 def reads(cfg: Config, node: NodeConfig) -> list[tuple[str, ...]]:
     """Every command the checks read on ``node``."""
-    out = [SUDO_OK, DOCKER_INFO, GPU_QUERY, SMI, DF_HOME, DF_IMAGES, _version_argv(cfg, node)]
     env = _env_argv(cfg, node)
+    if cfg.slurm is not None:  # a cluster's login node: Slurm's view instead of sudo, Docker and local GPUs
+        return [_version_argv(cfg, node), *([env] if env else []), *_slurm_reads(cfg)]
+    out = [SUDO_OK, DOCKER_INFO, GPU_QUERY, SMI, DF_HOME, DF_IMAGES, _version_argv(cfg, node)]
     return out + ([env] if env else [])
+
+
+def _slurm_reads(cfg: Config) -> list[tuple[str, ...]]:
+    s = _slurm_settings(cfg)
+    return [pf.WHICH, pf.SINFO, pf.test_only_argv(s)]
+
+
+def _slurm_settings(cfg: Config) -> SlurmSettings:
+    assert cfg.slurm is not None
+    return SlurmSettings.from_mapping(cfg.slurm.model_dump(exclude_none=True), "slurm")
+
+
+def _slurm(cfg: Config, f: Facts, d: NodeDiagnosis) -> None:
+    """The commands, the partition (its nodes, idle ones, GPUs from sinfo), and a run's job accepted."""
+    s = _slurm_settings(cfg)
+    found = pf.commands(f(pf.WHICH).stdout)
+    d.checks["slurm"] = Probe(found.ok, found.summary, found.problem, found.fix)
+    if not found.ok:
+        return
+    parts = pf.parse_sinfo(f(pf.SINFO).stdout)
+    part = pf.partition(s, parts)
+    d.checks["partition"] = Probe(part.ok, part.summary, part.problem, part.fix,
+                                  {"partitions": [asdict(p) for p in parts]})
+    test = f(pf.test_only_argv(s))
+    sub = pf.submit(s, test.ok, test.stdout, test.stderr)
+    d.checks["account"] = Probe(sub.ok, sub.summary, sub.problem, sub.fix)
 
 
 async def diagnose(cfg: Config, nodes: Sequence[str] | None = None) -> DoctorReport:
@@ -177,6 +212,12 @@ async def _check_node(cfg: Config, m: Member, d: NodeDiagnosis) -> None:
                                 "install python3 on the node (higgsfield setup --step invoker does)")
         return
     facts = Facts(m.name, {r.argv: a for r, a in p.answers.items()}, p.uid, p.clock)
+    if cfg.slurm is not None:
+        d.checks["clock"] = _clock(facts.clock)
+        d.checks["invoker"] = _invoker(cfg, m.node, facts)
+        d.checks["environment"] = _environment(cfg, m.node, facts)
+        _slurm(cfg, facts, d)
+        return
     d.checks["sudo"] = _sudo(facts)
     d.checks["docker"] = _docker(facts)
     d.checks["gpus"] = _gpus(facts)

@@ -15,7 +15,8 @@
     ├── WheelError                  the nodes' higgsfield wheel could not be built or chosen
     ├── DeployError                 deploy could not ship the code or build the environment
     ├── CheckpointError             a checkpoint could not be saved or loaded (every rank alike)
-    └── RunError                    a run is unknown, failed to launch, or failed
+    └── RunError                    a run failed to launch, or failed
+        ├── NoSuchRun               no run or experiment has the name given (exit 2: the user's to fix)
         └── NodeLost                a followed run's log stream of one node could not be re-attached
 
 The CLI catches ``HiggsfieldError`` and prints ``str(err)`` as one line; ``--debug``
@@ -87,6 +88,12 @@ class GroupError(HiggsfieldError):
 
 class RunError(HiggsfieldError):
     pass
+
+
+class NoSuchRun(RunError):
+    """A run or experiment name that names no run: a mistyped argument, like any bad input."""
+
+    exit_code = 2
 
 
 class StepFailed(HiggsfieldError):

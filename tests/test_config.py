@@ -21,13 +21,13 @@ from higgsfield.errors import ConfigError
 # (id, higgsfield.yml, expected message after "<path>:")
 CLI_CASES = [
     ("unknown-top-key", "name: a\nnodes:\n  - host: h1\nfoo: 1\n",
-     "4: foo: unknown key 'foo' (allowed: name, nodes, ssh, nproc_per_node, runtime, secrets, state_dir, "
+     "4: foo: unknown key 'foo' (allowed: name, slurm, nodes, ssh, nproc_per_node, runtime, secrets, state_dir, "
      "docker, install, default_branch)"),
     ("root-in-ssh", "name: a\nnodes:\n  - host: h1\nssh:\n  user: root\n",
      "5: ssh.user: 'root' is refused: use a non-root user with passwordless sudo"),
     ("root-per-node", "name: a\nnodes:\n  - host: h1\n  - host: h2\n    user: root\n",
      "5: nodes[1].user: 'root' is refused: use a non-root user with passwordless sudo"),
-    ("empty-node-list", "name: a\nnodes: []\n", "2: nodes: list at least one node"),
+    ("empty-node-list", "name: a\nnodes: []\n", "2: nodes: list at least one node (or describe a Slurm cluster in a slurm block)"),
     ("duplicated-node", "name: a\nnodes:\n  - host: h1\n  - host: h2\n  - host: h1\n",
      "5: nodes[2]: node 'h1' is listed twice (also nodes[0]); give each node a distinct host, port or name"),
     ("port-too-big", "name: a\nnodes:\n  - host: h1\n    port: 70000\n",
@@ -47,7 +47,7 @@ MAIN_CASES = [
     ("unknown-ssh-key", "name: a\nnodes:\n  - host: h1\nssh:\n  usr: bob\n",
      "5: ssh.usr: unknown key 'usr' (allowed: user, port, identity_file, known_hosts, connect_timeout, "
      "command_timeout, retries)"),
-    ("no-node-list", "name: a\n", "1: nodes: is required"),
+    ("no-node-list", "name: a\n", "1: nodes: list at least one node (or describe a Slurm cluster in a slurm block)"),
     ("duplicated-node-port", "name: a\nnodes:\n  - host: h1\n    port: 2201\n  - host: h1\n    port: 2201\n",
      "5: nodes[1]: node 'h1:2201' is listed twice (also nodes[0]); give each node a distinct host, port or name"),
     ("port-zero", "name: a\nnodes:\n  - host: h1\n    port: 0\n",
@@ -146,7 +146,7 @@ def test_bad_config_via_main_in_process(tmp_path: Path, monkeypatch: pytest.Monk
     with pytest.raises(SystemExit) as info:
         main(["--config", "cluster.yml", "config", "check"])
     assert info.value.code == 2
-    assert capsys.readouterr().err == f"error: {cfg.name}:2: nodes: list at least one node\n"
+    assert capsys.readouterr().err == f"error: {cfg.name}:2: nodes: list at least one node (or describe a Slurm cluster in a slurm block)\n"
 
 
 def test_missing_config_file(tmp_path: Path) -> None:

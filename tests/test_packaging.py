@@ -65,6 +65,20 @@ def test_wheel_holds_the_templates(installed: tuple[Path, Path]) -> None:
     assert not any(n.startswith("templates/") for n in names)
 
 
+def test_wheel_holds_every_package(installed: tuple[Path, Path]) -> None:
+    """pyproject.toml lists the packages by hand: a package directory left out of it is missing here."""
+    wheel, _ = installed
+    names = set(zipfile.ZipFile(wheel).namelist())
+    packages = {p.parent.relative_to(REPO).as_posix() for p in (REPO / "higgsfield").rglob("__init__.py")
+                if "__pycache__" not in p.parts}
+    assert "higgsfield/slurm" in packages
+    missing = sorted(p for p in packages if f"{p}/__init__.py" not in names)
+    assert not missing, f"add these to pyproject.toml's packages = [...]: {[m.replace('/', '.') for m in missing]}"
+    modules = {p.relative_to(REPO).as_posix() for p in (REPO / "higgsfield").rglob("*.py")
+               if "__pycache__" not in p.parts}
+    assert not sorted(modules - names), "a module of a listed package is not in the wheel"
+
+
 def test_installed_package_is_the_wheel(installed: tuple[Path, Path], tmp_path: Path) -> None:
     _, venv = installed
     out = _run([str(venv / "bin" / "python"), "-c", "import higgsfield, higgsfield.templates as t; "

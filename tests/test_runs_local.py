@@ -265,7 +265,7 @@ def _fake_group(monkeypatch: pytest.MonkeyPatch, transports: list[_FakeTransport
     import contextlib
 
     from higgsfield import orchestrator
-    from higgsfield.orchestrator import start
+    from higgsfield.orchestrator import nodes_backend, start
     from higgsfield.remote.fanout import Group, Member
 
     opened: list[object] = []
@@ -280,6 +280,7 @@ def _fake_group(monkeypatch: pytest.MonkeyPatch, transports: list[_FakeTransport
 
     monkeypatch.setattr(start, "open_group", open_group)
     monkeypatch.setattr(orchestrator, "connect", open_group)
+    monkeypatch.setattr(nodes_backend, "connect", open_group)   # what the CLI's backend opens
     return opened
 
 
@@ -421,9 +422,10 @@ def test_run_starts_follows_and_ends_over_one_group(project: Path, monkeypatch: 
     a.streams = [["0\tstep 1", "0\tdone"]]
     b.streams = [["1\tstep 1", "1\tdone"]]
     opened = _fake_group(monkeypatch, [a, b])
-    plan = orchestrator.plan_run(cfg, "probe", {}, run_name="x")
+    backend = orchestrator.backend_for(cfg)
+    plan = backend.plan(orchestrator.RunRequest("probe", {}, run_name="x"))
     started: list[object] = []
-    final = asyncio.run(_run(cfg, plan, {}, detach=False, err=console(stderr=True), started=started))  # type: ignore[arg-type]
+    final = asyncio.run(_run(backend, plan, {}, detach=False, err=console(stderr=True), started=started))  # type: ignore[arg-type]
     assert final is not None and final.state == "succeeded" and final.run == "x"
     assert len(opened) == 1, "run opened more than one group"
     for t in (a, b):   # start, the log stream, then one status question: all on the same transport

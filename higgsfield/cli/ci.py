@@ -12,15 +12,20 @@ Try one locally, as the job would::
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from higgsfield.cli._common import console, get_config
 from higgsfield.errors import HiggsfieldError
 from higgsfield.text import one_line
+
+if TYPE_CHECKING:
+    from higgsfield.config import Config
+    from higgsfield.orchestrator import Backend, RunHandle, RunStatus
 
 
 class _CIGroup(click.Group):
@@ -44,13 +49,13 @@ def ci() -> None:
 @click.pass_context
 def deploy(ctx: click.Context) -> None:
     """Ship the checked-out commit to every node and build the image (the Deploy workflow)."""
-    from higgsfield.orchestrator import deploy as _deploy
+    from higgsfield.orchestrator import backend_for
     from higgsfield.workflows.ci_inputs import ci_config
 
     cfg = ci_config(get_config(ctx), os.environ)
-    result = _deploy(cfg, dirty=False, console=console(stderr=True))
+    result = backend_for(cfg).deploy(dirty=False, console=console(stderr=True))
     commit = getattr(result, "commit", None) or os.environ.get("GITHUB_SHA", "")
-    nodes = [str(n.name) for n in cfg.nodes]
+    nodes = [str(n.name) for n in (cfg.on_login_node() if cfg.slurm else cfg).nodes]
     lines = [f"deployed {commit[:12] or 'the checked-out code'} of '{cfg.name}' to {_count(nodes)}: "
              f"{', '.join(nodes)}",
              "start a run from the Actions tab ('Run <experiment>') or a laptop: higgsfield run EXPERIMENT"]
@@ -64,24 +69,27 @@ def run(ctx: click.Context, experiment: str) -> None:
     """Launch EXPERIMENT with the values of the 'Run EXPERIMENT' form, detached, and print how to follow it."""
     from higgsfield import secrets
     from higgsfield.discovery import find_experiment
-    from higgsfield.orchestrator import start_run
+    from higgsfield.orchestrator import RunRequest, backend_for
+    from higgsfield.slurm_syntax import MAX_NODES
     from higgsfield.workflows.ci_inputs import ci_config, run_inputs
 
     _check_experiment_name(experiment)
     cfg = ci_config(get_config(ctx), os.environ)
     exp = find_experiment(cfg.project_dir / "src", experiment)
-    inputs = run_inputs(exp, os.environ, total_nodes=len(cfg.nodes))
+    inputs = run_inputs(exp, os.environ, total_nodes=MAX_NODES if cfg.slurm else len(cfg.nodes))
     if inputs.not_passed and _on_github(os.environ):
         click.echo(f"::warning title=higgsfield ci run::the workflow does not pass {', '.join(inputs.not_passed)} "
                    "(it is older than the experiment); they take their defaults. Run 'higgsfield "
                    "build-experiments' and commit .github/workflows")
     values = secrets.collect(cfg, os.environ)
-    handle = start_run(cfg, experiment, inputs.params, run_name=inputs.run_name, nodes=inputs.nodes,
-                       secrets=values)
+    backend = backend_for(cfg)
+    plan = backend.plan(RunRequest(experiment, inputs.params, run_name=inputs.run_name, nodes=inputs.nodes))
+    handle = asyncio.run(_start(backend, plan, values))
     name = handle.run
     nodes = list(handle.nodes)
     shown = ", ".join(f"{k}={v!r}" for k, v in inputs.typed.items()) or "(none)"
-    lines = [f"started run '{name}' of experiment '{experiment}' on {_count(nodes)}: {', '.join(nodes)}",
+    where = backend.describe(handle) if handle.job_id else f"on {_count(nodes)}: {', '.join(nodes)}"
+    lines = [f"started run '{name}' of experiment '{experiment}' {where}",
              f"params: {shown}",
              f"follow its logs from a laptop:  higgsfield logs {name} -f",
              "see every run:                  higgsfield status",
@@ -94,15 +102,26 @@ def run(ctx: click.Context, experiment: str) -> None:
 @click.pass_context
 def kill(ctx: click.Context, target: str | None) -> None:
     """Stop TARGET, a run name or an experiment (its active runs), on every node (default: $HIGGSFIELD_KILL_TARGET)."""
-    from higgsfield.orchestrator import kill as _kill
     from higgsfield.workflows.ci_inputs import ci_config, kill_target
 
     name = kill_target(target, os.environ)
     cfg = ci_config(get_config(ctx), os.environ)
-    stopped = _kill(cfg, name)
+    stopped = asyncio.run(_kill(cfg, name))
     lines = [f"{r.run}: {r.state}" for r in stopped]
     lines.append("check with: higgsfield status")
     _summary(lines, title=f"Kill {name}")
+
+
+async def _start(backend: Backend, plan: Any, values: dict[str, str]) -> RunHandle:
+    async with backend.session(plan) as session:
+        return await session.start(plan, secrets=values)
+
+
+async def _kill(cfg: Config, target: str) -> list[RunStatus]:
+    from higgsfield.orchestrator import backend_for
+
+    async with backend_for(cfg).session() as session:
+        return await session.kill(target)
 
 
 def _check_experiment_name(name: str) -> None:

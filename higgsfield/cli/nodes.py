@@ -76,13 +76,15 @@ def setup(ctx: click.Context, dry_run: bool, nodes: tuple[str, ...], steps: tupl
     only that flag). Every other command refuses an unpinned or changed host key.
     """
     from higgsfield.errors import GroupError
-    from higgsfield.provision import SetupOptions, provision, select_steps
+    from higgsfield.provision import SetupOptions, provision, select_steps, steps_for
     from higgsfield.provision.runner import CONNECT
     from higgsfield.provision.trust import scan_hosts
     from higgsfield.remote.fanout import select_nodes
 
     cfg = get_config(ctx)
-    chosen_steps = [CONNECT, *(s.name for s in select_steps(steps))]  # an unknown step: one line, exit 2
+    if cfg.slurm is not None:  # a Slurm cluster: its login node, the shared workdir as its state dir
+        cfg = cfg.on_login_node()
+    chosen_steps = [CONNECT, *(s.name for s in select_steps(steps, steps_for(cfg)))]  # unknown: one line, exit 2
     selected = select_nodes(cfg, names=nodes)
     chosen_nodes = [str(n.name) for n in selected]
     out = _console()
@@ -268,6 +270,8 @@ def doctor(ctx: click.Context, as_json: bool, nodes: tuple[str, ...]) -> None:
     from higgsfield.errors import GroupError
 
     cfg = get_config(ctx)
+    if cfg.slurm is not None:  # a Slurm cluster: its login node and Slurm's view of the partition
+        cfg = cfg.on_login_node()
     report = asyncio.run(diagnose(cfg, nodes=nodes or None))
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2, sort_keys=True))
@@ -285,12 +289,15 @@ def _render_doctor(out: Any, report: DoctorReport) -> None:
     from rich.table import Table
 
     table = Table(title="higgsfield doctor", title_justify="left")
-    for col in ("node", "ssh", "host key", "sudo", "docker", "GPUs", "free disk", "clock", "invoker", "environment",
-                "rendezvous"):
-        table.add_column(col)
+    present = {c for n in report.nodes for c in n.checks}
+    columns = [(c, title) for c, title in _DOCTOR_COLUMNS if c not in _SLURM_COLUMNS or c in present]
+    if "slurm" in present:  # a cluster's login node: no sudo, Docker or local GPUs to check
+        columns = [(c, title) for c, title in columns if c not in ("sudo", "docker", "gpus", "disk", "rendezvous")]
+    table.add_column("node")
+    for _, title in columns:
+        table.add_column(title)
     for n in report.nodes:
-        table.add_row(n.node, *(_cell(n.checks.get(c)) for c in ("ssh", "host key", "sudo", "docker", "gpus", "disk",
-                                                                  "clock", "invoker", "environment", "rendezvous")))
+        table.add_row(n.node, *(_cell(n.checks.get(c)) for c, _ in columns))
     out.print(table)
     problems = [(f"{name}: {p.problem}" + (f" -> fix: {p.fix}" if p.fix else ""), n.node, {"<node>": n.node})
                 for n in report.nodes for name, p in n.checks.items() if not p.ok and p.problem]
@@ -298,6 +305,13 @@ def _render_doctor(out: Any, report: DoctorReport) -> None:
         out.print(f"[bold red]✗[/] {escape(', '.join(where))}: {escape(text)}")
     if report.ok:
         out.print(f"[green]all {len(report.nodes)} node(s) look ready[/] ({report.seconds:.1f}s)")
+
+
+_DOCTOR_COLUMNS = (("ssh", "ssh"), ("host key", "host key"), ("sudo", "sudo"), ("docker", "docker"),
+                   ("gpus", "GPUs"), ("disk", "free disk"), ("clock", "clock"), ("invoker", "invoker"),
+                   ("environment", "environment"), ("rendezvous", "rendezvous"), ("slurm", "slurm"),
+                   ("partition", "partition"), ("account", "account"))
+_SLURM_COLUMNS = ("slurm", "partition", "account")
 
 
 def _cell(check: Any) -> str:

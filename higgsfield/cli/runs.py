@@ -1,4 +1,8 @@
-"""``higgsfield run | logs | status | kill``: thin commands over :mod:`higgsfield.orchestrator`."""
+"""``higgsfield run | logs | status | kill | deploy``: thin commands over the project's backend.
+
+The backend (:func:`higgsfield.orchestrator.backend_for`) is the SSH nodes, or the Slurm
+cluster of a ``slurm:`` block; these commands never ask which.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +26,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from higgsfield.config import Config
-    from higgsfield.orchestrator import LogLine, RunHandle, RunPlan, RunStatus
-    from higgsfield.remote import NodeResult
+    from higgsfield.orchestrator import Backend, LogLine, RunHandle, RunList, RunStatus
 
 # C0 controls but tab, DEL, C1 controls: a node's log line must not drive the terminal (ANSI escapes, OSC, bell)
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
@@ -102,14 +105,18 @@ def _since_option(ctx: click.Context, param: click.Parameter, value: str | None)
 @click.option("--param", "-p", "params", multiple=True, metavar="NAME=VALUE", help="A param value (repeatable).")
 @click.option("--run-name", default=None, callback=run_name, help="Name of the run; default: EXPERIMENT-DATE-TIME-XXXX. "
               "Re-using a finished run's name resumes from its checkpoints.")
-@click.option("--nodes", type=click.IntRange(min=1), default=None, help="Use the first K nodes of higgsfield.yml.")
+@click.option("--nodes", type=click.IntRange(min=1), default=None,
+              help="Use the first K nodes of higgsfield.yml (on Slurm: K nodes instead of slurm.nodes).")
+@click.option("--time", "time_limit", default=None, metavar="LIMIT",
+              help="Slurm: the job's time limit instead of slurm.time (90, 24:00:00, 2-00:00:00).")
+@click.option("--partition", default=None, help="Slurm: the partition instead of slurm.partition.")
 @click.option("--max-restarts", type=click.IntRange(0, 1000), default=0, show_default=True,
-              help="torchrun restarts of crashed workers (they resume from the last checkpoint).")
+              help="Restarts of crashed workers, resuming from the last checkpoint (on Slurm: requeues).")
 @click.option("--exclusive", is_flag=True, help="Take whole nodes (every GPU/slot), queueing until they are free.")
 @click.option("--detach", "-d", is_flag=True, help="Start and return; follow with 'higgsfield logs RUN -f'.")
 @click.pass_context
 def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: str | None, nodes: int | None,
-        max_restarts: int, exclusive: bool, detach: bool) -> None:
+        time_limit: str | None, partition: str | None, max_restarts: int, exclusive: bool, detach: bool) -> None:
     """Run EXPERIMENT on the nodes and stream its logs until it ends (exit code = the run's).
 
     The nodes decide the run, with or without this command: a node whose part fails,
@@ -117,18 +124,20 @@ def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: 
     rank, the last lines of its error) is shown at the end. A log stream this command
     loses is re-attached; the run goes on.
     """
-    from higgsfield import orchestrator, secrets
+    from higgsfield import secrets
+    from higgsfield.orchestrator import RunRequest, backend_for
     from higgsfield.params import parse_assignments
 
     cfg = get_config(ctx)
     given = parse_assignments(params)
     values = secrets.collect(cfg)
-    plan = orchestrator.plan_run(cfg, experiment, given, run_name=run_name, nodes=nodes,
-                                 max_restarts=max_restarts, exclusive=exclusive)
+    backend = backend_for(cfg)
+    plan = backend.plan(RunRequest(experiment, given, run_name=run_name, nodes=nodes, max_restarts=max_restarts,
+                                   exclusive=exclusive, time=time_limit, partition=partition))
     err = console(stderr=True)
     started: list[RunHandle] = []
     try:
-        final = asyncio.run(_run(cfg, plan, values, detach=detach, err=err, started=started))
+        final = asyncio.run(_run(backend, plan, values, detach=detach, err=err, started=started))
     except KeyboardInterrupt:
         if not started:
             raise
@@ -147,29 +156,29 @@ def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: 
     sys.exit(exit_code(final))
 
 
-async def _run(cfg: Config, plan: RunPlan, values: dict[str, str], *, detach: bool, err: Console,
+async def _run(backend: Backend, plan: Any, values: dict[str, str], *, detach: bool, err: Console,
                started: list[RunHandle]) -> RunStatus | None:
-    """Start, follow and ask the final status over one group: its connections open once, for all three.
+    """Start, follow and ask the final status in one session: its connections open once, for all three.
 
     The run's end is learnt from its log streams ending (each node ends its stream
     when its part ended), then its status is asked once (again only while a lagging
     node's record still says it runs). None when detached.
     """
-    from higgsfield import orchestrator
+    from higgsfield.errors import NodeLost
 
-    async with orchestrator.connect(cfg, plan.nodes) as group:
-        handle = await orchestrator.launch(group, cfg, plan, secrets=values)
+    async with backend.session(plan) as session:
+        handle = await session.start(plan, secrets=values)
         started.append(handle)
-        err.print(f"[bold]run[/] {handle.run} started on {', '.join(handle.nodes)}")
+        err.print(f"[bold]run[/] {handle.run} started {backend.describe(handle)}", markup=True, highlight=False)
         if detach:
             err.print(f"follow: higgsfield logs {handle.run} -f    stop: higgsfield kill {handle.run}")
             click.echo(handle.run)
             return None
         try:
-            await _print_stream(orchestrator.follow(group, cfg, handle.status()), color=sys.stdout.isatty())
-        except orchestrator.NodeLost as lost:  # the nodes decide the run: its final status says how it ended
+            await _print_stream(session.follow(handle), color=sys.stdout.isatty())
+        except NodeLost as lost:  # the nodes decide the run: its final status says how it ended
             err.print(f"{clean(str(lost))}", style="red", markup=False, highlight=False)
-        return await orchestrator.final_status(group, cfg, handle.run)
+        return await session.final_status(handle.run)
 
 
 def exit_code(status: RunStatus) -> int:
@@ -214,13 +223,12 @@ def logs(ctx: click.Context, target: str, follow: bool, node: str | None, ranks:
 
 async def _logs(cfg: Config, target: str, *, follow: bool, node: str | None, ranks: tuple[int, ...],
                 since: float | None) -> None:
-    """Find the run and print its logs over one group (following: re-attaching over the same connections)."""
-    from higgsfield import orchestrator
+    """Find the run and print its logs in one session (following: re-attaching over the same connections)."""
+    from higgsfield.orchestrator import backend_for
 
-    async with orchestrator.connect(cfg) as group:
-        status = await orchestrator.find_run(group, cfg, target)
-        lines = orchestrator.stream_logs(group, cfg, status, follow=follow, node=node, ranks=ranks, since=since,
-                                         lost_after=orchestrator.LOST_AFTER_S if follow else None)
+    async with backend_for(cfg).session() as session:
+        status = await session.find(target)
+        lines = session.logs(status, follow=follow, node=node, ranks=ranks, since=since)
         await _print_stream(lines, color=sys.stdout.isatty())
 
 
@@ -234,11 +242,10 @@ def status(ctx: click.Context, as_json: bool) -> None:
     from higgsfield.cli._status_table import GAP, failure_of, layout
 
     cfg = get_config(ctx)
-    runs, results = asyncio.run(_status(cfg))
-    unreachable = [r for r in results if not r.ok]
+    listed = asyncio.run(_status(cfg))
+    runs, unreachable = listed.runs, listed.unreachable
     if as_json:
-        click.echo(json.dumps({"runs": [r.to_dict() for r in runs],
-                               "unreachable": {r.node: r.reason for r in unreachable}}, indent=2))
+        click.echo(json.dumps({"runs": [r.to_dict() for r in runs], "unreachable": unreachable}, indent=2))
         return
     out = console()
     if runs:
@@ -257,17 +264,17 @@ def status(ctx: click.Context, as_json: bool) -> None:
             _print_failure(out, r)
     else:
         out.print("no runs yet: start one with 'higgsfield run EXPERIMENT'")
-    for u in unreachable:
-        out.print(f"[red]{u.node}: unreachable: {u.reason}[/]")
+    for node, reason in unreachable.items():
+        out.print(f"[red]{node}: unreachable: {reason}[/]", highlight=False)
     if unreachable:
         sys.exit(1)
 
 
-async def _status(cfg: Config) -> tuple[list[RunStatus], list[NodeResult[Any]]]:
-    from higgsfield import orchestrator
+async def _status(cfg: Config) -> RunList:
+    from higgsfield.orchestrator import backend_for
 
-    async with orchestrator.connect(cfg) as group:
-        return await orchestrator.query_runs(group, cfg)
+    async with backend_for(cfg).session() as session:
+        return await session.runs()
 
 
 @click.command()
@@ -281,19 +288,19 @@ def kill(ctx: click.Context, target: str) -> None:
 
 
 async def _kill(cfg: Config, target: str) -> list[RunStatus]:
-    from higgsfield import orchestrator
+    from higgsfield.orchestrator import backend_for
 
-    async with orchestrator.connect(cfg) as group:
-        return await orchestrator.kill_runs(group, cfg, target)
+    async with backend_for(cfg).session() as session:
+        return await session.kill(target)
 
 
 @click.command()
 @click.option("--dirty", is_flag=True, help="Include uncommitted changes (tracked and untracked, not ignored).")
 @click.pass_context
 def deploy(ctx: click.Context, dirty: bool) -> None:
-    """Ship the project's committed code to every node and build its image there."""
-    from higgsfield.orchestrator import deploy as _deploy
+    """Ship the project's committed code to every node (or a Slurm cluster's workdir) and build its image there."""
+    from higgsfield.orchestrator import backend_for
 
     cfg = get_config(ctx)
-    result = _deploy(cfg, dirty=dirty, console=console(stderr=True))
+    result = backend_for(cfg).deploy(dirty=dirty, console=console(stderr=True))
     click.echo(f"deployed {result.commit[:12]} to {len(result.nodes)} node(s) in {result.seconds:.1f}s")

@@ -24,6 +24,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -40,10 +41,20 @@ from higgsfield.names import (
     check_text,
     check_user,
 )
+from higgsfield.slurm_syntax import (
+    MAX_GPUS_PER_NODE,
+    MAX_NODES,
+    check_abs_path,
+    check_account,
+    check_extra_option,
+    check_partition,
+    check_time,
+    check_workdir,
+)
 from higgsfield.text import shown
 
-__all__ = ["CONFIG_FILE", "Config", "DockerConfig", "InstallConfig", "NodeConfig", "NodeDup", "SSHConfig",
-           "json_schema"]
+__all__ = ["CONFIG_FILE", "Config", "DockerConfig", "InstallConfig", "LoginConfig", "NodeConfig", "NodeDup",
+           "SSHConfig", "SlurmConfig", "json_schema"]
 
 CONFIG_FILE = "higgsfield.yml"
 BRANCH_RE = re.compile(r"\A[A-Za-z0-9._/-]{1,200}\Z")
@@ -167,11 +178,71 @@ class InstallConfig(_Model):
     _index = _checked("index_url", check=_index_url)
 
 
+def _login_shorthand(v: Any) -> Any:
+    return {"host": v} if isinstance(v, str) else v
+
+
+class LoginConfig(_Model):
+    """The cluster's login node: reached over SSH like any node, its host key pinned by ``setup``."""
+
+    host: str = Field(..., min_length=1, description="The login node's host name or address.")
+    user: str | None = Field(None, description="Your user on the cluster; default: ssh.user, else your local user.")
+    port: Port = Field(22, description="SSH port.")
+    name: str = Field("login", description="How logs and errors call the login node.")
+    identity_file: str | None = Field(None, description="Private key file; default: ssh.identity_file.")
+
+    _user = field_validator("user")(classmethod(lambda cls, v: _refuse_root(v)))
+    _host = _checked("host", check=check_host)
+    _name = _checked("name", check=check_node_name)
+    _identity = _checked("identity_file", check=check_text)
+
+
+def _time_limit(v: Any) -> Any:
+    return check_time(_no_bool(v))
+
+
+class SlurmConfig(_Model):
+    """A Slurm cluster: runs are batch jobs submitted through its login node (``nodes`` is then not used)."""
+
+    login: Annotated[LoginConfig, BeforeValidator(_login_shorthand)] = Field(
+        ..., description="The login node: {host: login.cluster.example, user: me}.")
+    workdir: str = Field(..., description="An absolute path every compute node sees: releases, the project "
+                                          "environment, runs, logs and checkpoints live there.")
+    partition: str | None = Field(None, description="Partition (or several, comma-separated); default: the "
+                                                    "cluster's default. --partition per run.")
+    account: str | None = Field(None, description="Account to charge; default: your default account.")
+    nodes: Int = Field(1, ge=1, le=MAX_NODES, description="Nodes per run (one torchrun each). --nodes per run.")
+    gpus_per_node: Int = Field(0, ge=0, le=MAX_GPUS_PER_NODE,
+                               description="GPUs per node (--gpus-per-node; 0 for a CPU partition).")
+    cpus_per_task: Int | None = Field(None, ge=1, le=4096, description="CPUs for each node's torchrun.")
+    time: Annotated[str, BeforeValidator(_time_limit)] | None = Field(
+        None, description="Time limit: minutes, HH:MM:SS or D-HH:MM:SS (quoted); default: the partition's. "
+                          "--time per run.")
+    python: str | None = Field(None, description="The compute nodes' python for runs; default: the project "
+                                                 "environment deploy builds in the workdir.")
+    exclusive: bool = Field(True, description="Whole nodes (--exclusive): each node's torchrun uses all of it.")
+    extra: list[str] = Field(default_factory=list, description="More sbatch options, one '--name=value' each.")
+
+    _workdir = _checked("workdir", check=check_workdir)
+    _partition = _checked("partition", check=check_partition)
+    _account = _checked("account", check=check_account)
+    _python = _checked("python", check=check_abs_path)
+
+    @field_validator("extra")
+    @classmethod
+    def _extra(cls, v: list[str]) -> list[str]:
+        return [check_extra_option(o) for o in v]
+
+
 class Config(_Model):
     """Everything in ``higgsfield.yml``."""
 
     name: str = Field(..., description="Project name: ^[a-zA-Z_][a-zA-Z0-9_]*$")
-    nodes: list[NodeConfig] = Field(..., description="The nodes, in node-rank order; the first is the master.")
+    # Before `nodes`: the nodes' check reads it (a project on a Slurm cluster lists no nodes).
+    slurm: SlurmConfig | None = Field(None, description="A Slurm cluster to run on instead of the SSH nodes.")
+    nodes: list[NodeConfig] = Field(default_factory=list, validate_default=True,
+                                    description="The nodes, in node-rank order; the first is the master "
+                                                "(not used with a slurm block).")
     ssh: SSHConfig = Field(default_factory=SSHConfig)  # type: ignore[arg-type]
     nproc_per_node: Nproc = Field(
         "auto", description="Processes per node: 'auto' = the node's GPU count (1 without GPUs).")
@@ -218,9 +289,10 @@ class Config(_Model):
 
     @field_validator("nodes")
     @classmethod
-    def _nodes(cls, v: list[NodeConfig]) -> list[NodeConfig]:
-        if not v:
-            raise ValueError("list at least one node")
+    def _nodes(cls, v: list[NodeConfig], info: ValidationInfo) -> list[NodeConfig]:
+        # "slurm" missing from data: the block is there but wrong, and that is the one error to report
+        if not v and "slurm" in info.data and info.data["slurm"] is None:
+            raise ValueError("list at least one node (or describe a Slurm cluster in a slurm block)")
         return v
 
     @model_validator(mode="after")
@@ -282,6 +354,20 @@ class Config(_Model):
 
     def node_nproc(self, node: NodeConfig) -> int | Literal["auto"]:
         return node.nproc_per_node or self.nproc_per_node
+
+    def on_login_node(self) -> Config:
+        """This project as its Slurm cluster's login node sees it: the one node, the workdir its state dir.
+
+        What ``setup``, ``deploy`` and ``doctor`` do to an SSH node they do to the login node
+        through this config (its host key pinned and verified like any node's), with the
+        shared workdir in place of ``~/.higgsfield`` and plain processes (no Docker, no sudo).
+        """
+        if self.slurm is None:
+            raise ConfigError(f"{self.path or CONFIG_FILE}: no slurm block: this project runs on its SSH nodes")
+        lg = self.slurm.login
+        login = NodeConfig(host=lg.host, name=lg.name, port=lg.port, user=lg.user, identity_file=lg.identity_file,
+                           nproc_per_node=None)
+        return self.model_copy(update={"nodes": [login], "state_dir": self.slurm.workdir, "runtime": "process"})
 
     def node(self, name: str) -> NodeConfig:
         for n in self.nodes:

@@ -2,13 +2,17 @@
 
 One module a concept: :mod:`.start` (validate and launch), :mod:`.status` (node
 records merged into a run's status), :mod:`.logs` (merged streams, followed with
-re-attach), :mod:`.kill`, :mod:`.deployment`. The async calls take a connected
+re-attach), :mod:`.kill`, :mod:`.deployment`. The CLI reaches them through a
+:class:`~.backend.Backend` (:func:`backend_for`): :mod:`.nodes_backend` wraps these
+for the SSH nodes, :mod:`.slurm_backend` runs the same contract on a Slurm cluster. The async calls take a connected
 :class:`~higgsfield.remote.Group` (:func:`connect`), so one command reuses its
 connections for all its steps; ``start_run``, ``list_runs``, ``get_run`` and ``kill``
 run their own event loop, for callers that do one thing.
 """
 
 from higgsfield.errors import NodeLost
+from higgsfield.orchestrator.backend import Backend, RunList, RunRequest, Session
+from higgsfield.orchestrator.backends import backend_for
 from higgsfield.orchestrator.deployment import DeployResult, NodeDeploy, deploy
 from higgsfield.orchestrator.kill import kill, kill_runs, stop_run
 from higgsfield.orchestrator.logs import LOST_AFTER_S, NOTICE, LogLine, follow, stream_logs
@@ -25,7 +29,7 @@ from higgsfield.orchestrator.status import (
 )
 from higgsfield.runspec import RunStatus
 
-__all__ = ["LOST_AFTER_S", "NOTICE", "DeployResult", "LogLine", "NodeDeploy", "NodeLost", "RunHandle", "RunPlan",
+__all__ = ["LOST_AFTER_S", "NOTICE", "Backend", "DeployResult", "RunList", "RunRequest", "Session", "backend_for", "LogLine", "NodeDeploy", "NodeLost", "RunHandle", "RunPlan",
            "RunStatus", "connect", "deploy", "final_status", "find_run", "follow", "get_run", "kill", "kill_runs",
            "launch", "list_runs", "merge", "plan_run", "query_runs", "resolve_target", "start_run",
            "start_run_async", "stop_run", "stream_logs"]

@@ -18,7 +18,7 @@ import asyncio
 from typing import Any
 
 from higgsfield.config import Config
-from higgsfield.errors import RunError
+from higgsfield.errors import NoSuchRun, RunError
 from higgsfield.orchestrator._output import invoke
 from higgsfield.orchestrator.status import merge
 from higgsfield.orchestrator.timeouts import QUERY_S, step_timeout
@@ -55,7 +55,7 @@ async def kill_runs(group: Group, cfg: Config, target: str) -> list[RunStatus]:
             Group.check(results, f"kill {target}")
         if matched:
             raise RunError(f"'{target}' has no queued or running run (see 'higgsfield status')")
-        raise RunError(f"no run or experiment named '{target}' (see 'higgsfield status')")
+        raise NoSuchRun(f"no run or experiment named '{target}' (see 'higgsfield status')")
     if failed:
         Group.check(results, f"kill {target} (stopped on {len(results) - len(failed)} node(s))")
     return merge(records)

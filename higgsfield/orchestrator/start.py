@@ -60,6 +60,8 @@ class RunHandle:
     run: str
     nodes: list[str]
     records: list[dict[str, Any]] = field(default_factory=list)
+    job_id: str | None = None
+    """The scheduler's id of the run (a Slurm job), where a backend has one."""
 
     def status(self) -> RunStatus:
         """The run's status as its nodes reported it at start (no extra round trip)."""

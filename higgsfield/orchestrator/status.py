@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from higgsfield.config import Config
-from higgsfield.errors import RunError
+from higgsfield.errors import NoSuchRun
 from higgsfield.orchestrator._output import invoke
 from higgsfield.orchestrator.timeouts import FINAL_POLL_S, FINAL_WAIT_S, QUERY_S, step_timeout
 from higgsfield.remote import Group, Member, NodeResult, open_group
@@ -126,7 +126,7 @@ def resolve_target(runs: list[RunStatus], target: str) -> list[RunStatus]:
         return exact
     of_exp = [r for r in runs if r.experiment == target]
     if not of_exp:
-        raise RunError(f"no run or experiment named '{target}' (see 'higgsfield status')")
+        raise NoSuchRun(f"no run or experiment named '{target}' (see 'higgsfield status')")
     return [of_exp[-1]]
 
 

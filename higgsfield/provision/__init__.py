@@ -11,13 +11,24 @@ docker.io when absent), ``docker-group`` (the user in the docker group, reconnec
 ``nvidia`` (the container toolkit where nvidia-smi finds GPUs), ``invoker`` (this
 package at the control side's build, in ``<state_dir>/venv``, sent over SFTP),
 ``deploy-key`` (the GitHub deploy key + a managed ``~/.ssh/config`` block) and
-``base-image`` (``docker.base_image`` pulled once).
+``base-image`` (``docker.base_image`` pulled once). A Slurm cluster's login node gets
+``slurm`` (the cluster accepts a run's job, the workdir is shared) and ``invoker``
+instead (:mod:`higgsfield.provision.slurm`).
 """
 
 from higgsfield.errors import StepFailed
 from higgsfield.provision.context import SetupOptions
-from higgsfield.provision.runner import STEPS, NodeReport, SetupReport, StepResult, provision, select_steps
+from higgsfield.provision.runner import (
+    SLURM_STEPS,
+    STEPS,
+    NodeReport,
+    SetupReport,
+    StepResult,
+    provision,
+    select_steps,
+    steps_for,
+)
 from higgsfield.provision.step import Check, Outcome, Step
 
-__all__ = ["STEPS", "Check", "NodeReport", "Outcome", "SetupOptions", "SetupReport", "Step", "StepFailed",
-           "StepResult", "provision", "select_steps"]
+__all__ = ["SLURM_STEPS", "STEPS", "Check", "NodeReport", "Outcome", "SetupOptions", "SetupReport", "Step", "StepFailed",
+           "StepResult", "provision", "select_steps", "steps_for"]

@@ -41,6 +41,7 @@ from higgsfield.errors import ConfigError, ConnectError, HiggsfieldError
 from higgsfield.provision.context import BASE_READS, NodeContext, NodeLog, SetupOptions
 from higgsfield.provision.deploy_key import DeployKeyStep
 from higgsfield.provision.invoker import InvokerStep
+from higgsfield.provision.slurm import SlurmStep
 from higgsfield.provision.step import Outcome, Step
 from higgsfield.provision.system import BaseImageStep, DockerGroupStep, DockerStep, NvidiaStep, OsStep
 from higgsfield.provision.trust import HostScan, pin_accepted, trusted_keys
@@ -52,6 +53,8 @@ if TYPE_CHECKING:
 
 STEPS: tuple[Step, ...] = (OsStep(), DockerStep(), DockerGroupStep(), NvidiaStep(), InvokerStep(),
                            DeployKeyStep(), BaseImageStep())
+#: A Slurm cluster's login node (no sudo, no Docker): the cluster and the workdir, then the invoker there.
+SLURM_STEPS: tuple[Step, ...] = (SlurmStep(), InvokerStep())
 CONNECT = "connect"
 
 Event = Callable[[str, str, str, str], None]
@@ -114,15 +117,20 @@ class SetupReport:
         return [f for n in self.nodes for f in n.failures()]
 
 
-def select_steps(names: Sequence[str] | None) -> list[Step]:
+def steps_for(cfg: Config) -> tuple[Step, ...]:
+    """The steps of this project's machines: a Slurm login node's, or the SSH nodes'."""
+    return SLURM_STEPS if cfg.slurm is not None else STEPS
+
+
+def select_steps(names: Sequence[str] | None, catalog: Sequence[Step] = STEPS) -> list[Step]:
     """The steps named (in their declared order), or all of them."""
     if not names:
-        return list(STEPS)
-    known = {s.name: s for s in STEPS}
+        return list(catalog)
+    known = {s.name: s for s in catalog}
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ConfigError(f"unknown step {', '.join(unknown)} (steps: {', '.join(known)})")
-    return [s for s in STEPS if s.name in names]
+    return [s for s in catalog if s.name in names]
 
 
 def log_file(log_dir: Path, node: str) -> Path:
@@ -138,7 +146,7 @@ async def provision(cfg: Config, *, nodes: Sequence[str] | None = None, steps: S
     """
     start = time.monotonic()
     opts = options or SetupOptions()
-    chosen_steps = select_steps(steps)
+    chosen_steps = select_steps(steps, steps_for(cfg))
     chosen_nodes = select_nodes(cfg, names=nodes or ())
     log_dir = opts.log_dir or cfg.project_dir / ".higgsfield" / "logs" / "setup"
     artifacts = Artifacts(opts.cache_dir or cfg.project_dir / ".higgsfield" / "cache")

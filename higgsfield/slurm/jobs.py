@@ -109,7 +109,7 @@ class SlurmCluster:
 
         ``spec.max_restarts`` becomes the job's requeue count. Raises :class:`SlurmRefused`
         with sbatch's reason in one line for a job Slurm will not take (the secrets file is
-        removed again), :class:`SlurmError` for a run name already used in the workdir.
+        removed again, with the run's directory), :class:`SlurmError` for a run name already used in the workdir.
         """
         paths = self.paths(spec.project, spec.run)
         t = self.transport
@@ -132,7 +132,9 @@ class SlurmCluster:
         await t.put_bytes(script.encode(), paths.script, mode=0o700)
         result = await t.run(["sbatch", "--parsable", paths.script], check=False)
         if not result.ok:
-            await t.run(["rm", "-f", paths.secrets], check=False)
+            # nothing half-written: the run's directory (no job.json yet) and its empty checkpoint directory go
+            await t.run(["rm", "-rf", paths.dir], check=False)
+            await t.run(["rmdir", paths.checkpoints], check=False)
             raise SlurmRefused(f"Slurm refused run '{spec.run}': {sbatch_error(result.stderr or result.stdout)}"
                                f"{self._hint(result.stderr)}")
         job_id = result.stdout.strip().split(";", 1)[0]
@@ -221,6 +223,30 @@ class SlurmCluster:
         jobs, record = await asyncio.gather(self.jobs([job_id]), self.record(project, run))
         return merge(submitted, jobs.get(job_id), record)
 
+    async def statuses(self, project: str) -> list[RunStatus]:
+        """Every run of ``project`` in the workdir (oldest first): one read of the records, one squeue, one sacct."""
+        r = await self.transport.run(["python3", "-c", _LIST_RUNS, posixpath.join(self.settings.workdir, "runs",
+                                                                                  project)], check=False)
+        if not r.ok:
+            raise SlurmError(f"cannot list the runs in {self.settings.workdir} on {self.transport.node}: "
+                             f"{sbatch_error(r.stderr)}")
+        try:
+            items = [i for i in json.loads(r.stdout) if isinstance(i, dict) and isinstance(i.get("job"), dict)]
+        except ValueError:
+            raise SlurmError(f"{self.transport.node} listed the runs as {r.stdout[:100]!r}, not JSON") from None
+        jobs = await self.jobs([str(i["job"].get("job_id", "")) for i in items])
+        out = [merge(i["job"], jobs.get(str(i["job"].get("job_id", ""))), i.get("record")) for i in items]
+        return sorted(out, key=lambda st: st.created_at)
+
+    async def placement(self, project: str, run: str) -> dict[str, Any] | None:
+        """The spec the job pinned to its allocation (``spec.json``: its nodes in node-rank order, nproc)."""
+        r = await self.transport.run(["cat", self.paths(project, run).file("spec.json")], check=False)
+        try:
+            data = json.loads(r.stdout) if r.ok else None
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
+
     # -- cancel -------------------------------------------------------------------------------
 
     async def cancel(self, project: str, run: str, *, wait: float = CANCEL_WAIT_S) -> Job | None:
@@ -266,6 +292,28 @@ class SlurmCluster:
             rank, _, text = line.partition("\t")
             if rank.lstrip("-").isdigit():
                 yield int(rank), text
+
+
+#: Run on the login node: every run directory's job.json and run.json, as one JSON list (one round trip).
+_LIST_RUNS = """\
+import json, os, sys
+root, out = sys.argv[1], []
+try:
+    names = sorted(os.listdir(root))
+except OSError:
+    names = []
+for name in names:
+    item = {"run": name}
+    for key, file in (("job", "job.json"), ("record", "run.json")):
+        try:
+            with open(os.path.join(root, name, file)) as f:
+                item[key] = json.load(f)
+        except (OSError, ValueError):
+            pass
+    if "job" in item:
+        out.append(item)
+print(json.dumps(out))
+"""
 
 
 # -- parsing Slurm's answers ------------------------------------------------------------------

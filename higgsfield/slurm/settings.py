@@ -7,32 +7,35 @@ Every error is one line naming the field and what to write instead
 (:class:`~higgsfield.errors.ConfigError`, exit 2).
 
 Values end up in an ``#SBATCH`` line or an argument of ``sbatch``/``squeue``, so each
-is held to Slurm's own syntax here, before anything is sent: a partition or account is
-one word (a partition list is words joined by commas), a time limit is one of Slurm's
-forms (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``, or
-``UNLIMITED``), the workdir an absolute path every compute node sees.
+is held to Slurm's own syntax (:mod:`higgsfield.slurm_syntax`, shared with the typed
+config) before anything is sent.
 """
 
 from __future__ import annotations
 
 import posixpath
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from higgsfield.errors import ConfigError
 from higgsfield.names import check_host, check_node_name, check_text, check_user
+from higgsfield.slurm_syntax import (
+    MAX_GPUS_PER_NODE,
+    MAX_NODES,
+    SLURM_WORD_RE,
+    check_abs_path,
+    check_account,
+    check_extra_option,
+    check_partition,
+    check_time,
+    check_workdir,
+    seconds,
+)
 from higgsfield.text import shown
 
-#: A partition or account: Slurm names them freely, but a name that is one word is all a cluster uses.
-SLURM_WORD_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")
-_TIME_RE = re.compile(
-    r"\A(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}|\d+-\d{1,2}:\d{1,2}|\d+-\d{1,2}:\d{1,2}:\d{1,2})\Z")
-_UNLIMITED = frozenset({"UNLIMITED", "INFINITE"})
-MAX_NODES = 4096
-MAX_GPUS_PER_NODE = 64
-
+__all__ = ["MAX_GPUS_PER_NODE", "MAX_NODES", "SLURM_WORD_RE", "Login", "SlurmSettings", "check_account",
+           "check_partition", "check_time", "seconds"]
 
 @dataclass(frozen=True)
 class Login:
@@ -108,55 +111,6 @@ class SlurmSettings:
         return replace(self, **changes)
 
 
-# -- one value each: ValueError with the reason (the caller prefixes the field) ------------------
-
-def check_partition(value: object) -> str:
-    """A partition, or several joined by commas (Slurm then takes the first that can start the job)."""
-    if not isinstance(value, str) or not all(SLURM_WORD_RE.fullmatch(p) for p in value.split(",")):
-        raise ValueError(f"{shown(value)} is not a partition name: use letters, digits, _ . - "
-                         "(several partitions joined by commas)")
-    return value
-
-
-def check_account(value: object) -> str:
-    if not isinstance(value, str) or not SLURM_WORD_RE.fullmatch(value):
-        raise ValueError(f"{shown(value)} is not an account name: use letters, digits, _ . -")
-    return value
-
-
-def check_time(value: object) -> str:
-    """A Slurm time limit: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or UNLIMITED."""
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return str(value)
-    if not isinstance(value, str) or not (_TIME_RE.fullmatch(value) or value.upper() in _UNLIMITED):
-        raise ValueError(f"{shown(value)} is not a Slurm time limit: write minutes (90), HH:MM:SS (24:00:00) "
-                         "or D-HH:MM:SS (2-00:00:00), quoted in YAML")
-    if value.upper() not in _UNLIMITED and seconds(value) <= 0:
-        raise ValueError(f"{shown(value)} is a time limit of zero: give the run some time")
-    return value.upper() if value.upper() in _UNLIMITED else value
-
-
-def seconds(value: str) -> int:
-    """The seconds of a Slurm time limit (checked by :func:`check_time`); -1 for UNLIMITED."""
-    if value.upper() in _UNLIMITED:
-        return -1
-    days = 0
-    if "-" in value:
-        d, value = value.split("-", 1)
-        days = int(d)
-        parts = [int(p) for p in value.split(":")]
-        h, m, s = (parts + [0, 0])[:3]
-    else:
-        parts = [int(p) for p in value.split(":")]
-        if len(parts) == 1:
-            h, m, s = 0, parts[0], 0
-        elif len(parts) == 2:
-            h, m, s = 0, parts[0], parts[1]
-        else:
-            h, m, s = parts
-    return ((days * 24 + h) * 60 + m) * 60 + s
-
-
 def _checked(check: Any, value: object, where: str) -> Any:
     try:
         return check(value)
@@ -182,25 +136,11 @@ def _bool(v: object, where: str) -> bool:
 
 
 def _abs_path(v: object, where: str) -> str:
-    path = _checked(check_text, v, where)
-    if not path.startswith("/"):
-        raise ConfigError(f"{where}: {shown(path)} must be an absolute path (a directory every compute node "
-                          "sees, e.g. /shared/me/higgsfield); '~' is not expanded on a cluster")
-    if ".." in path.split("/"):
-        raise ConfigError(f"{where}: {shown(path)} must not contain '..'")
-    return posixpath.normpath(path)
-
-
-_PLAIN_PATH_RE = re.compile(r"\A/[A-Za-z0-9_./+@:,=-]*\Z")
+    return str(_checked(check_abs_path, v, where))
 
 
 def _workdir(v: object, where: str) -> str:
-    """An absolute path of plain characters: it appears in ``#SBATCH --output=``, which sbatch reads itself."""
-    path = _abs_path(v, where)
-    if not _PLAIN_PATH_RE.fullmatch(path):
-        raise ConfigError(f"{where}: {shown(path)} has a blank, a quote or '%' in it, which sbatch would misread "
-                          "in '#SBATCH --output=': use letters, digits and _ . / + @ : , = -")
-    return path
+    return str(_checked(check_workdir, v, where))
 
 
 def _login(v: object, where: str) -> Login:
@@ -224,17 +164,11 @@ def _login(v: object, where: str) -> Login:
     )
 
 
-_EXTRA_RE = re.compile(r"\A--[a-z][a-z0-9-]*(?:=[A-Za-z0-9_.,:=/@%+-]+)?\Z")
-
-
 def _extra(v: object, where: str) -> tuple[str, ...]:
     """More sbatch options (``--qos=high``, ``--constraint=a100``): one safe word each."""
     if isinstance(v, str) or not isinstance(v, (list, tuple)):
         raise ConfigError(f"{where}: expected a list of sbatch options such as ['--qos=high']")
     out = []
     for i, opt in enumerate(v):
-        if not isinstance(opt, str) or not _EXTRA_RE.fullmatch(opt):
-            raise ConfigError(f"{where}[{i}]: {shown(opt)} is not one sbatch option '--name' or '--name=value' "
-                              "(letters, digits and _ . , : = / @ % + -)")
-        out.append(opt)
+        out.append(_checked(check_extra_option, opt, f"{where}[{i}]"))
     return tuple(out)

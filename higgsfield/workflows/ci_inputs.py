@@ -158,7 +158,8 @@ def ci_config(cfg: Config, environ: Mapping[str, str]) -> Config:
     pinned there is refused too (no trust on first use: a pin made on a throwaway
     runner would protect nothing).
     """
-    remote = [n for n in cfg.nodes if not n.is_local]
+    reached = cfg.on_login_node().nodes if cfg.slurm is not None else cfg.nodes   # a cluster: its login node
+    remote = [n for n in reached if not n.is_local]
     key_file = environ.get(ENV_SSH_KEY_FILE, "").strip()
     if not remote:
         return cfg  # no SSH: no host keys to trust or refuse
@@ -190,6 +191,8 @@ def ci_config(cfg: Config, environ: Mapping[str, str]) -> Config:
     out.ssh.identity_file = str(path)
     for node in out.nodes:
         node.identity_file = None
+    if out.slurm is not None:
+        out.slurm.login.identity_file = None
     return out
 
 

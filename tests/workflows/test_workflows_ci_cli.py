@@ -1,6 +1,6 @@
-"""`higgsfield ci deploy | run | kill` read the job's environment and call the orchestrator.
+"""`higgsfield ci deploy | run | kill` read the job's environment and call the project's backend.
 
-The fast tests swap the orchestrator for recorders (what exactly is it called with?);
+The fast tests swap the backend for a recorder (what exactly is it called with?);
 the slow one launches and kills a real run on a localhost node, as a job would.
 """
 
@@ -43,6 +43,47 @@ def job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return proj
 
 
+class Recorder:
+    """A backend that records its calls: ``start``/``kill``/``deploy`` are the test's functions."""
+
+    name = "recorder"
+
+    def __init__(self, cfg: Any, start: Any = None, kill: Any = None, deploy: Any = None) -> None:
+        self.cfg, self._start, self._kill, self._deploy = cfg, start, kill, deploy
+
+    def plan(self, request: Any) -> Any:
+        return request
+
+    def describe(self, handle: Any) -> str:
+        return f"on {', '.join(handle.nodes)}"
+
+    def deploy(self, **kw: Any) -> Any:
+        return self._deploy(self.cfg, **kw)
+
+    def session(self, plan: Any = None) -> Any:
+        backend = self
+
+        class Session:
+            async def __aenter__(self) -> Any:
+                return self
+
+            async def __aexit__(self, *exc: Any) -> None:
+                return None
+
+            async def start(self, plan: Any, secrets: Any = None) -> Any:
+                return backend._start(backend.cfg, plan.experiment, dict(plan.params), run_name=plan.run_name,
+                                      nodes=plan.nodes, secrets=secrets)
+
+            async def kill(self, target: str) -> Any:
+                return backend._kill(backend.cfg, target)
+
+        return Session()
+
+
+def recording(monkeypatch: pytest.MonkeyPatch, **fns: Any) -> None:
+    monkeypatch.setattr(orchestrator, "backend_for", lambda cfg: Recorder(cfg, **fns))
+
+
 def cli(*args: str) -> int:
     try:
         main(list(args))
@@ -64,9 +105,9 @@ def test_ci_run_launches_with_the_form_values(job: Path, monkeypatch: pytest.Mon
 
     def start_run(cfg: Any, experiment: str, params: dict[str, str], **kw: Any) -> Any:
         calls.append({"cfg": cfg, "experiment": experiment, "params": params, **kw})
-        return SimpleNamespace(run=kw["run_name"] or "alpaca-gen", nodes=["gpu-1.example.com"])
+        return SimpleNamespace(run=kw["run_name"] or "alpaca-gen", nodes=["gpu-1.example.com"], job_id=None)
 
-    monkeypatch.setattr(orchestrator, "start_run", start_run)
+    recording(monkeypatch, start=start_run)
     set_form(monkeypatch, lr="0.5", fast="true", data="d.jsonl", size="", HIGGSFIELD_RUN_NAME="sweep1",
              HIGGSFIELD_NODES="1", WANDB_API_KEY="wandb-secret-123", HF_TOKEN="hf-secret-456")
     assert cli("ci", "run", "alpaca") == 0
@@ -87,7 +128,7 @@ def test_ci_run_fails_the_job_with_one_annotation(job: Path, monkeypatch: pytest
     def start_run(*a: Any, **kw: Any) -> Any:
         raise RunError("run 'x' failed to start on 1 node(s): gpu-2: no space left")
 
-    monkeypatch.setattr(orchestrator, "start_run", start_run)
+    recording(monkeypatch, start=start_run)
     set_form(monkeypatch, data="d", WANDB_API_KEY="w", HF_TOKEN="h")
     assert cli("ci", "run", "alpaca") == 1
     captured = capsys.readouterr()
@@ -98,7 +139,7 @@ def test_ci_run_fails_the_job_with_one_annotation(job: Path, monkeypatch: pytest
 
 def test_ci_run_refuses_bad_input_before_launching(job: Path, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(orchestrator, "start_run", lambda *a, **k: pytest.fail("launched"))
+    recording(monkeypatch, start=lambda *a, **k: pytest.fail("launched"))
     set_form(monkeypatch, data="d", steps="1e3x", WANDB_API_KEY="w", HF_TOKEN="h")
     assert cli("ci", "run", "alpaca") == 2
     assert "param 'steps': expected an integer" in capsys.readouterr().err
@@ -119,7 +160,7 @@ def test_ci_kill_reads_the_target(job: Path, monkeypatch: pytest.MonkeyPatch,
         targets.append(target)
         return [SimpleNamespace(run="alpaca-1", state="killed")]
 
-    monkeypatch.setattr(orchestrator, "kill", kill)
+    recording(monkeypatch, kill=kill)
     monkeypatch.setenv("HIGGSFIELD_KILL_TARGET", "alpaca")
     assert cli("ci", "kill") == 0
     assert cli("ci", "kill", "--", "alpaca-1") == 0
@@ -135,7 +176,7 @@ def test_ci_deploy(job: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Ca
         calls.append({"cfg": cfg, **kw})
         return SimpleNamespace()
 
-    monkeypatch.setattr(orchestrator, "deploy", deploy, raising=False)
+    recording(monkeypatch, deploy=deploy)
     assert cli("ci", "deploy") == 0
     (call,) = calls
     assert call["dirty"] is False and call["cfg"].ssh.identity_file == os.environ["HIGGSFIELD_SSH_KEY_FILE"]
@@ -196,4 +237,4 @@ def test_ci_run_and_kill_on_a_local_node(tmp_path: Path) -> None:
     assert "ci1: killed" in k.stdout
     assert not marker.exists()
     k = hf("ci", "kill", HIGGSFIELD_KILL_TARGET="nosuch")
-    assert k.returncode == 1 and k.stdout.startswith("::error title=higgsfield ci kill::no run or experiment")
+    assert k.returncode == 2 and k.stdout.startswith("::error title=higgsfield ci kill::no run or experiment")

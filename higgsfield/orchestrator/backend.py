@@ -1,0 +1,109 @@
+"""Where a project's runs happen, behind one typed contract: SSH nodes, or a Slurm cluster.
+
+The CLI (``run``, ``status``, ``logs``, ``kill``, ``deploy``, ``ci ...``) talks to a
+:class:`Backend`, never to the SSH fan-out or the Slurm engine directly, so a new place
+to run (Kubernetes, later) is a new implementation of these two protocols and nothing
+else. Every backend speaks :mod:`higgsfield.runspec`: a run is a ``RunSpec`` going in and
+a ``RunStatus`` coming out, its log lines are :class:`~higgsfield.orchestrator.logs.LogLine`
+tagged ``node/rank``, so ``status --json``, ``logs -f`` and the dashboard cannot tell which
+backend holds a run.
+
+- :class:`~higgsfield.orchestrator.nodes_backend.NodesBackend`: the nodes of higgsfield.yml
+  over SSH (the orchestrator's own functions);
+- :class:`~higgsfield.orchestrator.slurm_backend.SlurmBackend`: one batch job per run on the
+  cluster of the ``slurm:`` block, through its login node (:class:`higgsfield.slurm.SlurmCluster`).
+
+Use::
+
+    backend = backend_for(cfg)                       # no I/O (orchestrator.backends)
+    plan = backend.plan("alpaca", {"lr": "1e-4"})    # a bad param raises here, before any connection
+    async with backend.session(plan) as s:           # connections open once for the whole command
+        handle = await s.start(plan, secrets={})
+        async for line in s.follow(handle): ...
+        final = await s.final_status(handle.run)
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from higgsfield.orchestrator.deployment import DeployResult
+from higgsfield.orchestrator.logs import LogLine
+from higgsfield.orchestrator.start import RunHandle
+from higgsfield.runspec import RunStatus
+
+
+class Plan(Protocol):
+    """A run checked and ready to start (nothing sent anywhere yet)."""
+
+    @property
+    def run(self) -> str: ...
+
+    @property
+    def experiment(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What ``run`` (or a workflow's form) asks for, before a backend checks it into its :class:`Plan`."""
+
+    experiment: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    run_name: str | None = None
+    nodes: int | None = None          # SSH: the first K nodes; Slurm: the allocation's node count
+    max_restarts: int = 0             # SSH: torchrun restarts; Slurm: requeues (both resume from the checkpoint)
+    exclusive: bool = False
+    time: str | None = None           # Slurm only
+    partition: str | None = None      # Slurm only
+
+
+@dataclass(frozen=True)
+class RunList:
+    """Every run of the project (oldest first) and where it could not be asked (node -> why)."""
+
+    runs: list[RunStatus]
+    unreachable: dict[str, str] = field(default_factory=dict)
+
+
+class Session(Protocol):
+    """A backend with its connections open, for the length of one command."""
+
+    async def start(self, plan: Any, secrets: Mapping[str, str] | None = None) -> RunHandle:
+        """Start (or submit) ``plan``; returns once every node started it or the scheduler took it."""
+
+    def follow(self, handle: RunHandle) -> AsyncIterator[LogLine]:
+        """The run's log lines until it ends (waiting while it is queued)."""
+
+    async def final_status(self, run: str) -> RunStatus:
+        """The run's status once it ended (asked again for a short while if it still looks active)."""
+
+    async def runs(self) -> RunList: ...
+
+    async def find(self, target: str) -> RunStatus:
+        """The run named ``target``, or an experiment's latest run; RunError when there is none."""
+
+    def logs(self, status: RunStatus, *, follow: bool = False, node: str | None = None,
+             ranks: tuple[int, ...] = (), since: float | None = None) -> AsyncIterator[LogLine]: ...
+
+    async def kill(self, target: str) -> list[RunStatus]:
+        """Stop the run ``target`` (or every active run of that experiment); their statuses after."""
+
+
+class Backend(Protocol):
+    """Where this project's runs happen: plans runs without I/O, opens sessions, deploys the code."""
+
+    name: str
+
+    def plan(self, request: RunRequest) -> Plan: ...
+
+    def session(self, plan: Plan | None = None) -> AbstractAsyncContextManager[Session]:
+        """Connected for one command: ``plan``'s nodes when starting a run, else every node the runs are on."""
+
+    def deploy(self, *, dirty: bool = False, console: Any = None) -> DeployResult: ...
+
+    def describe(self, handle: RunHandle) -> str:
+        """Where a started run went, in words (``on gpu-1, gpu-2`` / ``as Slurm job 42``)."""
+

@@ -1,0 +1,79 @@
+"""The SSH nodes of higgsfield.yml as a :class:`~higgsfield.orchestrator.backend.Backend`.
+
+A thin wrapper: every call is one of the orchestrator's own functions over one
+connected :class:`~higgsfield.remote.Group`, so the SSH path stays exactly what it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from higgsfield.config import Config
+from higgsfield.errors import ConfigError
+from higgsfield.orchestrator.backend import Plan, RunList, RunRequest
+from higgsfield.orchestrator.deployment import DeployResult, deploy
+from higgsfield.orchestrator.kill import kill_runs
+from higgsfield.orchestrator.logs import LOST_AFTER_S, LogLine, follow, stream_logs
+from higgsfield.orchestrator.nodes import connect
+from higgsfield.orchestrator.start import RunHandle, RunPlan, launch, plan_run
+from higgsfield.orchestrator.status import final_status, find_run, query_runs
+from higgsfield.remote import Group
+from higgsfield.runspec import RunStatus
+
+
+class NodesSession:
+    def __init__(self, cfg: Config, group: Group) -> None:
+        self.cfg, self.group = cfg, group
+
+    async def start(self, plan: RunPlan, secrets: Mapping[str, str] | None = None) -> RunHandle:
+        return await launch(self.group, self.cfg, plan, secrets=dict(secrets or {}))
+
+    def follow(self, handle: RunHandle) -> AsyncIterator[LogLine]:
+        return follow(self.group, self.cfg, handle.status())
+
+    async def final_status(self, run: str) -> RunStatus:
+        return await final_status(self.group, self.cfg, run)
+
+    async def runs(self) -> RunList:
+        runs, results = await query_runs(self.group, self.cfg)
+        return RunList(runs, {r.node: r.reason for r in results if not r.ok})
+
+    async def find(self, target: str) -> RunStatus:
+        return await find_run(self.group, self.cfg, target)
+
+    def logs(self, status: RunStatus, *, follow: bool = False, node: str | None = None,
+             ranks: tuple[int, ...] = (), since: float | None = None) -> AsyncIterator[LogLine]:
+        return stream_logs(self.group, self.cfg, status, follow=follow, node=node, ranks=ranks, since=since,
+                           lost_after=LOST_AFTER_S if follow else None)
+
+    async def kill(self, target: str) -> list[RunStatus]:
+        return await kill_runs(self.group, self.cfg, target)
+
+
+class NodesBackend:
+    name = "nodes"
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+
+    def plan(self, request: RunRequest) -> RunPlan:
+        for flag, value in (("--time", request.time), ("--partition", request.partition)):
+            if value is not None:
+                raise ConfigError(f"{flag} is for a Slurm cluster: {self.cfg.path or 'higgsfield.yml'} has no "
+                                  "slurm block (this project runs on its SSH nodes)")
+        return plan_run(self.cfg, request.experiment, dict(request.params), run_name=request.run_name,
+                        nodes=request.nodes, max_restarts=request.max_restarts, exclusive=request.exclusive)
+
+    @asynccontextmanager
+    async def session(self, plan: Plan | None = None) -> AsyncIterator[NodesSession]:
+        nodes = plan.nodes if isinstance(plan, RunPlan) else None
+        async with connect(self.cfg, nodes) as group:
+            yield NodesSession(self.cfg, group)
+
+    def deploy(self, *, dirty: bool = False, console: Any = None) -> DeployResult:
+        return deploy(self.cfg, dirty=dirty, console=console)
+
+    def describe(self, handle: RunHandle) -> str:
+        return f"on {', '.join(handle.nodes)}"

@@ -1,0 +1,175 @@
+"""The backend a project gets, the Slurm backend's plan and log tagging, and the login node's preflight answers.
+
+Pure: a recording transport stands for the login node (the real one is the journey's,
+tests/slurm/test_slurm_journey.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers_project import assert_one_line_error, run_cli, write
+
+from higgsfield.config import parse_config
+from higgsfield.errors import ConfigError, ParamError
+from higgsfield.orchestrator import RunRequest, backend_for
+from higgsfield.orchestrator.nodes_backend import NodesBackend
+from higgsfield.orchestrator.slurm_backend import SlurmBackend, SlurmSession
+from higgsfield.remote.base import CommandResult
+from higgsfield.slurm import SlurmSettings
+from higgsfield.slurm import preflight as pf
+
+pytestmark = pytest.mark.timeout(60)
+
+SLURM = """\
+name: lab
+slurm:
+  login: {host: login.example, user: me}
+  workdir: /shared/me/hf
+  partition: debug
+  account: testlab
+  nodes: 2
+  time: "10"
+"""
+NODES = "name: lab\nnodes:\n  - host: gpu-1\n"
+EXPERIMENT = """\
+from higgsfield.experiment import experiment, param
+
+@experiment("probe")
+@param("steps", default=1)
+def probe(params):
+    pass
+"""
+
+
+def project(tmp_path: Path, config: str) -> Any:
+    write(tmp_path / "src" / "probe.py", EXPERIMENT)
+    write(tmp_path / "higgsfield.yml", config)
+    return parse_config(config, tmp_path / "higgsfield.yml")
+
+
+def test_a_slurm_block_picks_the_slurm_backend(tmp_path: Path) -> None:
+    assert isinstance(backend_for(project(tmp_path, SLURM)), SlurmBackend)
+    assert isinstance(backend_for(project(tmp_path, NODES)), NodesBackend)
+    assert isinstance(backend_for(project(tmp_path, SLURM + "nodes:\n  - host: gpu-1\n")), SlurmBackend)
+
+
+def test_the_slurm_plan_takes_the_runs_overrides_and_checks_params_before_any_io(tmp_path: Path) -> None:
+    backend = backend_for(project(tmp_path, SLURM))
+    plan: Any = backend.plan(RunRequest("probe", {"steps": "3"}, run_name="r1", nodes=3, time="1:00:00",
+                                        partition="big", max_restarts=2))
+    assert (plan.run, plan.params, plan.max_restarts) == ("r1", {"steps": 3}, 2)
+    assert (plan.settings.nodes, plan.settings.time, plan.settings.partition, plan.settings.account) == \
+        (3, "1:00:00", "big", "testlab")
+    with pytest.raises(ParamError):
+        backend.plan(RunRequest("probe", {"steps": "many"}))
+    with pytest.raises(ConfigError, match="^--time: "):
+        backend.plan(RunRequest("probe", time="soon"))
+
+
+def test_ssh_nodes_refuse_the_slurm_flags(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--partition is for a Slurm cluster"):
+        backend_for(project(tmp_path, NODES)).plan(RunRequest("probe", partition="gpu"))
+
+
+def test_run_with_a_bad_time_is_one_line_before_anything_connects(tmp_path: Path) -> None:
+    project(tmp_path, SLURM)
+    assert_one_line_error(run_cli(tmp_path, "run", "probe", "--time", "1h"),
+                          "--time: '1h' is not a Slurm time limit: write minutes (90), HH:MM:SS (24:00:00) or "
+                          "D-HH:MM:SS (2-00:00:00), quoted in YAML")
+
+
+class Login:
+    """A login node that answers ``cat`` of a run's files and streams given log lines."""
+
+    node = "login"
+
+    def __init__(self, files: dict[str, str], lines: list[str]) -> None:
+        self.files, self.lines, self.calls = files, lines, []  # type: ignore[var-annotated]
+
+    async def run(self, argv: Sequence[str], **kw: Any) -> CommandResult:
+        self.calls.append(list(argv))
+        name = argv[-1].rsplit("/", 1)[-1]
+        if argv[0] == "cat" and name in self.files:
+            return CommandResult("login", tuple(argv), 0, self.files[name])
+        return CommandResult("login", tuple(argv), 1, "", "No such file")
+
+    async def stream(self, argv: Sequence[str], **kw: Any) -> AsyncIterator[str]:
+        self.calls.append(list(argv))
+        for line in self.lines:
+            yield line
+
+
+def test_log_lines_are_tagged_node_slash_rank_from_the_allocation(tmp_path: Path) -> None:
+    cfg = project(tmp_path, SLURM)
+    settings = SlurmSettings.from_mapping(cfg.slurm.model_dump(exclude_none=True))
+    login = Login({"run.json": '{"state": "succeeded"}', "spec.json": '{"nodes": ["n2", "n1"], "nproc": 2}'},
+                  ["0\tr0", "3\tr3", "-1\ttorchrun says", "#hb", "2\tr2"])
+    session = SlurmSession(cfg, settings, login)  # type: ignore[arg-type]
+
+    async def collect(**kw: Any) -> list[tuple[str, int, str]]:
+        return [(ln.node, ln.rank, ln.text) async for ln in session._lines("r", follow=False, **kw)]
+
+    # torchrun's c10d rendezvous ranks the nodes by name (--local_addr): n1 holds ranks 0-1, whatever the order
+    assert asyncio.run(collect()) == [("n1", 0, "r0"), ("n2", 3, "r3"), ("slurm", -1, "torchrun says"),
+                                      ("n2", 2, "r2")]
+    assert asyncio.run(collect(node="n1")) == [("n1", 0, "r0")]
+    asyncio.run(collect(ranks=(3,), since=5.0))   # the login node's invoker filters: it is asked to
+    argv = login.calls[-1]
+    assert argv[:2] == ["/shared/me/hf/venv/bin/python", "-m"] and argv[-4:] == ["--since", "5.0", "--rank", "3"]
+
+
+SINFO = """\
+debug*|up|idle|2|(null)
+debug*|up|alloc|1|(null)
+gpu|up|idle|1|gpu:a100:8(S:0-1)
+gpu|up|mix|3|gpu:8,shard:16
+"""
+
+
+def test_sinfo_gives_partitions_idle_nodes_and_gpus() -> None:
+    parts = {p.name: p for p in pf.parse_sinfo(SINFO)}
+    assert (parts["debug"].default, parts["debug"].nodes, parts["debug"].idle, parts["debug"].gpus) == \
+        (True, 3, 2, 0)
+    assert (parts["gpu"].nodes, parts["gpu"].idle, parts["gpu"].gpus) == (4, 1, 32)
+    assert parts["gpu"].describe() == "gpu: 4 nodes, 1 idle, 32 GPUs"
+
+
+def test_a_bad_partition_or_account_is_one_line_naming_the_field() -> None:
+    s = SlurmSettings.from_mapping({"login": "h", "workdir": "/w", "partition": "nope", "account": "ghost"})
+    f = pf.partition(s, pf.parse_sinfo(SINFO))
+    assert not f.ok and f.problem == "partition 'nope' does not exist on the cluster (partitions: debug, gpu)"
+    assert f.fix is not None and "slurm.partition" in f.fix
+    sub = pf.submit(s, False, "", "sbatch: error: Batch job submission failed: Invalid account or "
+                                  "account/partition combination specified\n")
+    assert not sub.ok and sub.problem == ("Slurm refuses account 'ghost' on partition 'nope': Invalid account or "
+                                          "account/partition combination specified")
+    assert sub.fix is not None and "slurm.account" in sub.fix
+    missing = pf.commands("/usr/bin/sbatch\n/usr/bin/srun\n")
+    assert not missing.ok and missing.summary == "missing squeue, scancel, sinfo"
+
+
+def test_the_test_only_job_is_shaped_like_a_run() -> None:
+    s = SlurmSettings.from_mapping({"login": "h", "workdir": "/w", "partition": "debug", "account": "lab",
+                                    "nodes": 2, "gpus_per_node": 8, "time": "10", "extra": ["--qos=high"]})
+    argv = pf.test_only_argv(s)
+    assert argv[:3] == ("sbatch", "--test-only", "--nodes=2")
+    assert {"--gpus-per-node=8", "--partition=debug", "--account=lab", "--time=10", "--qos=high"} <= set(argv)
+    assert argv[-2:] == ("--wrap", "true")
+
+
+def test_which_finds_every_command_in_sh(tmp_path: Path) -> None:
+    """The login node's /bin/sh may be dash, whose 'command -v' reads only its first argument."""
+    import os
+    import subprocess
+
+    for c in pf.COMMANDS:
+        (tmp_path / c).write_text("#!/bin/sh\n")
+        (tmp_path / c).chmod(0o755)
+    out = subprocess.run(list(pf.WHICH), capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin"}).stdout
+    assert pf.commands(out).ok, out
