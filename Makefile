@@ -24,7 +24,7 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "torch==2.13.0"
-	$(BIN)/pip install --quiet -e ".[train,dev]"
+	$(BIN)/pip install --quiet -e ".[train,dev,ui]"
 	touch $(STAMP)
 
 install: $(STAMP)

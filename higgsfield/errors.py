@@ -15,6 +15,7 @@
     ├── WheelError                  the nodes' higgsfield wheel could not be built or chosen
     ├── DeployError                 deploy could not ship the code or build the environment
     ├── CheckpointError             a checkpoint could not be saved or loaded (every rank alike)
+    ├── UIError                     ``higgsfield ui`` cannot serve (port taken or invalid, extra missing) (exit 2)
     └── RunError                    a run is unknown, failed to launch, or failed
         └── NodeLost                a followed run's log stream of one node could not be re-attached
 
@@ -87,6 +88,13 @@ class GroupError(HiggsfieldError):
 
 class RunError(HiggsfieldError):
     pass
+
+
+class UIError(HiggsfieldError):
+    """The dashboard cannot start: its port is taken or out of range, its host does not resolve, or the
+    ``ui`` extra (starlette, uvicorn) is not installed. The message says what to do."""
+
+    exit_code = 2
 
 
 class StepFailed(HiggsfieldError):
