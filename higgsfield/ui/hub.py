@@ -47,6 +47,7 @@ from higgsfield.workflows.ci_inputs import run_inputs
 from higgsfield.workflows.form import form_inputs
 
 COALESCE_S = 0.05
+FIND_WAIT_S = 3.0      # a run page opened right after a start elsewhere waits this long for the run to show
 SUBSCRIBER_BACKLOG = 64
 #: What of a node's record of a run reaches the page (never its command, pids or container details).
 NODE_FIELDS = ("state", "slots", "exit_code", "started_at", "ended_at", "reason", "exclusive", "nproc")
@@ -234,7 +235,28 @@ class Hub:
         plan = self.plan(experiment, values)
         handle = await orchestrator.launch(Group(self.group.members[:len(plan.nodes)]), self.cfg, plan,
                                            secrets=secrets.collect(self.cfg))
+        self._learn(handle.records)
         return {"run": handle.run, "nodes": handle.nodes}
+
+    def _learn(self, records: list[dict[str, Any]]) -> None:
+        """Records a node just answered (a start): known now, before its feed reports them."""
+        feeds = {f.state.name: f for f in self.feeds}
+        for rec in records:
+            f = feeds.get(str(rec.get("node")))
+            if f is not None and isinstance(rec.get("run"), str):
+                f.state.records.setdefault(rec["run"], rec)
+        self._changed("runs")
+
+    async def wait_for_run(self, run: str, timeout: float = FIND_WAIT_S) -> RunFeed:
+        """:meth:`run_feed`, allowing a run started elsewhere a moment to reach the feeds."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            try:
+                return self.run_feed(run)
+            except RunError:
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise
+            await asyncio.sleep(0.1)
 
 
 def _form_environ(exp: DiscoveredExperiment, values: Mapping[str, Any], total_nodes: int) -> dict[str, str]:

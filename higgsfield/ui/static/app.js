@@ -42,6 +42,7 @@ function dur(s) {
   return `${Math.floor(s / 3600)}h${pad(Math.floor(s / 60) % 60)}m`;
 }
 const bytes = (b) => b == null ? "–" : b >= 2 ** 40 ? `${(b / 2 ** 40).toFixed(1)} TiB` : `${(b / 2 ** 30).toFixed(1)} GiB`;
+const used = (u, t) => t == null ? "–" : t >= 2 ** 40 ? `${(u / 2 ** 40).toFixed(1)} / ${bytes(t)}` : `${(u / 2 ** 30).toFixed(1)} / ${bytes(t)}`;
 const pct = (x) => x == null ? "–" : `${Math.round(x)}%`;
 const params = (p) => Object.entries(p || {}).map(([k, v]) => `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`).join(" ");
 const who = (l) => `${l[0]}/${l[1] === NOTICE ? "higgsfield" : l[1] < 0 ? "launcher" : l[1]}`;
@@ -100,7 +101,7 @@ function renderRuns() {
     const failCell = el("td", {class: "failure"});
     if (fail) {
       failCell.append(el("div", {class: "fail-who", text: fail}));
-      const tail = (r.error_tail || []).slice(-3).join("\n") || r.reason || "";
+      const tail = (r.error_tail || []).slice(-2).join("\n") || r.reason || "";
       if (tail) failCell.append(el("pre", {class: "tail", text: tail}));
     }
     const actions = el("td", {class: "actions"});
@@ -244,7 +245,11 @@ function openRun(run) {
   src.addEventListener("meta", () => { S.lines = []; S.points = []; $("#log").replaceChildren(); });
   src.addEventListener("lines", (e) => onLines(JSON.parse(e.data)));
   src.addEventListener("points", (e) => onPoints(JSON.parse(e.data)));
-  src.addEventListener("error", (e) => { if (e.data) appendNotice(JSON.parse(e.data)); });
+  src.addEventListener("error", (e) => {
+    if (e.data) { appendNotice(JSON.parse(e.data)); return; }
+    // refused (an unknown run) or the server went away: the browser gives up on a non-200; try again
+    if (src.readyState === EventSource.CLOSED) setTimeout(() => { if (S.runSource === src) { S.run = null; openRun(run); } }, 2000);
+  });
   src.addEventListener("logs_end", () => appendNotice("(the run's logs ended)"));
   src.addEventListener("reset", () => { src.close(); if (S.run === run) { S.run = null; openRun(run); } });
 }
@@ -308,7 +313,7 @@ function onPoints(points) {
     if (!chart) {
       const box = el("div", {class: "chart", "data-curve": c.key}, el("div", {class: "chart-title", text: c.title}));
       $("#charts").append(box);
-      const width = Math.max(280, Math.floor(($("#charts").clientWidth - 24) / 3) - 12);
+      const width = Math.max(280, Math.floor(($("#charts").clientWidth - 24) / 3) - 14);   // 3 a row: gaps, padding
       const plot = new uPlot({width, height: 180, legend: {show: false}, cursor: {drag: {x: false, y: false}},
                               scales: {x: {time: false}},
                               axes: [{label: "step", size: 36}, {size: 60}],
@@ -365,9 +370,9 @@ function renderNodes() {
       const memPct = s.mem_total ? 100 * s.mem_used / s.mem_total : null;
       const diskPct = s.disk_total ? 100 * s.disk_used / s.disk_total : null;
       card.append(
-        meter("CPU", s.cpu_percent, `${pct(s.cpu_percent)} of ${s.cpu_count} core(s)`, hist.map((h) => h[1]), "#1971c2"),
-        meter("memory", memPct, `${bytes(s.mem_used)} / ${bytes(s.mem_total)}`, hist.map((h) => h[2]), "#2f9e44"),
-        meter("disk", diskPct, `${bytes(s.disk_used)} / ${bytes(s.disk_total)}`, null));
+        meter("CPU", s.cpu_percent, `${pct(s.cpu_percent)} of ${s.cpu_count} cores`, hist.map((h) => h[1]), "#1971c2"),
+        meter("memory", memPct, used(s.mem_used, s.mem_total), hist.map((h) => h[2]), "#2f9e44"),
+        meter("disk", diskPct, used(s.disk_used, s.disk_total), null));
       const gpus = s.gpus || [];
       if (gpus.length) {
         const t = el("table", {class: "gpus"}, el("tr", {}, ...["GPU", "util", "memory", "temp", ""].map((h) => el("th", {text: h}))));
