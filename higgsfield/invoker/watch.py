@@ -14,14 +14,17 @@ the full list again. ``queue`` is :func:`higgsfield.invoker.queue.describe` of t
 node's queue (who holds which slots, who waits, in order), sent when it changes.
 
 Records are checked every ``RECORDS_EVERY_S`` (a run's state shows within that), but
-cheaply: a finished run's record is read again only when its file changed (records
-are replaced whole, so a change is a new mtime); 200 finished runs cost one directory
-listing and one ``stat`` each per look.
+cheaply: each look stats the active runs' records only (and run directories whose
+record is not written yet); the finished runs' records are looked at when the runs
+directory changed (a run appeared or went) and every ``WHOLE_EVERY`` looks, and read
+again only when their file changed (records are replaced whole: a new mtime). A node
+with 200 finished runs costs a ``stat`` per look, and 200 every 5 s.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,12 +32,13 @@ from typing import Any
 
 from higgsfield.invoker import queue
 from higgsfield.invoker.placement import read_run_spec
-from higgsfield.invoker.records import RunDir, list_runs
+from higgsfield.invoker.records import RunDir
 from higgsfield.invoker.stats import Sampler
 from higgsfield.invoker.stop import refresh
 from higgsfield.runspec import TERMINAL
 
 RECORDS_EVERY_S = 0.5
+WHOLE_EVERY = 10        # every this many looks (5 s) the finished runs' records are looked at too
 
 
 class RunsWatch:
@@ -49,14 +53,36 @@ class RunsWatch:
         self._params: dict[str, Any] = {}
         self._queue_key: tuple[float, str] | None = None
         self._sent_once = False
+        self._tick = 0
+        self._root_mtime: float | None = None
+        self._dirs: list[str] = []
 
     def _root(self) -> Path:
         return self.state_dir / "runs" / self.project
 
+    def _names(self) -> tuple[list[str], bool]:
+        """The run directories to look at now, and whether this is a whole look (every run)."""
+        self._tick += 1
+        try:
+            root_mtime = self._root().stat().st_mtime
+        except OSError:
+            root_mtime = None
+        whole = (not self._sent_once or root_mtime != self._root_mtime or self._tick % WHOLE_EVERY == 0)
+        if whole:
+            self._root_mtime = root_mtime
+            try:
+                self._dirs = sorted(e.name for e in os.scandir(self._root()) if e.is_dir())
+            except OSError:
+                self._dirs = []
+            return self._dirs, True
+        # between whole looks: the active runs, and directories whose record was not written yet
+        return [n for n in self._dirs if n not in self._known or self._states.get(n) not in TERMINAL], False
+
     def changed(self) -> tuple[list[dict[str, Any]], bool] | None:
         """(records, full): every record the first time or after a run vanished, else the changed ones."""
-        rds = {rd.path.name: rd for rd in list_runs(self.state_dir, self.project)}
-        full = not self._sent_once or bool(set(self._known) - set(rds))
+        names, whole = self._names()
+        rds = {n: RunDir(self.state_dir, self.project, n) for n in names}
+        full = not self._sent_once or (whole and bool(set(self._known) - set(rds)))
         self._sent_once = True
         out: list[dict[str, Any]] = []
         for name, rd in rds.items():
@@ -66,9 +92,8 @@ class RunsWatch:
                 continue
             old = self._known.get(name)
             if old is not None and mtime == self._mtimes.get(name) and self._states.get(name) in TERMINAL:
-                if not full:
-                    continue
-                out.append(json.loads(old))
+                if full:
+                    out.append(json.loads(old))
                 continue
             try:
                 record = refresh(rd).to_dict()
@@ -83,9 +108,10 @@ class RunsWatch:
                 self._known[name] = text
                 self._states[name] = record["state"]
                 out.append(record)
-        for gone in set(self._known) - set(rds):
-            for d in (self._known, self._mtimes, self._states, self._params):
-                d.pop(gone, None)
+        if whole:
+            for gone in set(self._known) - set(rds):
+                for d in (self._known, self._mtimes, self._states, self._params):
+                    d.pop(gone, None)
         if not out and not full:
             return None
         return out, full

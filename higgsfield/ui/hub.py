@@ -69,6 +69,7 @@ class Hub:
         self.run_feeds: dict[str, RunFeed] = {}
         self._dirty: set[str] = set()
         self._flush: asyncio.TimerHandle | None = None
+        self._experiments: tuple[tuple[tuple[str, float], ...] | None, list[str]] = (None, [])
 
     # -- life -------------------------------------------------------------------
 
@@ -135,10 +136,19 @@ class Hub:
         return d
 
     def experiment_names(self) -> list[str]:
+        """The experiments under src/ (for "New run"), parsed again only when a file there changed."""
+        src = self.cfg.project_dir / "src"
         try:
-            return [e.name for e in discover(self.cfg.project_dir / "src")]
-        except Exception:  # noqa: BLE001 - a broken source file must not break the page; the form says why
-            return []
+            key = tuple(sorted((str(p), p.stat().st_mtime) for p in src.rglob("*.py")))
+        except OSError:
+            key = ()
+        if key != self._experiments[0]:
+            try:
+                names = [e.name for e in discover(src)]
+            except Exception:  # noqa: BLE001 - a broken source file must not break the page; the form says why
+                names = []
+            self._experiments = (key, names)
+        return list(self._experiments[1])
 
     # -- subscribers ----------------------------------------------------------------
 

@@ -418,6 +418,7 @@ function connect() {
   src.addEventListener("nodes", (e) => onNodes(JSON.parse(e.data)));
 }
 async function main() {
+  connect();   // the state stream and the session (the CSRF token) at once: the table paints sooner
   const r = await fetch("/api/session");
   if (!r.ok) { document.body.textContent = await r.text(); return; }
   const s = await r.json();
@@ -440,7 +441,6 @@ async function main() {
   $("#form-check").onclick = () => submitForm(true);
   $("#form-start").onclick = () => submitForm(false);
   window.addEventListener("hashchange", route);
-  connect();
   route();
 }
 main();
