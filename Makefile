@@ -70,6 +70,7 @@ bench: install
 	-$(BIN)/python bench/setup_fanout.py
 	-$(BIN)/python bench/launch_latency.py
 	-$(BIN)/python bench/log_stream.py
+	-$(BIN)/python bench/ui_dashboard.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -43,6 +43,14 @@ function dur(s) {
 }
 const bytes = (b) => b == null ? "–" : b >= 2 ** 40 ? `${(b / 2 ** 40).toFixed(1)} TiB` : `${(b / 2 ** 30).toFixed(1)} GiB`;
 const used = (u, t) => t == null ? "–" : t >= 2 ** 40 ? `${(u / 2 ** 40).toFixed(1)} / ${bytes(t)}` : `${(u / 2 ** 30).toFixed(1)} / ${bytes(t)}`;
+function si(v) {   // an axis label that fits: 1.2M, 350k, 0.003
+  if (v == null) return "";
+  const a = Math.abs(v);
+  if (a >= 1e9) return `${+(v / 1e9).toPrecision(3)}G`;
+  if (a >= 1e6) return `${+(v / 1e6).toPrecision(3)}M`;
+  if (a >= 1e4) return `${+(v / 1e3).toPrecision(3)}k`;
+  return a !== 0 && a < 1e-3 ? v.toExponential(1) : String(+v.toPrecision(4));
+}
 const pct = (x) => x == null ? "–" : `${Math.round(x)}%`;
 const params = (p) => Object.entries(p || {}).map(([k, v]) => `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`).join(" ");
 const who = (l) => `${l[0]}/${l[1] === NOTICE ? "higgsfield" : l[1] < 0 ? "launcher" : l[1]}`;
@@ -101,7 +109,7 @@ function renderRuns() {
     const failCell = el("td", {class: "failure"});
     if (fail) {
       failCell.append(el("div", {class: "fail-who", text: fail}));
-      const tail = (r.error_tail || []).slice(-2).join("\n") || r.reason || "";
+      const tail = (r.error_tail || []).slice(-1).join("\n") || r.reason || "";   // the run page has them all
       if (tail) failCell.append(el("pre", {class: "tail", text: tail}));
     }
     const actions = el("td", {class: "actions"});
@@ -109,7 +117,7 @@ function renderRuns() {
       actions.append(el("button", {class: "danger small kill", type: "button", text: "Kill", onclick: () => kill(r.run)}));
     actions.append(el("button", {class: "small rerun", type: "button", text: "Re-run", onclick: () => openForm(r.experiment, r.run)}));
     frag.append(el("tr", {"data-run": r.run, "data-state": r.state},
-      el("td", {}, el("a", {href: `#run/${encodeURIComponent(r.run)}`, text: r.run})),
+      el("td", {class: "run"}, el("a", {href: `#run/${encodeURIComponent(r.run)}`, text: r.run})),
       el("td", {text: r.experiment}),
       el("td", {}, stateBadge(r)),
       el("td", {class: "queue", text: queueText(r)}),
@@ -131,6 +139,7 @@ function fillSelect(sel, values, keepFirst = true) {
   if ([...sel.options].some((o) => o.value === cur)) sel.value = cur;
 }
 function onRuns(data) {
+  if (!S.runs.length && !performance.getEntriesByName("hf-runs").length) performance.mark("hf-runs");
   S.project = data.project;
   S.runs = data.runs;
   S.experiments = data.experiments;
@@ -139,6 +148,7 @@ function onRuns(data) {
   fillSelect($("#new-exp"), S.experiments, false);
   if (S.view === "runs") renderRuns();
   if (S.run) renderRunHead();
+  if (!performance.getEntriesByName("hf-runs-painted").length) performance.mark("hf-runs-painted");   // bench/ui_dashboard.py
 }
 setInterval(() => {   // running durations tick on the page, between events
   const now = Date.now() / 1000;
@@ -299,9 +309,23 @@ const CURVES = [
   {key: "mfu", title: "MFU %", color: "#9c36b5", scale: 100},
   {key: "peak_memory_gib", title: "memory GiB", color: "#e67700"},
 ];
+/* uPlot is loaded on the first run page only: the runs table paints without parsing it */
+let uplotReady = null;
+function loadUPlot() {
+  if (!uplotReady) {
+    uplotReady = new Promise((resolve, reject) => {
+      const css = el("link", {rel: "stylesheet", href: "/static/vendor/uPlot.min.css"});
+      const js = el("script", {src: "/static/vendor/uPlot.iife.min.js"});
+      js.onload = resolve; js.onerror = reject;
+      document.head.append(css, js);
+    });
+  }
+  return uplotReady;
+}
 function destroyCharts() { for (const c of S.charts) c.plot.destroy(); S.charts = []; $("#charts").replaceChildren(); }
 function onPoints(points) {
   for (const p of points) S.points.push(p);
+  if (typeof uPlot === "undefined") { loadUPlot().then(() => onPoints([])); updatePointsLabel(); return; }
   const byStep = new Map();
   for (const p of S.points) byStep.set(p.step, p);   // a restarted worker repeats steps: the last one counts
   const steps = [...byStep.keys()].sort((a, b) => a - b);
@@ -316,7 +340,7 @@ function onPoints(points) {
       const width = Math.max(280, Math.floor(($("#charts").clientWidth - 24) / 3) - 14);   // 3 a row: gaps, padding
       const plot = new uPlot({width, height: 180, legend: {show: false}, cursor: {drag: {x: false, y: false}},
                               scales: {x: {time: false}},
-                              axes: [{label: "step", size: 36}, {size: 60}],
+                              axes: [{label: "step", size: 36}, {size: 56, values: (u, vals) => vals.map(si)}],
                               series: [{}, {stroke: c.color, width: 2, spanGaps: true}]}, [[], []], box);
       chart = {key: c.key, plot, box};
       S.charts.push(chart);
