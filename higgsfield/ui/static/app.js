@@ -246,7 +246,8 @@ function renderRunHead() {
 }
 function openRun(run) {
   if (S.runSource) { S.runSource.close(); S.runSource = null; }
-  S.run = run; S.lines = []; S.shown = 0; S.points = [];
+  S.run = run; S.lines = []; S.shown = 0; S.points = []; S.drawn = false;
+  if (S.drawTimer) { clearTimeout(S.drawTimer); S.drawTimer = null; }
   $("#log").replaceChildren(); destroyCharts(); updatePointsLabel();
   if (!run) return;
   renderRunHead();
@@ -323,9 +324,14 @@ function loadUPlot() {
   return uplotReady;
 }
 function destroyCharts() { for (const c of S.charts) c.plot.destroy(); S.charts = []; $("#charts").replaceChildren(); }
+const DRAW_EVERY_MS = 250;   // a run that steps 50 times a second redraws its curves 4 times a second
 function onPoints(points) {
   for (const p of points) S.points.push(p);
-  if (typeof uPlot === "undefined") { loadUPlot().then(() => onPoints([])); updatePointsLabel(); return; }
+  if (!S.drawTimer) S.drawTimer = setTimeout(drawCurves, S.drawn ? DRAW_EVERY_MS : 0);
+}
+function drawCurves() {
+  S.drawTimer = null; S.drawn = true;
+  if (typeof uPlot === "undefined") { loadUPlot().then(drawCurves); updatePointsLabel(); return; }
   const byStep = new Map();
   for (const p of S.points) byStep.set(p.step, p);   // a restarted worker repeats steps: the last one counts
   const steps = [...byStep.keys()].sort((a, b) => a - b);
