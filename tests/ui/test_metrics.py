@@ -105,3 +105,24 @@ def test_a_machine_sample(tmp_path: Path) -> None:
     assert 0 <= d["cpu_percent"] <= 100 and d["cpu_count"] >= 1
     assert 0 < d["mem_used"] <= d["mem_total"] and 0 < d["disk_used"] <= d["disk_total"]
     assert isinstance(d["gpus"], list)
+
+
+def test_wandb_gets_the_steps_only_where_the_user_started_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    import sys
+    import types
+
+    from higgsfield.training import MetricsLog
+
+    logged: list[tuple[dict[str, float], int]] = []
+    fake = types.SimpleNamespace(run=None, log=lambda d, step: logged.append((d, step)))
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.setenv("RANK", "0")
+    log = MetricsLog(tmp_path / METRICS_FILE)
+    log.write(StepMetrics(step=1, loss=2.0, tokens_per_s=10.0, step_time_s=0.1))
+    assert logged == []                                   # imported but no wandb.init: nothing sent
+    fake.run = object()
+    log.write(StepMetrics(step=2, loss=1.5, tokens_per_s=10.0, step_time_s=0.1, lr=0.1))
+    log.close()
+    assert logged == [({"loss": 1.5, "tokens_per_s": 10.0, "step_time_s": 0.1, "lr": 0.1}, 2)]
+    assert [m.step for m in parse_lines((tmp_path / METRICS_FILE).read_text().splitlines())] == [1, 2]

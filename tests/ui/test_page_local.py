@@ -92,6 +92,17 @@ def test_a_run_from_the_form_trains_live_and_metrics_agree(page: Any, project: P
     wait_for(lambda: int(pts.get_attribute("data-points")) > first, 20, "the loss curve to gain points")
     assert page.locator('.chart[data-curve="loss"] canvas').count() == 1
     shoot(page, "run", tmp_path)
+    # filter by rank, search, pause
+    page.select_option("#l-rank", "1")
+    whos = page.locator("#log .line .who").all_inner_texts()
+    assert whos and set(whos) == {"localhost/1"}, whos
+    page.fill("#l-search", "step 3 loss")
+    expect(page.locator("#log .line")).to_have_count(1)
+    page.select_option("#l-rank", "")
+    page.fill("#l-search", "")
+    page.click("#l-follow")
+    expect(page.locator("#l-count")).to_contain_text("paused")
+    page.click("#l-follow")
     expect(page.locator("#run-state")).to_have_text("succeeded", timeout=60000)
     expect(page.locator("#points")).to_have_attribute("data-points", "40", timeout=20000)
     # the terminal shows the same steps
