@@ -13,6 +13,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +29,10 @@ from runs_helpers import SECRET, STATE, containers, run_processes  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.sshd, pytest.mark.docker, pytest.mark.timeout(600)]
 NODES = [f"hfnode{i}" for i in INDICES]
+# The hosts keep earlier sessions' runs of project hfui, and a run name used again resumes that run:
+# this session's names are its own.
+SUFFIX = secrets.token_hex(2)
+BLOCK, MAIN, KILL, FAIL, TWO = (f"ui-{n}-{SUFFIX}" for n in ("block", "main", "kill", "fail", "two"))
 TICK = re.compile(r"tick (\d+\.\d+) rank (\d+)")
 
 
@@ -78,25 +83,25 @@ def test_without_the_token_or_csrf_nothing_and_no_secret_ever(ui: Dashboard, ui_
 def test_a_waiting_run_shows_its_place_then_runs_to_success_live(page: Any, browser: Any, ui: Dashboard,
                                                                  ui_cluster: Any, tmp_path: Path) -> None:
     c = ui_cluster
-    c.hf("run", "ticker", "-p", "gate=open", "--exclusive", "--run-name", "ui-block", "--detach", check=True)
-    c.hf("run", "ticker", "-p", "steps=30", "-p", "every=0.25", "--run-name", "ui-main", "--detach", check=True)
-    expect(row(page, "ui-block").locator(".state")).to_have_text("running", timeout=60000)
-    expect(row(page, "ui-main").locator(".state")).to_have_text("queued", timeout=30000)
-    expect(row(page, "ui-main").locator(".queue")).to_have_text("#1 waiting")
+    c.hf("run", "ticker", "-p", "gate=open", "--exclusive", "--run-name", BLOCK, "--detach", check=True)
+    c.hf("run", "ticker", "-p", "steps=30", "-p", "every=0.25", "--run-name", MAIN, "--detach", check=True)
+    expect(row(page, BLOCK).locator(".state")).to_have_text("running", timeout=60000)
+    expect(row(page, MAIN).locator(".state")).to_have_text("queued", timeout=30000)
+    expect(row(page, MAIN).locator(".queue")).to_have_text("#1 waiting")
     shoot(page, "runs-queue", tmp_path)
 
-    run_page = open_page(browser, ui, "#run/ui-main")
+    run_page = open_page(browser, ui, f"#run/{MAIN}")
     try:
         expect(run_page.locator("#run-state")).to_have_text("queued", timeout=15000)
-        states = [row(page, "ui-main").get_attribute("data-state")]
+        states = [row(page, MAIN).get_attribute("data-state")]
         for i in INDICES:   # the blocker ends; ui-main starts by itself
-            (run_dir(i, "ui-block") / "open").touch()
+            (run_dir(i, BLOCK) / "open").touch()
         latencies: list[float] = []
         counts: list[int] = []
         seen: set[tuple[str, str]] = set()
         deadline = time.monotonic() + 180
         while states[-1] != "succeeded" and time.monotonic() < deadline:
-            s = row(page, "ui-main").get_attribute("data-state")
+            s = row(page, MAIN).get_attribute("data-state")
             if s != states[-1]:
                 states.append(s)
             lines = run_page.evaluate("[...document.querySelectorAll('#log .line')].slice(-12).map(e => e.textContent)")
@@ -126,24 +131,24 @@ def test_a_waiting_run_shows_its_place_then_runs_to_success_live(page: Any, brow
 
 
 def test_kill_from_the_page_stops_the_run_on_every_node(page: Any, ui_cluster: Any) -> None:
-    ui_cluster.hf("run", "ticker", "-p", "gate=never", "--run-name", "ui-kill", "--detach", check=True)
-    r = row(page, "ui-kill")
+    ui_cluster.hf("run", "ticker", "-p", "gate=never", "--run-name", KILL, "--detach", check=True)
+    r = row(page, KILL)
     expect(r.locator(".state")).to_have_text("running", timeout=60000)
-    wait_for(lambda: all(run_processes(run_dir(i, "ui-kill")) for i in INDICES), 30, "every node's workers")
+    wait_for(lambda: all(run_processes(run_dir(i, KILL)) for i in INDICES), 30, "every node's workers")
     t0 = time.monotonic()
     r.locator(".kill").click()
     expect(r.locator(".state")).to_have_text("killed", timeout=20000)
-    wait_for(lambda: not any(run_processes(run_dir(i, "ui-kill")) for i in INDICES) and not containers("ui-kill"),
-             15, "nothing of ui-kill left on any node")
+    wait_for(lambda: not any(run_processes(run_dir(i, KILL)) for i in INDICES) and not containers(KILL),
+             15, "nothing of the run left on any node")
     print(f"kill from the page to nothing left: {time.monotonic() - t0:.2f}s")
     for i in INDICES:
-        assert json.loads((run_dir(i, "ui-kill") / "run.json").read_text())["state"] == "killed"
+        assert json.loads((run_dir(i, KILL) / "run.json").read_text())["state"] == "killed"
 
 
 def test_a_failed_run_shows_its_node_and_rank(page: Any, ui_cluster: Any) -> None:
-    ui_cluster.hf("run", "ticker", "-p", "steps=40", "-p", "fail_rank=2", "--run-name", "ui-fail", "--detach",
+    ui_cluster.hf("run", "ticker", "-p", "steps=40", "-p", "fail_rank=2", "--run-name", FAIL, "--detach",
                   check=True)
-    r = row(page, "ui-fail")
+    r = row(page, FAIL)
     expect(r.locator(".state")).to_have_text("failed", timeout=90000)
     expect(r.locator(".failure")).to_contain_text(f"{NODES[2]} rank 2")
     expect(r.locator(".failure")).to_contain_text("ticker failure on rank 2")
@@ -163,10 +168,10 @@ def test_the_page_works_with_a_node_down(page: Any, ui_bed: Any, ui_cluster: Any
             expect(page.locator(f'.node[data-node="{name}"] .node-state')).to_have_text("up")
         shoot(page, "nodes", tmp_path)
         page.evaluate("location.hash = '#runs'")
-        expect(row(page, "ui-main").locator(".state")).to_have_text("succeeded")   # last known, still listed
-        ui_cluster.hf("run", "ticker", "-p", "steps=4", "--nodes", "2", "--run-name", "ui-two", "--detach",
+        expect(row(page, MAIN).locator(".state")).to_have_text("succeeded")   # last known, still listed
+        ui_cluster.hf("run", "ticker", "-p", "steps=4", "--nodes", "2", "--run-name", TWO, "--detach",
                       check=True)
-        expect(row(page, "ui-two").locator(".state")).to_have_text("succeeded", timeout=90000)
+        expect(row(page, TWO).locator(".state")).to_have_text("succeeded", timeout=90000)
         shoot(page, "runs", tmp_path)
     finally:
         ui_bed.start_host(victim)
