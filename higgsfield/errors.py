@@ -15,7 +15,8 @@
     ├── WheelError                  the nodes' higgsfield wheel could not be built or chosen
     ├── DeployError                 deploy could not ship the code or build the environment
     ├── CheckpointError             a checkpoint could not be saved or loaded (every rank alike)
-    └── RunError                    a run failed to launch, or failed
+    ├── UIError                     ``higgsfield ui`` cannot serve (port taken or invalid, extra missing) (exit 2)
+    └── RunError                    a run is unknown, failed to launch, or failed
         ├── NoSuchRun               no run or experiment has the name given (exit 2: the user's to fix)
         └── NodeLost                a followed run's log stream of one node could not be re-attached
 
@@ -92,6 +93,13 @@ class RunError(HiggsfieldError):
 
 class NoSuchRun(RunError):
     """A run or experiment name that names no run: a mistyped argument, like any bad input."""
+
+    exit_code = 2
+
+
+class UIError(HiggsfieldError):
+    """The dashboard cannot start: its port is taken or out of range, its host does not resolve, or the
+    ``ui`` extra (starlette, uvicorn) is not installed. The message says what to do."""
 
     exit_code = 2
 

@@ -5,13 +5,17 @@ parameters::
 
     from higgsfield.training import clip_grad_norm, StepTimer
 
-    timer = StepTimer(model.flops_per_token(seq_len))   # MFU on GPU; tokens/s everywhere
+    timer = StepTimer(model.flops_per_token(seq_len), optimizer=optimizer)   # MFU on GPU; tokens/s, lr
     for step, batch in loader.iterate(start, max_steps):
         loss = model(batch)
         model.backward(loss, scaler)                    # scaler: model.grad_scaler() (fp16 only)
         norm = clip_grad_norm(model, optimizer, 1.0, scaler)
         model.step(optimizer, scaler)
-        print(timer.step(step, loss, int(batch["num_tokens"])))   # loss | tok/s | mfu | mem
+        print(timer.step(step, loss, int(batch["num_tokens"])))   # loss | tok/s | lr | mfu | mem
+
+Every ``timer.step`` on rank 0 of a run started by higgsfield also appends its
+:class:`~higgsfield.metrics.StepMetrics` as a JSON line to ``RUN_DIR/metrics.jsonl``
+(:class:`MetricsLog`): what ``higgsfield metrics RUN`` prints and the dashboard plots.
 
 Why our own scaler: ``torch.amp.GradScaler`` checks for inf/nan only in the
 gradient shard a rank holds, so with sharded gradients one rank can skip a step
@@ -26,15 +30,18 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from higgsfield.metrics import METRICS_FILE, RUN_DIR_ENV, StepMetrics
+
 __all__ = ["init_distributed", "device", "clip_grad_norm", "GradScaler", "StepTimer", "StepMetrics",
-           "is_rank0", "rank", "world_size"]
+           "MetricsLog", "is_rank0", "rank", "world_size"]
 
 
 def init_distributed() -> None:
@@ -183,26 +190,6 @@ def clip_grad_norm(model: Any, optimizer: torch.optim.Optimizer, max_norm: float
     return norm.detach()
 
 
-@dataclass
-class StepMetrics:
-    """What one optimizer step did. ``mfu`` and ``peak_memory_gib`` are None on CPU."""
-
-    step: int
-    loss: float
-    tokens_per_s: float
-    step_time_s: float
-    mfu: float | None = None
-    peak_memory_gib: float | None = None
-
-    def __str__(self) -> str:
-        s = f"step {self.step:6d} | loss {self.loss:.4f} | {self.tokens_per_s:,.0f} tok/s"
-        if self.mfu is not None:
-            s += f" | mfu {100 * self.mfu:.1f}%"
-        if self.peak_memory_gib is not None:
-            s += f" | mem {self.peak_memory_gib:.1f} GiB"
-        return s
-
-
 #: Peak dense bf16 FLOP/s per GPU, for MFU; matched on the device name.
 _PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A10": 125e12, "L40": 181e12, "4090": 165e12}
 
@@ -217,18 +204,84 @@ def _peak_flops() -> float | None:
     return None
 
 
-class StepTimer:
-    """Tokens/s (over all ranks), MFU and peak memory per step.
+class MetricsLog:
+    """Where rank 0's step metrics go: one JSON line per step in ``RUN_DIR/metrics.jsonl``.
 
-    ``flops_per_token`` is ``6 * parameters`` (plus attention) for training;
-    :meth:`higgsfield.llama.Llama.flops_per_token` computes it.
+    ``path`` defaults to the run's directory (``HIGGSFIELD_RUN_DIR``, set for every rank of a
+    run that higgsfield started); outside such a run (``python train.py``) nothing is
+    written unless a ``path`` is given. Only rank 0 writes: every rank computes the same
+    global figures. The file is appended (a restarted worker continues it) and private
+    to the node user (0600), like the run's logs.
+
+    Exports, only where the user already has them (neither is required): when the
+    ``wandb`` module is imported and ``wandb.init`` ran, each step is also
+    ``wandb.log``-ged; with ``tensorboard_dir`` (and the ``tensorboard`` package) the
+    figures go to a TensorBoard ``SummaryWriter`` there too.
     """
 
-    def __init__(self, flops_per_token: float | None = None) -> None:
+    def __init__(self, path: str | Path | None = None, *, tensorboard_dir: str | Path | None = None) -> None:
+        if path is None and os.environ.get(RUN_DIR_ENV):
+            path = Path(os.environ[RUN_DIR_ENV]) / METRICS_FILE
+        self.path = Path(path) if path is not None else None
+        self.tensorboard_dir = tensorboard_dir
+        self._fd: int | None = None
+        self._tb: Any = None
+
+    def write(self, m: StepMetrics) -> None:
+        if not _env_rank0():
+            return
+        if self.path is not None:
+            if self._fd is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            os.write(self._fd, (m.to_json() + "\n").encode())   # one write: a reader never sees half a line
+        self._export(m)
+
+    def _export(self, m: StepMetrics) -> None:
+        scalars = {k: v for k, v in m.to_dict().items() if k not in ("step", "time") and v is not None}
+        wandb = sys.modules.get("wandb")
+        if wandb is not None and getattr(wandb, "run", None) is not None:
+            wandb.log(scalars, step=m.step)
+        if self.tensorboard_dir is not None:
+            if self._tb is None:
+                from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+
+                self._tb = SummaryWriter(str(self.tensorboard_dir))
+            for k, v in scalars.items():
+                self._tb.add_scalar(k, v, m.step)
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def _env_rank0() -> bool:
+    """Rank 0 of the job, also before (or without) a process group."""
+    return rank() == 0 if dist.is_initialized() else os.environ.get("RANK", "0") == "0"
+
+
+class StepTimer:
+    """Tokens/s (over all ranks), MFU and peak memory per step, logged to ``log`` (rank 0).
+
+    ``flops_per_token`` is ``6 * parameters`` (plus attention) for training;
+    :meth:`higgsfield.llama.Llama.flops_per_token` computes it. With ``optimizer`` each
+    step records its learning rate (the first param group's; ``step(lr=...)`` overrides).
+    ``log`` defaults to a :class:`MetricsLog` of the run's directory (nothing outside a
+    higgsfield run); ``log=None`` writes nothing.
+    """
+
+    def __init__(self, flops_per_token: float | None = None, *, optimizer: Any = None,
+                 log: MetricsLog | None | bool = True) -> None:
         self.flops_per_token = flops_per_token
+        self.optimizer = optimizer
+        self.log = MetricsLog() if log is True else (log or None)
         self._last = time.perf_counter()
 
-    def step(self, step: int, loss: float | torch.Tensor, tokens: int) -> StepMetrics:
+    def step(self, step: int, loss: float | torch.Tensor, tokens: int, *, lr: float | None = None) -> StepMetrics:
         """Close the step; ``tokens`` is this rank's token count (multiplied by the world size)."""
         if torch.cuda.is_available():
             torch.cuda.synchronize()
@@ -244,5 +297,12 @@ class StepTimer:
         if torch.cuda.is_available():
             mem = torch.cuda.max_memory_allocated() / 2**30
         value = float(loss.item() if isinstance(loss, torch.Tensor) else loss)
-        return StepMetrics(step=step, loss=value if math.isfinite(value) else float("nan"),
-                           tokens_per_s=tps, step_time_s=dt, mfu=mfu, peak_memory_gib=mem)
+        if lr is None and self.optimizer is not None:
+            groups = getattr(self.optimizer, "param_groups", None)
+            lr = float(groups[0]["lr"]) if groups else None
+        m = StepMetrics(step=step, loss=value if math.isfinite(value) else float("nan"),
+                        tokens_per_s=tps, step_time_s=dt, mfu=mfu, peak_memory_gib=mem,
+                        lr=None if lr is None else float(lr))
+        if self.log is not None:
+            self.log.write(m)
+        return m

@@ -66,7 +66,7 @@ def train(params) -> None:
         optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total))))
     ckpt = Checkpoint(model, optimizer, scheduler, scaler, every=params.checkpoint_every, keep_last=2)
     start = ckpt.load_latest(loader)
-    timer = StepTimer(model.flops_per_token(params.max_sequence_length))
+    timer = StepTimer(model.flops_per_token(params.max_sequence_length), optimizer=optimizer)
 
     for step, batch in loader.iterate(start, max_steps=total):
         loss = model(batch)
@@ -76,7 +76,7 @@ def train(params) -> None:
         scheduler.step()
         metrics = timer.step(step, loss, int(batch["num_tokens"]))
         if params.rank == 0 and step % 10 == 0:
-            print(f"{metrics} | lr {scheduler.get_last_lr()[0]:.2e} | epoch {step // len(loader)}", flush=True)
+            print(f"{metrics} | epoch {step // len(loader)}", flush=True)   # metrics carry the lr
         ckpt.maybe_save(step, loader)
 
     if total % params.checkpoint_every:

@@ -24,6 +24,8 @@ def regression(params):
     import torch
     import torch.distributed as dist
 
+    from higgsfield.training import StepTimer
+
     distributed = params.world_size > 1
     if distributed and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
@@ -32,6 +34,7 @@ def regression(params):
     y = 3 * x - 1
     model = torch.nn.Linear(1, 1)
     opt = torch.optim.SGD(model.parameters(), lr=params.lr)
+    timer = StepTimer(optimizer=opt)   # rank 0 writes each step to RUN_DIR/metrics.jsonl (higgsfield metrics, ui)
     for step in range(1, params.steps + 1):
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
@@ -45,6 +48,7 @@ def regression(params):
         opt.step()
         if step == 3 and params.rank == params.fail_on_rank:
             raise RuntimeError(f"failure drill on rank {params.rank}")
+        timer.step(step, loss, len(x))
         print(f"step {step} loss {loss.item():.4f}", flush=True)
         if params.step_sleep:
             time.sleep(params.step_sleep)

@@ -123,7 +123,7 @@ def train(params) -> None:
         print(f"tiny_llama: {world} ranks, engine={params.engine}, precision={params.precision}, "
               f"steps {start}..{params.steps}, checkpoints in {ckpt.directory}", flush=True)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    timer = StepTimer()
+    timer = StepTimer(optimizer=optimizer)   # rank 0 also writes RUN_DIR/metrics.jsonl (higgsfield metrics, ui)
     for step, batch in loader.iterate(start, max_steps=params.steps):
         if step == params.crash_at and attempt == 0 and params.rank == world - 1:
             os._exit(17)  # a worker dies without cleanup, as on a real crash

@@ -28,6 +28,7 @@ CONFIG = ROOT / ".importlinter"
 PLANTED = {
     "layers": ("higgsfield/remote/base.py", "def _planted() -> None:\n    from higgsfield import orchestrator\n"),
     "cli-on-top": ("higgsfield/ports.py", "def _planted() -> None:\n    import higgsfield.cli\n"),
+    "ui-on-top": ("higgsfield/invoker/stats.py", "def _planted() -> None:\n    import starlette\n"),
     "node-side": ("higgsfield/training.py", "def _planted() -> None:\n    from higgsfield.remote import base\n"),
     "no-torch-on-the-control-side": ("higgsfield/config/schema.py", "def _planted() -> None:\n    import torch\n"),
     "control-side-apart-from-node-side": ("higgsfield/doctor.py",

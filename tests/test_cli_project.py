@@ -301,13 +301,15 @@ try:
     main({argv!r})
 except SystemExit:
     pass
-heavy = [m for m in ("torch", "pydantic", "rich", "asyncssh", "yaml", "jinja2", "docker") if m in sys.modules]
+heavy = [m for m in ("torch", "pydantic", "rich", "asyncssh", "yaml", "jinja2", "docker", "starlette", "uvicorn",
+                     "higgsfield.ui") if m in sys.modules]
 print("HEAVY", heavy)
 """
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["init", "--help"], ["config", "--help"], ["config", "check", "--help"],
-                                  ["show-deploy-key", "--help"], ["--version"]])
+                                  ["show-deploy-key", "--help"], ["--version"], ["ui", "--help"],
+                                  ["metrics", "--help"]])
 def test_help_imports_nothing_heavy(tmp_path: Path, argv: list[str]) -> None:
     code = HELP_PROBE.format(argv=argv)
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=cli_env(tmp_path / "h"),

@@ -79,6 +79,16 @@ def test_wheel_holds_every_package(installed: tuple[Path, Path]) -> None:
     assert not sorted(modules - names), "a module of a listed package is not in the wheel"
 
 
+def test_wheel_holds_the_dashboard(installed: tuple[Path, Path]) -> None:
+    wheel, _ = installed
+    names = set(zipfile.ZipFile(wheel).namelist())
+    static = {p.relative_to(REPO / "higgsfield").as_posix() for p in (REPO / "higgsfield/ui/static").rglob("*")
+              if p.is_file()}
+    assert {"ui/static/index.html", "ui/static/app.js", "ui/static/vendor/uPlot.iife.min.js"} <= static
+    assert {f"higgsfield/{p}" for p in static} <= names
+    assert "higgsfield/ui/app.py" in names and "higgsfield/metrics.py" in names
+
+
 def test_installed_package_is_the_wheel(installed: tuple[Path, Path], tmp_path: Path) -> None:
     _, venv = installed
     out = _run([str(venv / "bin" / "python"), "-c", "import higgsfield, higgsfield.templates as t; "
@@ -104,7 +114,8 @@ def test_init_renders_from_the_installed_wheel(installed: tuple[Path, Path], tmp
 def test_help_imports_no_torch_from_the_wheel(installed: tuple[Path, Path], tmp_path: Path) -> None:
     _, venv = installed
     code = ("import sys\nfrom higgsfield.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n"
-            "    pass\nprint('LOADED', sorted(m for m in ('torch', 'pydantic', 'rich', 'asyncssh') "
+            "    pass\nprint('LOADED', sorted(m for m in ('torch', 'pydantic', 'rich', 'asyncssh', 'starlette', "
+            "'uvicorn', 'higgsfield.ui') "
             "if m in sys.modules))\n")
     out = _run([str(venv / "bin" / "python"), "-c", code], cwd=tmp_path, env=cli_env(tmp_path / "h")).stdout
     assert "Usage: higgsfield" in out

@@ -35,6 +35,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "logs": ("higgsfield.cli.runs", "logs", "Show the merged logs of a run (-f to follow)."),
     "status": ("higgsfield.cli.runs", "status", "List runs and their state on every node."),
     "kill": ("higgsfield.cli.runs", "kill", "Stop a run on every node."),
+    "metrics": ("higgsfield.cli.ui", "metrics", "Show a run's step metrics: loss, tokens/s, lr, MFU, memory."),
+    "ui": ("higgsfield.cli.ui", "ui", "Serve the live web dashboard of runs, queue, nodes, logs and curves."),
     "ci": ("higgsfield.cli.ci", "ci", "Commands the generated GitHub Actions jobs run."),
     "invoker": ("higgsfield.cli.invoker", "invoker", "Node-side agent (used over SSH)."),
 }
@@ -99,6 +101,7 @@ def cli(ctx: click.Context, debug: bool, config_path: str | None) -> None:
     higgsfield build-experiments     GitHub Actions forms for your @experiments
     higgsfield run NAME -p k=v       train on every node, logs streamed here
     higgsfield logs NAME -f | status | kill NAME
+    higgsfield ui                    the live dashboard in your browser
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug

@@ -209,3 +209,11 @@ def kill(ctx: click.Context, project: str, run_name: str | None, target: str | N
         return
     _emit(_kill(_state(ctx), project, run_name, grace=grace).to_dict())
 
+
+
+# The dashboard's node-side feeds (higgsfield/cli/invoker_views.py): stats | metrics.
+from higgsfield.cli.invoker_views import metrics as _metrics  # noqa: E402
+from higgsfield.cli.invoker_views import stats as _stats  # noqa: E402
+
+invoker.add_command(_stats)
+invoker.add_command(_metrics)

@@ -15,7 +15,8 @@ from pathlib import Path
 from .base import SSHD, TestbedError, exe, log
 from .procs import run
 
-APT_PACKAGES = ["docker.io", "openssh-server", "sudo", "debootstrap"]
+# chromium: the dashboard's browser tests (tests/ui) drive Debian's build headless through Playwright
+APT_PACKAGES = ["docker.io", "openssh-server", "sudo", "debootstrap", "chromium"]
 
 # what each package must provide; a package counts as missing if its binary is
 PACKAGE_BINARIES = {
@@ -23,6 +24,7 @@ PACKAGE_BINARIES = {
     "openssh-server": SSHD,
     "sudo": "/usr/bin/sudo",
     "debootstrap": "/usr/sbin/debootstrap",
+    "chromium": "/usr/lib/chromium/chromium",
 }
 
 APT_WAIT_S = 30 * 60

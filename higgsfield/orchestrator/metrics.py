@@ -1,0 +1,55 @@
+"""A run's step metrics, read from its node 0 (where rank 0 writes ``metrics.jsonl``).
+
+Used by ``higgsfield metrics RUN`` and by the dashboard's training curves: both read
+them through node 0's ``higgsfield invoker metrics`` over a connection they hold, so
+the terminal and the page show the same figures.
+
+Use::
+
+    async with connect(cfg) as group:
+        status = await find_run(group, cfg, "tiny_llama")
+        async for m in read_metrics(group, cfg, status, follow=True):
+            ...   # StepMetrics, in the order written; None: a heartbeat (the run is quiet)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+from higgsfield.config import Config
+from higgsfield.errors import RunError
+from higgsfield.metrics import StepMetrics
+from higgsfield.remote import Group
+from higgsfield.remote.invoker import invoker_argv
+from higgsfield.runspec import RunStatus
+
+HEARTBEAT_S = 5.0
+
+
+def metrics_node(status: RunStatus) -> str:
+    """The node that holds the run's metrics: its node 0 (rank 0's)."""
+    if not status.nodes:
+        raise RunError(f"run '{status.run}' has no nodes")
+    return next(iter(status.nodes))
+
+
+async def read_metrics(group: Group, cfg: Config, status: RunStatus, *, follow: bool = False,
+                       skip: int = 0) -> AsyncIterator[StepMetrics | None]:
+    """The run's metrics from its node 0 (a member of ``group``); with ``follow`` until the run ends."""
+    node = metrics_node(status)
+    member = next((m for m in group.members if m.name == node), None)
+    if member is None:
+        raise RunError(f"run '{status.run}': its node 0 ({node}) is not among the connected nodes")
+    t = member.transport
+    args = ["metrics", "--project", cfg.name, "--run", status.run, "--skip", str(skip)]
+    if follow:
+        args += ["--follow", "--heartbeat", f"{HEARTBEAT_S:g}"]
+    async for raw in t.stream([*invoker_argv(cfg, cfg.node(t.node)), *args]):
+        if raw == "#hb":
+            yield None
+            continue
+        try:
+            yield StepMetrics.from_dict(json.loads(raw))
+        except ValueError:
+            continue

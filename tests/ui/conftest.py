@@ -1,0 +1,128 @@
+"""Fixtures of the dashboard's browser tests: Debian's Chromium through Playwright, and a real ``higgsfield ui``.
+
+- ``browser``: headless Chromium (``/usr/lib/chromium/chromium``, installed by the
+  test bed's apt step or ``make chromium``; never ``playwright install``), one per session.
+- ``ui_bed`` / ``ui_cluster``: the test bed with the dashboard's own hosts hfnode15..17, and
+  the project ``hfui`` on them (``make_cluster`` of tests/runs, deployed once).
+- :func:`start_dashboard`: ``higgsfield ui --port 0 --no-browser`` in a project, as a
+  user starts it (a subprocess; the URL read from its stdout), stopped with SIGINT.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+RUNS = HERE.parent / "runs"
+sys.path.insert(0, str(RUNS))  # runs_helpers (tests/ has no packages), as tests/faults does
+
+from ui_helpers import INDICES  # noqa: E402
+
+CHROMIUM = "/usr/lib/chromium/chromium"
+
+
+def chromium_path() -> str:
+    path = os.environ.get("CHROMIUM") or (CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"))
+    if not path or not Path(path).exists():
+        pytest.fail("no Chromium: apt-get install -y chromium (make chromium does it), or set CHROMIUM=")
+    return path
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+# -- the test bed: three hosts of the dashboard's own ---------------------------------------------
+
+TICKER = '''\
+"""Prints 'tick UNIX-TIME' every ``every`` seconds on every rank (the page's log latency) and writes a step's
+metrics each time (the loss curve); with ``gate`` it runs until RUN_DIR/<gate> exists; ``fail_rank`` fails
+that rank at step 3."""
+import os
+import time
+from pathlib import Path
+
+from higgsfield.experiment import experiment, param
+
+
+@experiment("ticker")
+@param("steps", default=20)
+@param("every", default=0.25)
+@param("gate", default="")
+@param("fail_rank", default=-1)
+def ticker(params):
+    from higgsfield.training import StepTimer
+
+    timer = StepTimer()
+    gate = Path(os.environ["HIGGSFIELD_RUN_DIR"]) / params.gate if params.gate else None
+    step = 0
+    while (not gate.exists()) if gate is not None else step < params.steps:
+        step += 1
+        if params.rank == params.fail_rank and step == 3:
+            raise RuntimeError(f"ticker failure on rank {params.rank}")
+        print(f"tick {time.time():.3f} rank {params.rank} step {step}", flush=True)
+        timer.step(step, 10.0 / step, 128)
+        time.sleep(params.every)
+'''
+
+
+def _runs_conftest() -> Any:
+    """tests/runs/conftest.py as a module of its own (its make_cluster and bed loader), as tests/faults does."""
+    import importlib.util
+
+    name = "_hf_ui_runs_conftest"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, RUNS / "conftest.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def restore_hosts(tb: Any) -> None:
+    tb.ensure_hosts(0, tb.state_dir(), indices=list(INDICES), reset_docker_group=False, delay=None)
+    for i in INDICES:
+        tb.add_to_docker_group(tb.make_host(i))
+
+
+@pytest.fixture(scope="session")
+def ui_bed() -> Any:
+    if os.geteuid() != 0:
+        pytest.skip("the test bed needs root")
+    tb = _runs_conftest()._load_bed()
+    st = tb.status()
+    if not st["dockerd"]["answers"] or not st["images"].get(tb.BASE_IMAGE):
+        pytest.skip("test bed not up: python3 scripts/testbed/testbed.py up")
+    restore_hosts(tb)
+    return tb
+
+
+@pytest.fixture(scope="session")
+def ui_cluster(ui_bed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The project ``hfui`` on hfnode15..17 (tests/runs' make_cluster: Docker runtime, the invoker linked),
+    with src/ticker.py, deployed once."""
+    import subprocess
+
+    c = _runs_conftest().make_cluster(ui_bed, tmp_path_factory.mktemp("ui") / "hfui", INDICES)
+    (c.dir / "src" / "ticker.py").write_text(TICKER)
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    subprocess.run(["git", "add", "-A"], cwd=c.dir, check=True, env=env)
+    subprocess.run(["git", "commit", "-qm", "ticker"], cwd=c.dir, check=True, env=env)
+    c.hf("deploy", check=True, timeout=900)
+    yield c
+    restore_hosts(ui_bed)

@@ -1,0 +1,138 @@
+"""The hub's re-run form and its validation (the Actions form's fields, checked as ``higgsfield run`` checks
+them), the run view the page gets (RunStatus plus queue places, no record internals, no secret), and the
+``higgsfield ui`` command's one-line errors. No node is contacted."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers_project import cli_env
+
+pytest.importorskip("starlette")
+
+from higgsfield.config import load_config  # noqa: E402
+from higgsfield.errors import HiggsfieldError, ParamError  # noqa: E402
+from higgsfield.ui.hub import Hub  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+SECRET = "s3cr3t-never-in-the-browser"
+EXPERIMENT = '''
+from higgsfield.experiment import experiment, param
+
+@experiment("train")
+@param("size", default="7b", options=["7b", "13b"])
+@param("lr", default=0.1)
+@param("steps", default=10)
+@param("packing", default=False)
+@param("name", required=True, type=str)
+def train(params):
+    pass
+'''
+
+
+@pytest.fixture()
+def hub(tmp_path: Path) -> Hub:
+    proj = tmp_path / "proj"
+    (proj / "src").mkdir(parents=True)
+    (proj / "src" / "train.py").write_text(EXPERIMENT)
+    (proj / "higgsfield.yml").write_text("name: hubproj\nnodes:\n  - host: localhost\n  - host: gpu-2.example.com\n"
+                                         "ssh:\n  user: ubuntu\n"
+                                         f"state_dir: {tmp_path / 'state'}\nsecrets: [HF_TOKEN]\n")
+    (proj / "env").write_text(f"HF_TOKEN={SECRET}\n")
+    (proj / "env").chmod(0o600)
+    return Hub(load_config(proj / "higgsfield.yml"))
+
+
+def test_the_form_is_the_actions_form_filled_from_the_run(hub: Hub) -> None:
+    form = hub.form("train")
+    fields = {f["name"]: f for f in form["fields"]}
+    assert list(fields) == ["run_name", "nodes", "size", "lr", "steps", "packing", "name"]
+    assert fields["size"]["type"] == "choice" and fields["size"]["options"] == ["7b", "13b"]
+    assert fields["packing"]["type"] == "boolean" and fields["lr"]["type"] == "number"
+    assert fields["name"]["required"]
+    _records(hub, [_record("train-1", params={"size": "13b", "lr": 0.5, "name": "x"})])
+    filled = {f["name"]: f["value"] for f in hub.form("train", run="train-1")["fields"]}
+    assert filled["size"] == "13b" and filled["lr"] == 0.5 and filled["steps"] == 10
+
+
+def test_a_submitted_form_is_checked_like_higgsfield_run(hub: Hub) -> None:
+    plan = hub.plan("train", {"size": "13b", "lr": "0.01", "packing": True, "name": "a", "nodes": "1",
+                              "run_name": "mine"})
+    assert plan.params["size"] == "13b" and plan.params["lr"] == 0.01 and plan.params["packing"] is True
+    assert plan.run == "mine" and [n.name for n in plan.nodes] == ["localhost"]
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"name": "a", "size": "70b"}, "size"),
+        ({"name": "a", "lr": "fast"}, "lr"),
+        ({}, "'name' is required"),
+        ({"name": "a", "nodes": "3"}, "nodes must be between 1 and 2"),
+        ({"name": "a", "run_name": "../etc"}, "run_name"),
+    ]
+    for values, needle in cases:
+        with pytest.raises(ParamError) as e:
+            hub.plan("train", values)
+        assert needle in str(e.value) and "\n" not in str(e.value), (values, e.value)
+    with pytest.raises(HiggsfieldError, match="no form field 'bogus'"):
+        hub.plan("train", {"name": "a", "bogus": "1"})
+    with pytest.raises(HiggsfieldError, match="nope"):
+        hub.plan("nope", {})
+
+
+def test_the_page_sees_status_json_and_queue_places_but_no_internals(hub: Hub) -> None:
+    _records(hub, [_record("train-1", state="running", slots=[0, 1]),
+                   _record("train-2", state="queued", created=2.0)],
+             queue=[{"project": "hubproj", "run": "train-1", "want": 2, "slots": [0, 1], "committed": True},
+                    {"project": "other", "run": "x", "want": 1, "slots": None, "committed": False},
+                    {"project": "hubproj", "run": "train-2", "want": 2, "slots": None, "committed": False}])
+    runs = hub.runs_payload()["runs"]
+    assert [r["run"] for r in runs] == ["train-1", "train-2"]
+    first, second = runs
+    assert first["state"] == "running" and first["queue_position"] is None
+    assert first["queue"]["localhost"]["slots"] == [0, 1]
+    assert second["queue_position"] == 2   # another project's waiter is ahead: they wait for the same slots
+    text = repr(hub.runs_payload()) + repr(hub.nodes_payload())
+    for internal in ("command", "pids", "pid_starts", "container", SECRET):
+        assert internal not in text
+    assert set(first) >= {"version", "project", "experiment", "run", "state", "nodes", "failed_node",
+                          "failed_rank", "error_tail", "params"}
+
+
+def test_ui_refuses_a_bad_or_busy_port_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "higgsfield.yml").write_text(f"name: p\nnodes:\n  - host: localhost\nstate_dir: {tmp_path}/s\n")
+
+    def ui(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "higgsfield", "ui", "--no-browser", *args], cwd=tmp_path,
+                              env=cli_env(tmp_path / "h"), capture_output=True, text=True, timeout=30)
+
+    r = ui("--port", "70000")
+    assert (r.returncode, r.stderr) == (2, "error: --port 70000 is not a TCP port (0-65535; 0 picks a free one)\n")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = ui("--port", str(port))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr == f"error: port {port} on 127.0.0.1 is in use: pick another with --port (or --port 0)\n"
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+def _record(run: str, *, state: str = "succeeded", slots: list[int] | None = None, created: float = 1.0,
+            params: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"project": "hubproj", "experiment": "train", "run": run, "node": "localhost", "node_rank": 0,
+            "nnodes": 1, "nproc": 2, "state": state, "slots": slots or [], "created_at": created,
+            "started_at": created if state != "queued" else None, "ended_at": None, "exit_code": None,
+            "command": ["torchrun", "--secret-looking-arg"], "pids": {"supervisor": 1}, "pid_starts": {},
+            "container": "c", "params": params or {"size": "7b"}}
+
+
+def _records(hub: Hub, records: list[dict[str, Any]], queue: list[dict[str, Any]] | None = None) -> None:
+    """What the nodes' feeds would have brought: node 0 holds the records (and its queue)."""
+    st = hub.feeds[0].state
+    st.state = "up"
+    st.records = {r["run"]: r for r in records}
+    st.queue = queue or []
