@@ -63,8 +63,13 @@ def test_the_node_reader_waits_for_a_torn_line_and_ends_with_the_run(tmp_path: P
 
 def test_only_rank_0_writes_and_outside_a_run_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch")
+    import torch.distributed as dist
+
     from higgsfield.training import MetricsLog, StepTimer
 
+    # the rank comes from RANK here, as before a process group exists (another test of this
+    # process may have left one initialized)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setenv("HIGGSFIELD_RUN_DIR", str(tmp_path))
     monkeypatch.setenv("RANK", "1")
     StepTimer().step(1, 2.0, 10)
