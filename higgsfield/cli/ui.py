@@ -35,7 +35,7 @@ def ui(ctx: click.Context, port: int, host: str, no_browser: bool) -> None:
     """
     from higgsfield.ui.server import is_loopback, serve
 
-    cfg = get_config(ctx)
+    cfg = _ssh_nodes_only(get_config(ctx), "ui")
     err = console(stderr=True)
     if not is_loopback(host):
         err.print(f"[yellow]warning:[/] listening on {host}: anyone who can reach this address and has the "
@@ -64,7 +64,7 @@ def ui(ctx: click.Context, port: int, host: str, no_browser: bool) -> None:
 @click.pass_context
 def metrics(ctx: click.Context, target: str, as_json: bool, follow: bool) -> None:
     """Print a run's step metrics: loss, tokens/s, learning rate, MFU and memory (what the dashboard plots)."""
-    cfg = get_config(ctx)
+    cfg = _ssh_nodes_only(get_config(ctx), "metrics")
     try:
         asyncio.run(_metrics(cfg, target, as_json=as_json, follow=follow))
     except KeyboardInterrupt:
@@ -108,3 +108,18 @@ def _num(v: Any, fmt: str) -> str:
     if v is None or v != v:   # None or NaN
         return "-"
     return format(v, fmt)
+
+
+def _ssh_nodes_only(cfg: Config, command: str) -> Config:
+    """The dashboard and its curves read the SSH nodes' feeds; a Slurm project is refused in one line.
+
+    (Slurm runs are in ``status``, ``logs`` and ``kill`` through the backend; the dashboard's node
+    feeds and metrics reader do not go through it yet.)
+    """
+    from higgsfield.errors import UIError
+
+    if cfg.slurm is not None:
+        where = cfg.path or "higgsfield.yml"
+        raise UIError(f"'higgsfield {command}' reads SSH nodes only and this project runs on Slurm "
+                      f"(the slurm block of {where}): use 'higgsfield status', 'logs -f' and 'kill' there")
+    return cfg

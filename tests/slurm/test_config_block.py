@@ -105,3 +105,12 @@ def test_run_flags_override_nodes_time_partition() -> None:
     assert (o.nodes, o.time, o.partition) == (4, "1:00:00", "b")
     with pytest.raises(ConfigError, match="^--time: 'x' is not a Slurm time limit"):
         s.override(time="x")
+
+
+@pytest.mark.parametrize("command", [["ui", "--no-browser"], ["metrics", "some-run"]])
+def test_the_dashboard_and_metrics_refuse_a_slurm_project_in_one_line(tmp_path: Path, command: list[str]) -> None:
+    write(tmp_path / "higgsfield.yml", BLOCK)
+    proc = run_cli(tmp_path, *command)
+    assert_one_line_error(proc, f"'higgsfield {command[0]}' reads SSH nodes only and this project runs on Slurm "
+                                f"(the slurm block of {tmp_path / 'higgsfield.yml'}): use 'higgsfield status', "
+                                "'logs -f' and 'kill' there")
