@@ -13,7 +13,6 @@ unmounted) in ``finally``; the session teardown checks the hosts once more.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -27,27 +26,17 @@ RUNS = HERE.parent / "runs"
 sys.path.insert(0, str(RUNS))  # runs_helpers (tests/ has no packages)
 
 from faults_helpers import CKPT_STEPS, INDICES, FaultCluster  # noqa: E402
-from runs_helpers import exe  # noqa: E402
+from runs_helpers import bed_for, exe, runs_conftest  # noqa: E402
+from runs_helpers import restore_hosts as _restore_hosts  # noqa: E402
 
 
 def _runs_conftest():  # type: ignore[no-untyped-def]
-    """tests/runs/conftest.py as a module of its own (for make_cluster and the bed loader)."""
-    name = "_hf_faults_runs_conftest"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, RUNS / "conftest.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return runs_conftest()
 
 
 def restore_hosts(tb) -> None:  # type: ignore[no-untyped-def]
     """Hosts 8..10 exist, run sshd with no command delay; their users are in the docker group."""
-    tb.ensure_hosts(0, tb.state_dir(), indices=list(INDICES), reset_docker_group=False, delay=None)
-    for i in INDICES:
-        tb.add_to_docker_group(tb.make_host(i))
+    _restore_hosts(tb, INDICES)
 
 
 def pin_hosts(tb, project: Path) -> None:  # type: ignore[no-untyped-def]
@@ -59,14 +48,7 @@ def pin_hosts(tb, project: Path) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def fault_bed():  # type: ignore[no-untyped-def]
-    if os.geteuid() != 0:
-        pytest.skip("the test bed needs root")
-    tb = _runs_conftest()._load_bed()
-    st = tb.status()
-    if not st["dockerd"]["answers"] or not st["images"].get(tb.BASE_IMAGE):
-        pytest.skip("test bed not up: python3 scripts/testbed/testbed.py up")
-    restore_hosts(tb)
-    return tb
+    return bed_for(INDICES)
 
 
 @pytest.fixture(scope="session")

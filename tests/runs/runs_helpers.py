@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 STATE = ".hfrt"
 SECRET = "s3cr3t-value-hfrt-0042"   # the cluster project's one secret (its git-ignored env file)
@@ -132,3 +133,40 @@ def node_processes(i: int, state: str = STATE) -> list[int]:
         if state.encode() in cmd or mark in env:
             found.append(int(e))
     return found
+
+
+def runs_conftest() -> Any:
+    """tests/runs/conftest.py as a module of its own, loaded once (its bed loader and make_cluster), for
+    the suites that build their clusters the same way on hosts of their own (tests/faults, tests/ui)."""
+    import importlib.util
+
+    name = "_hf_runs_conftest"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / "conftest.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def restore_hosts(tb: Any, indices: tuple[int, ...]) -> None:
+    """Hosts ``indices`` exist and run sshd with no command delay; their users are in the docker group."""
+    tb.ensure_hosts(0, tb.state_dir(), indices=list(indices), reset_docker_group=False, delay=None)
+    for i in indices:
+        tb.add_to_docker_group(tb.make_host(i))
+
+
+def bed_for(indices: tuple[int, ...]) -> Any:
+    """The test bed with hosts ``indices`` restored (a session fixture's body); skips without root or a bed."""
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("the test bed needs root")
+    tb = runs_conftest()._load_bed()
+    st = tb.status()
+    if not st["dockerd"]["answers"] or not st["images"].get(tb.BASE_IMAGE):
+        pytest.skip("test bed not up: python3 scripts/testbed/testbed.py up")
+    restore_hosts(tb, indices)
+    return tb

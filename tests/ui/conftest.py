@@ -23,6 +23,8 @@ HERE = Path(__file__).resolve().parent
 RUNS = HERE.parent / "runs"
 sys.path.insert(0, str(RUNS))  # runs_helpers (tests/ has no packages), as tests/faults does
 
+from runs_helpers import bed_for, runs_conftest  # noqa: E402
+from runs_helpers import restore_hosts as _restore_hosts  # noqa: E402
 from ui_helpers import INDICES  # noqa: E402
 
 CHROMIUM = "/usr/lib/chromium/chromium"
@@ -79,36 +81,16 @@ def ticker(params):
 
 
 def _runs_conftest() -> Any:
-    """tests/runs/conftest.py as a module of its own (its make_cluster and bed loader), as tests/faults does."""
-    import importlib.util
-
-    name = "_hf_ui_runs_conftest"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, RUNS / "conftest.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return runs_conftest()
 
 
 def restore_hosts(tb: Any) -> None:
-    tb.ensure_hosts(0, tb.state_dir(), indices=list(INDICES), reset_docker_group=False, delay=None)
-    for i in INDICES:
-        tb.add_to_docker_group(tb.make_host(i))
+    _restore_hosts(tb, INDICES)
 
 
 @pytest.fixture(scope="session")
 def ui_bed() -> Any:
-    if os.geteuid() != 0:
-        pytest.skip("the test bed needs root")
-    tb = _runs_conftest()._load_bed()
-    st = tb.status()
-    if not st["dockerd"]["answers"] or not st["images"].get(tb.BASE_IMAGE):
-        pytest.skip("test bed not up: python3 scripts/testbed/testbed.py up")
-    restore_hosts(tb)
-    return tb
+    return bed_for(INDICES)
 
 
 @pytest.fixture(scope="session")

@@ -94,10 +94,6 @@ def shoot(page: Any, name: str, default_dir: Path) -> Path:
 
 def wait_for(pred: Any, timeout: float, what: str, poll: float = 0.1) -> Any:
     """Poll ``pred`` from Python (the page's CSP forbids the string predicates of wait_for_function)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    from runs_helpers import wait_for as poll_until  # tests/runs is on sys.path (tests/ui/conftest.py)
+
+    return poll_until(pred, timeout, what, poll)
