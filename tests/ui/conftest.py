@@ -37,8 +37,11 @@ def chromium_path() -> str:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """Chromium for one test module. Not longer: Playwright's sync API keeps an event loop running
+    in the main thread while it is open, and every later test that calls asyncio.run in-process
+    (the CLI's own commands) would fail with "cannot be called from a running event loop"."""
     sync_api = pytest.importorskip("playwright.sync_api")
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
