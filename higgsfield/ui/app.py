@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from importlib.resources import files
 from typing import Any
 
@@ -81,17 +81,21 @@ def create_app(hub: Hub, token: str) -> Starlette:
     async def session(request: Request) -> Response:
         return JSONResponse({"project": hub.cfg.name, "csrf": csrf, "nodes": [str(n.name) for n in hub.cfg.nodes]})
 
-    async def events(request: Request) -> Response:
-        q, backlog = hub.subscribe()
+    def sse(q: Any, backlog: Any, unsubscribe: Callable[[Any], None]) -> Response:
+        """An event stream of ``backlog`` then ``q``; the subscription ends with the connection."""
 
         async def body() -> AsyncIterator[bytes]:
             try:
                 async for chunk in _stream(q, backlog):
                     yield chunk
             finally:
-                hub.unsubscribe(q)
+                unsubscribe(q)
 
         return StreamingResponse(body(), media_type="text/event-stream", headers=sse_headers)
+
+    async def events(request: Request) -> Response:
+        q, backlog = hub.subscribe()
+        return sse(q, backlog, hub.unsubscribe)
 
     async def run_events(request: Request) -> Response:
         try:
@@ -99,15 +103,7 @@ def create_app(hub: Hub, token: str) -> Starlette:
         except HiggsfieldError as e:
             return _error(e, 404)
         q, backlog = feed.subscribe()
-
-        async def body() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in _stream(q, backlog):
-                    yield chunk
-            finally:
-                feed.unsubscribe(q)
-
-        return StreamingResponse(body(), media_type="text/event-stream", headers=sse_headers)
+        return sse(q, backlog, feed.unsubscribe)
 
     async def form(request: Request) -> Response:
         try:

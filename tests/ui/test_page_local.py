@@ -6,7 +6,6 @@ prints the same steps; kill from the page stops it; a failure names its rank. On
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runs_helpers import run_processes
 from ui_helpers import Dashboard, dashboard, open_page, row, shoot, wait_for
 
 pytest.importorskip("starlette")
@@ -130,7 +130,7 @@ def test_kill_from_the_page_and_a_failure_names_its_rank(page: Any, project: Pat
     assert time.monotonic() - t0 < 15
     state = Path(str(project.parent / "state")) / "runs" / "uilocal" / run
     assert json.loads((state / "run.json").read_text())["state"] == "killed"
-    assert not _processes_of(state)
+    assert not run_processes(state)
 
     # re-run a finished run with edited params, and a failure drill: the page names the rank
     page.evaluate("location.hash = '#runs'")
@@ -151,17 +151,3 @@ def test_kill_from_the_page_and_a_failure_names_its_rank(page: Any, project: Pat
     expect(page.locator('.node[data-node="localhost"] .node-state')).to_have_text("up")
     expect(page.locator('.node[data-node="localhost"] .spark')).not_to_have_count(0)
     shoot(page, "nodes", tmp_path)
-
-
-def _processes_of(run_dir: Path) -> list[int]:
-    needle = f"HIGGSFIELD_RUN_DIR={run_dir}".encode()
-    found = []
-    for e in os.listdir("/proc"):
-        if e.isdigit():
-            try:
-                with open(f"/proc/{e}/environ", "rb") as f:
-                    if needle in f.read().split(b"\0"):
-                        found.append(int(e))
-            except OSError:
-                continue
-    return found
