@@ -276,6 +276,8 @@ class RunStatus:
     failed_rank: int | None = None
     reason: str | None = None
     error_tail: list[str] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)
+    """The run's resolved params (what a re-run starts from); added to schema 1 (readers ignore new keys)."""
 
     @property
     def duration(self) -> float | None:
@@ -293,7 +295,7 @@ class RunStatus:
                 "run": self.run, "state": self.state, "nodes": list(self.nodes), "created_at": self.created_at,
                 "started_at": self.started_at, "ended_at": self.ended_at, "duration": self.duration,
                 "exit_code": self.exit_code, "failed_node": self.failed_node, "failed_rank": self.failed_rank,
-                "reason": self.reason, "error_tail": list(self.error_tail),
+                "reason": self.reason, "error_tail": list(self.error_tail), "params": dict(self.params),
                 "node_states": {n: r.get("state") for n, r in self.nodes.items()}}
 
     @classmethod
@@ -305,4 +307,4 @@ class RunStatus:
                    created_at=float(d["created_at"]), started_at=d.get("started_at"), ended_at=d.get("ended_at"),
                    exit_code=d.get("exit_code"), failed_node=d.get("failed_node"),
                    failed_rank=d.get("failed_rank"), reason=d.get("reason"),
-                   error_tail=list(d.get("error_tail") or []))
+                   error_tail=list(d.get("error_tail") or []), params=dict(d.get("params") or {}))

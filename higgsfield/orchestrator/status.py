@@ -89,7 +89,8 @@ def merge(records: list[dict[str, Any]]) -> list[RunStatus]:
             failed_node=first.get("failed_node") if first else None,
             failed_rank=first.get("failed_rank") if first else None,
             reason=first.get("reason") if first else None,
-            error_tail=list(first.get("error_tail") or []) if first else []))
+            error_tail=list(first.get("error_tail") or []) if first else [],
+            params=dict(recs[0].get("params") or {})))
     return sorted(out, key=lambda s: s.created_at)
 
 
