@@ -5,8 +5,8 @@ The CLI (``run``, ``status``, ``logs``, ``kill``, ``deploy``, ``ci ...``) talks 
 to run (Kubernetes, later) is a new implementation of these two protocols and nothing
 else. Every backend speaks :mod:`higgsfield.runspec`: a run is a ``RunSpec`` going in and
 a ``RunStatus`` coming out, its log lines are :class:`~higgsfield.orchestrator.logs.LogLine`
-tagged ``node/rank``, so ``status --json``, ``logs -f`` and the dashboard cannot tell which
-backend holds a run.
+tagged ``node/rank``, its step metrics :class:`~higgsfield.metrics.StepMetrics`, so ``status --json``,
+``logs -f``, ``metrics`` and the dashboard (:mod:`higgsfield.ui`) cannot tell which backend holds a run.
 
 - :class:`~higgsfield.orchestrator.nodes_backend.NodesBackend`: the nodes of higgsfield.yml
   over SSH (the orchestrator's own functions);
@@ -30,6 +30,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from higgsfield.metrics import StepMetrics
 from higgsfield.orchestrator.deployment import DeployResult
 from higgsfield.orchestrator.logs import LogLine
 from higgsfield.orchestrator.start import RunHandle
@@ -44,6 +45,10 @@ class Plan(Protocol):
 
     @property
     def experiment(self) -> str: ...
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The params resolved and typed (what the run will get)."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,9 @@ class Session(Protocol):
 
     def logs(self, status: RunStatus, *, follow: bool = False, node: str | None = None,
              ranks: tuple[int, ...] = (), since: float | None = None) -> AsyncIterator[LogLine]: ...
+
+    def metrics(self, status: RunStatus, *, follow: bool = False) -> AsyncIterator[StepMetrics | None]:
+        """Rank 0's step metrics in the order written (None: a heartbeat); with ``follow`` until the run ends."""
 
     async def kill(self, target: str) -> list[RunStatus]:
         """Stop the run ``target`` (or every active run of that experiment); their statuses after."""

@@ -1,8 +1,10 @@
 """A run's step metrics, read from its node 0 (where rank 0 writes ``metrics.jsonl``).
 
-Used by ``higgsfield metrics RUN`` and by the dashboard's training curves: both read
-them through node 0's ``higgsfield invoker metrics`` over a connection they hold, so
-the terminal and the page show the same figures.
+Used by ``higgsfield metrics RUN`` and by the dashboard's training curves, through
+``Session.metrics``: both read them through node 0's ``higgsfield invoker metrics`` over a
+connection they hold, so the terminal and the page show the same figures. (A Slurm run's
+file is in the shared workdir: the login node's invoker reads it, and :func:`parse_metrics`
+turns either node's output into StepMetrics.)
 
 Use::
 
@@ -45,7 +47,14 @@ async def read_metrics(group: Group, cfg: Config, status: RunStatus, *, follow: 
     args = ["metrics", "--project", cfg.name, "--run", status.run, "--skip", str(skip)]
     if follow:
         args += ["--follow", "--heartbeat", f"{HEARTBEAT_S:g}"]
-    async for raw in t.stream([*invoker_argv(cfg, cfg.node(t.node)), *args]):
+    async for m in parse_metrics(t.stream([*invoker_argv(cfg, cfg.node(t.node)), *args])):
+        yield m
+
+
+async def parse_metrics(lines: AsyncIterator[str]) -> AsyncIterator[StepMetrics | None]:
+    """``higgsfield invoker metrics``' output as StepMetrics (None for its ``#hb`` heartbeat), whichever
+    backend's node it came from; a line that is not a StepMetrics object is skipped."""
+    async for raw in lines:
         if raw == "#hb":
             yield None
             continue

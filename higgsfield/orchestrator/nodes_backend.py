@@ -12,10 +12,12 @@ from typing import Any
 
 from higgsfield.config import Config
 from higgsfield.errors import ConfigError
+from higgsfield.metrics import StepMetrics
 from higgsfield.orchestrator.backend import Plan, RunList, RunRequest
 from higgsfield.orchestrator.deployment import DeployResult, deploy
 from higgsfield.orchestrator.kill import kill_runs
 from higgsfield.orchestrator.logs import LOST_AFTER_S, LogLine, follow, stream_logs
+from higgsfield.orchestrator.metrics import read_metrics
 from higgsfield.orchestrator.nodes import connect
 from higgsfield.orchestrator.start import RunHandle, RunPlan, launch, plan_run
 from higgsfield.orchestrator.status import final_status, find_run, query_runs
@@ -47,6 +49,9 @@ class NodesSession:
              ranks: tuple[int, ...] = (), since: float | None = None) -> AsyncIterator[LogLine]:
         return stream_logs(self.group, self.cfg, status, follow=follow, node=node, ranks=ranks, since=since,
                            lost_after=LOST_AFTER_S if follow else None)
+
+    def metrics(self, status: RunStatus, *, follow: bool = False) -> AsyncIterator[StepMetrics | None]:
+        return read_metrics(self.group, self.cfg, status, follow=follow)
 
     async def kill(self, target: str) -> list[RunStatus]:
         return await kill_runs(self.group, self.cfg, target)

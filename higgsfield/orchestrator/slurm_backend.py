@@ -14,7 +14,7 @@ starts from pinned (the link resolved at submit) and the project environment's
 python; its status is Slurm's (squeue, then sacct where accounting exists, the run's
 own record otherwise); its logs are the ranks' files in the workdir, read by the
 invoker on the login node and tagged ``node/rank`` from the allocation the job
-pinned (``spec.json``), exactly as an SSH run's; ``kill`` is scancel;
+pinned (``spec.json``), exactly as an SSH run's, and so are rank 0's step metrics; ``kill`` is scancel;
 ``--max-restarts`` is the job's requeue count.
 """
 
@@ -33,16 +33,18 @@ from typing import Any
 from higgsfield.config import CONFIG_FILE, Config
 from higgsfield.discovery import find_experiment
 from higgsfield.errors import NoSuchRun, RunError
+from higgsfield.metrics import StepMetrics
 from higgsfield.orchestrator.backend import Plan, RunList, RunRequest
 from higgsfield.orchestrator.deployment import DeployResult, deploy
 from higgsfield.orchestrator.logs import LogLine
+from higgsfield.orchestrator.metrics import parse_metrics
 from higgsfield.orchestrator.start import RunHandle, new_run_name
 from higgsfield.orchestrator.status import resolve_target
 from higgsfield.orchestrator.timeouts import FINAL_POLL_S, FINAL_WAIT_S
 from higgsfield.params import check_run_name, resolve
 from higgsfield.remote import Transport, open_group
 from higgsfield.runspec import ACTIVE, RunStatus
-from higgsfield.slurm import SlurmCluster, SlurmSettings, template_spec
+from higgsfield.slurm import ClusterNode, SlurmCluster, SlurmSettings, template_spec
 
 LAUNCHER_NODE = "slurm"   # the node tag of the job's own output (the batch step, srun, every torchrun)
 QUEUED_POLL_S = 1.0       # how often a follower asks Slurm while the job waits for its nodes
@@ -130,10 +132,8 @@ class SlurmSession:
                      since: float | None = None) -> AsyncIterator[LogLine]:
         """The ranks' lines tagged with their node (from the allocation the job pinned), as for SSH runs."""
         project = self.cfg.name
-        while await self.cluster.record(project, run) is None:   # queued: nothing written yet
-            if not follow or not (await self.cluster.status(project, run)).active:
-                return
-            await asyncio.sleep(QUEUED_POLL_S)
+        if not await self._started(run, follow):
+            return
         placed = await self.cluster.placement(project, run) or {}
         # torchrun's c10d rendezvous orders the nodes by name (each is --local_addr its own): as slurm_task does
         hosts = sorted(str(h) for h in placed.get("nodes") or [])
@@ -141,9 +141,7 @@ class SlurmSession:
         argv = self.cluster.logs_argv(project, run, follow=follow, since=since)
         for r in ranks:
             argv += ["--rank", str(r)]
-        stream = self.transport.stream(argv)
-        if follow:
-            stream = _until_slurm_ends(stream, lambda: self.cluster.status(project, run))
+        stream = self._read(run, argv, follow)
         async with contextlib.aclosing(stream) as lines:  # type: ignore[type-var]
             async for line in lines:
                 rank_text, _, text = line.partition("\t")
@@ -153,6 +151,41 @@ class SlurmSession:
                 who = hosts[rank // nproc] if 0 <= rank < nproc * len(hosts) else LAUNCHER_NODE
                 if node is None or who == node:
                     yield LogLine(who, rank, text)
+
+    # -- metrics ----------------------------------------------------------------------------
+
+    def metrics(self, status: RunStatus, *, follow: bool = False) -> AsyncIterator[StepMetrics | None]:
+        return self._metrics(status.run, follow)
+
+    async def _metrics(self, run: str, follow: bool) -> AsyncIterator[StepMetrics | None]:
+        """Rank 0's ``metrics.jsonl`` in the run's directory of the shared workdir, read by the login node."""
+        if not await self._started(run, follow):
+            return
+        lines = self._read(run, self.cluster.metrics_argv(self.cfg.name, run, follow=follow), follow)
+        async with contextlib.aclosing(lines):  # type: ignore[type-var]
+            async for m in parse_metrics(lines):
+                yield m
+
+    async def _started(self, run: str, follow: bool) -> bool:
+        """Whether the job has started (it wrote its record); following, wait as long as Slurm keeps it queued."""
+        while await self.cluster.record(self.cfg.name, run) is None:   # queued: nothing written yet
+            if not follow or not (await self.cluster.status(self.cfg.name, run)).active:
+                return False
+            await asyncio.sleep(QUEUED_POLL_S)
+        return True
+
+    def _read(self, run: str, argv: list[str], follow: bool) -> AsyncIterator[str]:
+        """``argv``'s lines on the login node; following, they end too once Slurm has ended the job."""
+        stream = self.transport.stream(argv)
+        if follow:
+            return _until_slurm_ends(stream, lambda: self.cluster.status(self.cfg.name, run))
+        return stream
+
+    # -- the partition ----------------------------------------------------------------------
+
+    async def machines(self) -> list[ClusterNode]:
+        """The partition's compute nodes as Slurm sees them (the dashboard's node view)."""
+        return await self.cluster.machines()
 
     # -- kill -------------------------------------------------------------------------------
 

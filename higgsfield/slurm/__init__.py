@@ -4,7 +4,8 @@
 - :mod:`~higgsfield.slurm.layout`: where a run's files live in the shared workdir;
 - :mod:`~higgsfield.slurm.script`: the batch script (``#SBATCH`` lines, one ``srun`` task per node);
 - :mod:`~higgsfield.slurm.states`: Slurm's job states as run states;
-- :mod:`~higgsfield.slurm.jobs`: submit, query, cancel through the login node (:class:`SlurmCluster`).
+- :mod:`~higgsfield.slurm.jobs`: submit, query, cancel through the login node (:class:`SlurmCluster`);
+- :mod:`~higgsfield.slurm.machines`: the partition's compute nodes as ``sinfo -N`` sees them (the dashboard's).
 
 Inside the allocation the node side takes over: :mod:`higgsfield.slurm_task`. Stdlib and
 the control side's own packages only, never torch.
@@ -13,7 +14,8 @@ the control side's own packages only, never torch.
 from __future__ import annotations
 
 from higgsfield.slurm.jobs import Job, SlurmCluster, SlurmError, SlurmRefused, Submitted, template_spec
+from higgsfield.slurm.machines import ClusterNode
 from higgsfield.slurm.settings import Login, SlurmSettings
 
-__all__ = ["Job", "Login", "SlurmCluster", "SlurmError", "SlurmRefused", "SlurmSettings", "Submitted",
+__all__ = ["ClusterNode", "Job", "Login", "SlurmCluster", "SlurmError", "SlurmRefused", "SlurmSettings", "Submitted",
            "template_spec"]

@@ -33,6 +33,7 @@ from higgsfield.errors import RunError
 from higgsfield.remote.base import Transport
 from higgsfield.runspec import ACTIVE, FAILED, KILLED, QUEUED, RunSpec, RunStatus
 from higgsfield.slurm.layout import RunPaths
+from higgsfield.slurm.machines import ClusterNode, parse_sinfo_nodes, sinfo_nodes_argv
 from higgsfield.slurm.script import BatchJob, render
 from higgsfield.slurm.settings import SlurmSettings
 from higgsfield.slurm.states import map_state, normalize
@@ -142,7 +143,7 @@ class SlurmCluster:
             raise SlurmError(f"sbatch on {t.node} printed {result.stdout.strip()[:100]!r}, not a job id")
         record = {"job_id": job_id, "submitted_at": submitted_at, "login": t.node,
                   "sbatch": job.sbatch_options(), "project": spec.project, "experiment": spec.experiment,
-                  "run": spec.run}
+                  "run": spec.run, "params": dict(spec.params)}
         await t.put_bytes(_json(record), paths.job, mode=0o600)
         return Submitted(job_id, paths, submitted_at)
 
@@ -270,15 +271,32 @@ class SlurmCluster:
 
     # -- logs ---------------------------------------------------------------------------------
 
+    def invoker_argv(self, *args: str) -> list[str]:
+        """``higgsfield invoker ARGS`` of the workdir's environment on the login node, the workdir its state dir:
+        it reads a Slurm run's directory exactly as it reads an SSH node's."""
+        return [self.settings.interpreter, "-m", "higgsfield", "invoker", "--state-dir", self.settings.workdir,
+                *args]
+
     def logs_argv(self, project: str, run: str, *, follow: bool = False, since: float | None = None) -> list[str]:
-        """``higgsfield invoker logs`` of the workdir's environment, on the login node: ``RANK<TAB>LINE`` lines."""
-        argv = [self.settings.interpreter, "-m", "higgsfield", "invoker", "--state-dir", self.settings.workdir,
-                "logs", "--project", project, "--run", run]
+        """``higgsfield invoker logs`` of the run: ``RANK<TAB>LINE`` lines."""
+        argv = self.invoker_argv("logs", "--project", project, "--run", run)
         if follow:
             argv.append("--follow")
         if since is not None:
             argv += ["--since", repr(since)]
         return argv
+
+    def metrics_argv(self, project: str, run: str, *, follow: bool = False) -> list[str]:
+        """``higgsfield invoker metrics`` of the run: rank 0's StepMetrics, one JSON line each."""
+        argv = self.invoker_argv("metrics", "--project", project, "--run", run)
+        return [*argv, "--follow"] if follow else argv
+
+    async def machines(self) -> list[ClusterNode]:
+        """The partition's compute nodes as Slurm sees them (``sinfo -N``): state, load, memory, GPUs."""
+        r = await self.transport.run(sinfo_nodes_argv(self.settings.partition), check=False)
+        if not r.ok:
+            raise SlurmError(f"sinfo on {self.transport.node}: {sbatch_error(r.stderr)}")
+        return parse_sinfo_nodes(r.stdout)
 
     async def logs(self, project: str, run: str, *, follow: bool = False,
                    poll: float = 0.5) -> AsyncIterator[tuple[int, str]]:
@@ -444,7 +462,8 @@ def merge(submitted: Mapping[str, Any], job: Job | None, record: Mapping[str, An
         started_at=(job.started_at if job and job.started_at else rec.get("started_at")),
         ended_at=(job.ended_at if job and job.ended_at and state not in ACTIVE else rec.get("ended_at")),
         exit_code=(job.exit_code if job and job.exit_code is not None else rec.get("exit_code")),
-        failed_node=failed_node, failed_rank=failed_rank, reason=reason, error_tail=tail)
+        failed_node=failed_node, failed_rank=failed_rank, reason=reason, error_tail=tail,
+        params=dict(submitted.get("params") or {}))
 
 
 def _json(data: object) -> bytes:
