@@ -70,13 +70,12 @@ def run(ctx: click.Context, experiment: str) -> None:
     from higgsfield import secrets
     from higgsfield.discovery import find_experiment
     from higgsfield.orchestrator import RunRequest, backend_for
-    from higgsfield.slurm_syntax import MAX_NODES
-    from higgsfield.workflows.ci_inputs import ci_config, run_inputs
+    from higgsfield.workflows.ci_inputs import ci_config, form_total_nodes, run_inputs
 
     _check_experiment_name(experiment)
     cfg = ci_config(get_config(ctx), os.environ)
     exp = find_experiment(cfg.project_dir / "src", experiment)
-    inputs = run_inputs(exp, os.environ, total_nodes=MAX_NODES if cfg.slurm else len(cfg.nodes))
+    inputs = run_inputs(exp, os.environ, total_nodes=form_total_nodes(cfg))
     if inputs.not_passed and _on_github(os.environ):
         click.echo(f"::warning title=higgsfield ci run::the workflow does not pass {', '.join(inputs.not_passed)} "
                    "(it is older than the experiment); they take their defaults. Run 'higgsfield "

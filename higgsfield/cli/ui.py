@@ -1,7 +1,8 @@
 """``higgsfield ui`` (the live dashboard) and ``higgsfield metrics RUN`` (the same curves in the terminal).
 
-Thin: :mod:`higgsfield.ui.server` serves, :func:`higgsfield.orchestrator.read_metrics`
-reads. Neither starlette nor uvicorn is imported before ``ui`` runs.
+Thin: :mod:`higgsfield.ui.server` serves; the metrics are the backend Session's
+(``Session.metrics``: an SSH run's node 0, a Slurm run's workdir through the login node).
+Neither starlette nor uvicorn is imported before ``ui`` runs.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def ui(ctx: click.Context, port: int, host: str, no_browser: bool) -> None:
     """
     from higgsfield.ui.server import is_loopback, serve
 
-    cfg = _ssh_nodes_only(get_config(ctx), "ui")
+    cfg = get_config(ctx)
     err = console(stderr=True)
     if not is_loopback(host):
         err.print(f"[yellow]warning:[/] listening on {host}: anyone who can reach this address and has the "
@@ -43,7 +44,8 @@ def ui(ctx: click.Context, port: int, host: str, no_browser: bool) -> None:
                   "to 127.0.0.1 instead where you can)", highlight=False)
 
     def ready(address: Address) -> None:
-        err.print(f"[bold]higgsfield ui[/] for {cfg.name} ({len(cfg.nodes)} node(s)); Ctrl-C stops it", highlight=False)
+        where = "its Slurm cluster, through the login node" if cfg.slurm is not None else f"{len(cfg.nodes)} node(s)"
+        err.print(f"[bold]higgsfield ui[/] for {cfg.name} ({where}); Ctrl-C stops it", highlight=False)
         click.echo(address.url)
         sys.stdout.flush()
         if not no_browser:
@@ -64,7 +66,7 @@ def ui(ctx: click.Context, port: int, host: str, no_browser: bool) -> None:
 @click.pass_context
 def metrics(ctx: click.Context, target: str, as_json: bool, follow: bool) -> None:
     """Print a run's step metrics: loss, tokens/s, learning rate, MFU and memory (what the dashboard plots)."""
-    cfg = _ssh_nodes_only(get_config(ctx), "metrics")
+    cfg = get_config(ctx)
     try:
         asyncio.run(_metrics(cfg, target, as_json=as_json, follow=follow))
     except KeyboardInterrupt:
@@ -72,13 +74,13 @@ def metrics(ctx: click.Context, target: str, as_json: bool, follow: bool) -> Non
 
 
 async def _metrics(cfg: Config, target: str, *, as_json: bool, follow: bool) -> None:
-    from higgsfield import orchestrator
     from higgsfield.metrics import latest_per_step
+    from higgsfield.orchestrator import backend_for
 
-    async with orchestrator.connect(cfg) as group:
-        status = await orchestrator.find_run(group, cfg, target)
+    async with backend_for(cfg).session() as session:
+        status = await session.find(target)
         got: list[StepMetrics] = []
-        async for m in orchestrator.read_metrics(group, cfg, status, follow=follow):
+        async for m in session.metrics(status, follow=follow):
             if m is None:
                 continue
             if follow:
@@ -109,17 +111,3 @@ def _num(v: Any, fmt: str) -> str:
         return "-"
     return format(v, fmt)
 
-
-def _ssh_nodes_only(cfg: Config, command: str) -> Config:
-    """The dashboard and its curves read the SSH nodes' feeds; a Slurm project is refused in one line.
-
-    (Slurm runs are in ``status``, ``logs`` and ``kill`` through the backend; the dashboard's node
-    feeds and metrics reader do not go through it yet.)
-    """
-    from higgsfield.errors import UIError
-
-    if cfg.slurm is not None:
-        where = cfg.path or "higgsfield.yml"
-        raise UIError(f"'higgsfield {command}' reads SSH nodes only and this project runs on Slurm "
-                      f"(the slurm block of {where}): use 'higgsfield status', 'logs -f' and 'kill' there")
-    return cfg

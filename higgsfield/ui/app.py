@@ -4,11 +4,11 @@
 
     GET  /                              the page (static/index.html; the views are #runs, #run/NAME, #nodes)
     GET  /static/...                    its script, style and the vendored uPlot
-    GET  /api/session                   {"project", "csrf"}: what the page needs to send actions
+    GET  /api/session                   {"project", "csrf", "backend", "where"}: what the page needs
     GET  /api/events                    SSE: "runs" (every run, RunStatus + queue places) and "nodes"
     GET  /api/runs/{run}/events         SSE: the run's "lines" (node, rank, text) and "points" (StepMetrics)
     GET  /api/experiments/{exp}/form    the typed form of the experiment (?run=NAME: filled from that run)
-    POST /api/runs/{run}/kill           kill the run on every node
+    POST /api/runs/{run}/kill           kill the run on every node (a Slurm run: scancel)
     POST /api/runs                      {"experiment", "values": {...}, "check": bool}: validate (and start) a run
 
 Every request passes :class:`~higgsfield.ui.security.Guard` first (token cookie, CSRF
@@ -79,7 +79,8 @@ def create_app(hub: Hub, token: str) -> Starlette:
         return FileResponse(str(STATIC / "index.html"), headers={"cache-control": "no-store"})
 
     async def session(request: Request) -> Response:
-        return JSONResponse({"project": hub.cfg.name, "csrf": csrf, "nodes": [str(n.name) for n in hub.cfg.nodes]})
+        return JSONResponse({"project": hub.cfg.name, "csrf": csrf, "backend": hub.backend.name,
+                             "where": hub.fleet.label})
 
     def sse(q: Any, backlog: Any, unsubscribe: Callable[[Any], None]) -> Response:
         """An event stream of ``backlog`` then ``q``; the subscription ends with the connection."""
@@ -127,8 +128,7 @@ def create_app(hub: Hub, token: str) -> Starlette:
             return JSONResponse({"error": "expected {\"experiment\": NAME, \"values\": {...}}"}, status_code=400)
         try:
             if body.get("check"):
-                plan = hub.plan(body["experiment"], body.get("values", {}))
-                return JSONResponse({"ok": True, "params": plan.params, "nodes": [str(n.name) for n in plan.nodes]})
+                return JSONResponse(hub.check(body["experiment"], body.get("values", {})))
             return JSONResponse(await hub.start_run(body["experiment"], body.get("values", {})))
         except HiggsfieldError as e:
             return _error(e)

@@ -1,20 +1,19 @@
 """The dashboard's state and actions: every run, every node, and kill / re-run, for every open page.
 
-One hub per ``higgsfield ui``. It connects the project's nodes once
-(:class:`~higgsfield.remote.Group`, the same connections for the UI's whole life),
-keeps one :class:`~higgsfield.ui.nodes.NodeFeed` per node on them, and merges the
-nodes' run records with :func:`higgsfield.orchestrator.merge`, the very function
-behind ``higgsfield status``: a run on the page is a
-:class:`~higgsfield.runspec.RunStatus` (``status --json``'s schema) plus what only
-the page shows (params, each node's queue position and slots).
+One hub per ``higgsfield ui``. It watches the project's backend through a
+:class:`~higgsfield.ui.fleet.Fleet` for the UI's whole life (the SSH nodes' pushed
+feeds, or a Slurm cluster asked through its login node): a run on the page is the
+backend's :class:`~higgsfield.runspec.RunStatus` (``status --json``'s schema) plus what
+only the page shows (each node's queue place and slots).
 
-The actions are the CLI's: kill is :func:`~higgsfield.orchestrator.kill_runs`; a
-re-run takes the typed form of the experiment's Actions workflow
-(:func:`~higgsfield.workflows.form.form_inputs`), checks it exactly as the workflow's
-job does (:func:`~higgsfield.workflows.ci_inputs.run_inputs`), then
-:func:`~higgsfield.orchestrator.plan_run` validates it as ``higgsfield run`` does
-before :func:`~higgsfield.orchestrator.launch` starts it with the project's secrets
-(read on this machine, sent to the nodes over SSH, never to the browser).
+The actions are the CLI's, through the backend (:mod:`higgsfield.orchestrator.backend`):
+kill is ``Session.kill``; a re-run takes the typed form of the experiment's Actions
+workflow (:func:`~higgsfield.workflows.form.form_inputs`), checks it exactly as the
+workflow's job does (:func:`~higgsfield.workflows.ci_inputs.run_inputs`), then
+``Backend.plan`` validates it as ``higgsfield run`` does before ``Session.start`` starts
+(or submits) it with the project's secrets (read on this machine, sent over SSH, never
+to the browser). A run's page reads ``Session.logs`` and ``Session.metrics``
+(:class:`~higgsfield.ui.runfeed.RunFeed`).
 
 Pages subscribe to the hub's events (``runs``, ``nodes``); changes are coalesced
 for ``COALESCE_S`` so a burst of node news is one event.
@@ -35,15 +34,16 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
-from higgsfield import orchestrator
 from higgsfield.config import Config
 from higgsfield.discovery import DiscoveredExperiment, discover, find_experiment
 from higgsfield.errors import RunError
-from higgsfield.remote import Group
-from higgsfield.runspec import ACTIVE, RunStatus
-from higgsfield.ui.nodes import UP, NodeFeed
+from higgsfield.orchestrator import RunRequest, backend_for
+from higgsfield.orchestrator.backend import Plan
+from higgsfield.orchestrator.status import resolve_target
+from higgsfield.runspec import RunStatus
+from higgsfield.ui.fleet import Fleet
 from higgsfield.ui.runfeed import Event, RunFeed
-from higgsfield.workflows.ci_inputs import run_inputs
+from higgsfield.workflows.ci_inputs import form_total_nodes, run_inputs
 from higgsfield.workflows.form import form_inputs
 
 COALESCE_S = 0.05
@@ -53,18 +53,25 @@ SUBSCRIBER_BACKLOG = 64
 NODE_FIELDS = ("state", "slots", "exit_code", "started_at", "ended_at", "reason", "exclusive", "nproc")
 
 
+def fleet_for(cfg: Config, changed: Any, *, sample_every: float | None = None,
+              silent: float | None = None) -> Fleet:
+    """The fleet of ``cfg``'s backend (:func:`~higgsfield.orchestrator.backend_for` decides which)."""
+    if backend_for(cfg).name == "slurm":
+        from higgsfield.ui.cluster import ClusterFleet
+
+        return ClusterFleet(cfg, changed, every=sample_every)
+    from higgsfield.ui.nodes import NodesFleet
+
+    return NodesFleet(cfg, changed, every=sample_every, silent=silent)
+
+
 class Hub:
     """What every page of one dashboard shows, and what it may do."""
 
     def __init__(self, cfg: Config, *, sample_every: float | None = None, silent: float | None = None) -> None:
         self.cfg = cfg
-        self.group = Group.of(cfg, cfg.nodes)
-        options: dict[str, float] = {}
-        if sample_every is not None:
-            options["every"] = sample_every
-        if silent is not None:
-            options["silent"] = silent
-        self.feeds = [NodeFeed(cfg, m, self._changed, **options) for m in self.group.members]
+        self.backend = backend_for(cfg)
+        self.fleet = fleet_for(cfg, self._changed, sample_every=sample_every, silent=silent)
         self.subscribers: set[asyncio.Queue[Event]] = set()
         self.run_feeds: dict[str, RunFeed] = {}
         self._dirty: set[str] = set()
@@ -74,66 +81,42 @@ class Hub:
     # -- life -------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Connect every node (a host key that is not the pinned one refuses the whole dashboard) and
-        start the feeds; a node that cannot be reached is shown down and tried again, it stops nothing."""
-        await self.group.connect()
-        for f in self.feeds:
-            f.start()
+        """Connect and start watching (a host key that is not the pinned one refuses the whole dashboard);
+        a node that cannot be reached is shown down and tried again, it stops nothing."""
+        await self.fleet.start()
 
     async def close(self) -> None:
         for rf in list(self.run_feeds.values()):
             await rf.close()
-        for f in self.feeds:
-            await f.close()
+        await self.fleet.close()
         for q in list(self.subscribers):
             with contextlib.suppress(asyncio.QueueFull):
                 q.put_nowait(("bye", {}))
-        await self.group.close()
 
     # -- the state ----------------------------------------------------------------
 
     def runs(self) -> list[RunStatus]:
-        """Every run of the project on the nodes, merged as ``higgsfield status`` merges them (oldest first).
-
-        A node that is down contributes its last known records (the page marks them so).
-        """
-        records = [rec for f in self.feeds for rec in f.state.records.values()]
-        return orchestrator.merge(records)
+        """Every run of the project, oldest first, as ``higgsfield status`` shows them (a node or login
+        node that is down contributes its last known runs; the page marks them so)."""
+        return self.fleet.runs()
 
     def find(self, target: str) -> RunStatus:
-        return orchestrator.resolve_target(self.runs(), target)[0]
+        return resolve_target(self.runs(), target)[0]
 
     def run_view(self, status: RunStatus) -> dict[str, Any]:
-        """``status --json``'s object for one run, plus params, per-node queue places and slots."""
+        """``status --json``'s object for one run, plus per-node records, queue places and slots."""
         out = status.to_dict()
-        first = next(iter(status.nodes.values()), {})
-        out["params"] = first.get("params") or {}
         out["node_records"] = {n: {k: r.get(k) for k in NODE_FIELDS} for n, r in status.nodes.items()}
-        down = {f.state.name for f in self.feeds if f.state.state != UP}
-        out["stale_nodes"] = sorted(down & set(status.nodes))
-        queue: dict[str, Any] = {}
-        for f in self.feeds:
-            if f.state.name in status.nodes:
-                place = f.state.positions(self.cfg.name).get(status.run)
-                if place is not None:
-                    queue[f.state.name] = place
-        out["queue"] = queue
-        waiting = [p["position"] for p in queue.values() if p.get("position")]
-        out["queue_position"] = max(waiting) if waiting and status.state in ACTIVE else None
+        out.update(self.fleet.places(status))
         return out
 
     def runs_payload(self) -> dict[str, Any]:
         runs = self.runs()
-        return {"project": self.cfg.name, "runs": [self.run_view(r) for r in runs],
+        return {"project": self.cfg.name, "backend": self.backend.name, "runs": [self.run_view(r) for r in runs],
                 "experiments": sorted({r.experiment for r in runs} | set(self.experiment_names()))}
 
     def nodes_payload(self) -> dict[str, Any]:
-        return {"nodes": [self._node_view(f) for f in self.feeds]}
-
-    def _node_view(self, f: NodeFeed) -> dict[str, Any]:
-        d = f.state.to_dict()
-        d["queue"] = [{k: e.get(k) for k in ("project", "run", "want", "slots", "committed")} for e in f.state.queue]
-        return d
+        return {"nodes": self.fleet.nodes()}
 
     def experiment_names(self) -> list[str]:
         """The experiments under src/ (for "New run"), parsed again only when a file there changed."""
@@ -192,8 +175,7 @@ class Hub:
             status = next((r for r in self.runs() if r.run == run), None)
             if status is None:
                 raise RunError(f"no run named '{run}' (see 'higgsfield status')")
-            members = [m for m in self.group.members if m.name in status.nodes]
-            feed = RunFeed(self.cfg, Group(members), status, self._drop_feed)
+            feed = RunFeed(self.fleet.session(list(status.nodes)), status, self._drop_feed)
             self.run_feeds[run] = feed
         return feed
 
@@ -212,7 +194,8 @@ class Hub:
 
     async def kill(self, run: str) -> list[dict[str, Any]]:
         """``higgsfield kill RUN``, over the dashboard's connections; the killed runs' status."""
-        killed = await orchestrator.kill_runs(self.group, self.cfg, run)
+        killed = await self.fleet.session().kill(run)
+        self.fleet.poke()
         return [k.to_dict() for k in killed]
 
     def form(self, experiment: str, run: str | None = None) -> dict[str, Any]:
@@ -220,42 +203,36 @@ class Hub:
         exp = find_experiment(self.cfg.project_dir / "src", experiment)
         values: Mapping[str, Any] = {}
         if run is not None:
-            values = next((r.get("params") or {} for r in
-                           (self.run_view(s) for s in self.runs() if s.run == run)), {})
+            values = next((s.params for s in self.runs() if s.run == run), {})
         fields = []
-        for i in form_inputs(exp, len(self.cfg.nodes)):
+        for i in form_inputs(exp, form_total_nodes(self.cfg)):
             value = values.get(i.name, i.default)
             fields.append({"name": i.name, "type": i.type, "description": i.description, "required": i.required,
                            "default": i.default, "options": list(i.options) if i.options else None,
                            "value": value})
         return {"experiment": exp.name, "fields": fields}
 
-    def plan(self, experiment: str, values: Mapping[str, Any]) -> orchestrator.RunPlan:
+    def plan(self, experiment: str, values: Mapping[str, Any]) -> Plan:
         """Check a submitted form as the workflow's job does, then as ``higgsfield run`` does; raises one line."""
         exp = find_experiment(self.cfg.project_dir / "src", experiment)
-        environ = _form_environ(exp, values, len(self.cfg.nodes))
-        inputs = run_inputs(exp, environ, len(self.cfg.nodes))
-        return orchestrator.plan_run(self.cfg, exp.name, inputs.params, run_name=inputs.run_name,
-                                     nodes=inputs.nodes)
+        environ = _form_environ(exp, values, form_total_nodes(self.cfg))
+        inputs = run_inputs(exp, environ, form_total_nodes(self.cfg))
+        return self.backend.plan(RunRequest(exp.name, inputs.params, run_name=inputs.run_name, nodes=inputs.nodes))
+
+    def check(self, experiment: str, values: Mapping[str, Any]) -> dict[str, Any]:
+        """What the form's "Check" shows: the typed params and where the run would go."""
+        plan = self.plan(experiment, values)
+        return {"ok": True, "params": plan.params, "where": self.fleet.where(plan)}
 
     async def start_run(self, experiment: str, values: Mapping[str, Any]) -> dict[str, Any]:
-        """Validate and launch a run over the dashboard's connections; its status as the nodes reported it."""
+        """Validate and start (or submit) a run over the dashboard's connections; where it went."""
         from higgsfield import secrets
 
         plan = self.plan(experiment, values)
-        handle = await orchestrator.launch(Group(self.group.members[:len(plan.nodes)]), self.cfg, plan,
-                                           secrets=secrets.collect(self.cfg))
-        self._learn(handle.records)
-        return {"run": handle.run, "nodes": handle.nodes}
-
-    def _learn(self, records: list[dict[str, Any]]) -> None:
-        """Records a node just answered (a start): known now, before its feed reports them."""
-        feeds = {f.state.name: f for f in self.feeds}
-        for rec in records:
-            f = feeds.get(str(rec.get("node")))
-            if f is not None and isinstance(rec.get("run"), str):
-                f.state.records.setdefault(rec["run"], rec)
-        self._changed("runs")
+        nodes = [str(n.name) for n in getattr(plan, "nodes", [])] or None
+        handle = await self.fleet.session(nodes).start(plan, secrets=secrets.collect(self.cfg))
+        self.fleet.learn(handle)
+        return {"run": handle.run, "nodes": handle.nodes, "where": self.backend.describe(handle)}
 
     async def wait_for_run(self, run: str, timeout: float = FIND_WAIT_S) -> RunFeed:
         """:meth:`run_feed`, allowing a run started elsewhere a moment to reach the feeds."""

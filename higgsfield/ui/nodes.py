@@ -1,4 +1,8 @@
-"""One live feed per node, over the SSH connection the dashboard holds open for its whole life.
+"""SSH nodes for the dashboard: one live feed per node, over the connection it holds open for its whole life.
+
+:class:`NodesFleet` is the dashboard's :class:`~higgsfield.ui.fleet.Fleet` for a project
+of SSH nodes: one :class:`NodeFeed` per node, their records merged as ``higgsfield
+status`` merges them, and the SSH backend's Session over the same connections.
 
 Each node runs ``higgsfield invoker stats --follow --project P`` (see
 :mod:`higgsfield.invoker.watch`) on the dashboard's connection to it: a machine sample
@@ -20,13 +24,18 @@ import contextlib
 import json
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from higgsfield import orchestrator
 from higgsfield.config import Config
-from higgsfield.remote import Member
+from higgsfield.orchestrator import RunHandle, RunPlan
+from higgsfield.orchestrator.backend import Plan
+from higgsfield.orchestrator.nodes_backend import NodesSession
+from higgsfield.remote import Group, Member
 from higgsfield.remote.invoker import invoker_argv
+from higgsfield.runspec import ACTIVE, RunStatus
 
 SAMPLE_EVERY_S = 2.0
 SILENT_S = 6.0          # no line for this long: the node is not answering
@@ -132,7 +141,7 @@ class NodeFeed:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - any failure is this node's, shown on the page
-                reason = _why(e)
+                reason = why(e)
             self._mark(DOWN, reason)
             # A broken or silent connection is dropped; the next try logs in afresh (same single connection).
             with contextlib.suppress(Exception):
@@ -187,6 +196,81 @@ class NodeFeed:
             self.changed("runs")
 
 
-def _why(e: BaseException) -> str:
+def why(e: BaseException) -> str:
+    """An error as one reason for the page (a remote error's own reason, else its text, else its type)."""
     reason = getattr(e, "reason", None)
     return str(reason or e) or type(e).__name__
+
+
+class NodesFleet:
+    """The SSH nodes of higgsfield.yml: their feeds (pushed, never polled) and the SSH backend's Session."""
+
+    def __init__(self, cfg: Config, changed: Callable[[str], None], *, every: float | None = None,
+                 silent: float | None = None) -> None:
+        self.cfg = cfg
+        self.changed = changed
+        self.group = Group.of(cfg, cfg.nodes)
+        options: dict[str, float] = {}
+        if every is not None:
+            options["every"] = every
+        if silent is not None:
+            options["silent"] = silent
+        self.feeds = [NodeFeed(cfg, m, changed, **options) for m in self.group.members]
+        self.label = f"{len(cfg.nodes)} node(s)"
+
+    async def start(self) -> None:
+        """Connect every node (a host key that is not the pinned one refuses the whole dashboard) and
+        start the feeds; a node that cannot be reached is shown down and tried again, it stops nothing."""
+        await self.group.connect()
+        for f in self.feeds:
+            f.start()
+
+    async def close(self) -> None:
+        for f in self.feeds:
+            await f.close()
+        await self.group.close()
+
+    def runs(self) -> list[RunStatus]:
+        """The nodes' records merged as ``higgsfield status`` merges them (a node that is down: its last known)."""
+        return orchestrator.merge([rec for f in self.feeds for rec in f.state.records.values()])
+
+    def nodes(self) -> list[dict[str, Any]]:
+        out = []
+        for f in self.feeds:
+            d = f.state.to_dict()
+            d["queue"] = [{k: e.get(k) for k in ("project", "run", "want", "slots", "committed")}
+                          for e in f.state.queue]
+            out.append(d)
+        return out
+
+    def places(self, status: RunStatus) -> dict[str, Any]:
+        down = {f.state.name for f in self.feeds if f.state.state != UP}
+        queue: dict[str, Any] = {}
+        for f in self.feeds:
+            if f.state.name in status.nodes:
+                place = f.state.positions(self.cfg.name).get(status.run)
+                if place is not None:
+                    queue[f.state.name] = place
+        waiting = [p["position"] for p in queue.values() if p.get("position")]
+        return {"stale_nodes": sorted(down & set(status.nodes)), "queue": queue,
+                "queue_position": max(waiting) if waiting and status.state in ACTIVE else None}
+
+    def session(self, nodes: Sequence[str] | None = None) -> NodesSession:
+        members = self.group.members if nodes is None else [m for m in self.group.members if m.name in nodes]
+        return NodesSession(self.cfg, Group(members))
+
+    def where(self, plan: Plan) -> str:
+        assert isinstance(plan, RunPlan)
+        return f"on {', '.join(str(n.name) for n in plan.nodes)}"
+
+    def learn(self, handle: RunHandle) -> None:
+        """Records a node just answered (a start): known now, before its feed reports them."""
+        feeds = {f.state.name: f for f in self.feeds}
+        for rec in handle.records:
+            f = feeds.get(str(rec.get("node")))
+            if f is not None and isinstance(rec.get("run"), str):
+                f.state.records.setdefault(rec["run"], rec)
+        self.changed("runs")
+
+    def poke(self) -> None:
+        """Nothing to do: the nodes push every change of their records."""

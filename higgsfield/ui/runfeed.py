@@ -1,8 +1,8 @@
 """One run's merged logs and step metrics, read once and shared by every page that shows the run.
 
-A run page subscribes; the first subscriber starts the reads (the orchestrator's
-:func:`~higgsfield.orchestrator.follow` over the dashboard's connections, and
-:func:`~higgsfield.orchestrator.read_metrics` from node 0), later ones get what was
+A run page subscribes; the first subscriber starts the reads (the backend Session's
+``logs(follow=True)`` and ``metrics(follow=True)``, over the dashboard's connections: the
+calls behind ``higgsfield logs -f`` and ``higgsfield metrics -f``), later ones get what was
 read so far (the last ``KEEP_LINES`` lines, every metrics point) and then the live
 rest. Lines are batched for ``FLUSH_S`` (one event per batch, not per line). The
 reads stop ``LINGER_S`` after the last subscriber left, or when the run ended and
@@ -19,10 +19,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from higgsfield.config import Config
-from higgsfield.orchestrator import LOST_AFTER_S, follow, read_metrics
-from higgsfield.remote import Group
+from higgsfield.orchestrator import Session
 from higgsfield.runspec import RunStatus
+from higgsfield.ui.nodes import why
 
 KEEP_LINES = 20000
 FLUSH_S = 0.05
@@ -35,9 +34,8 @@ Event = tuple[str, Any]
 class RunFeed:
     """The shared reads of one run; ``on_idle`` is called when nobody watched it for ``LINGER_S``."""
 
-    def __init__(self, cfg: Config, group: Group, status: RunStatus, on_idle: Callable[[RunFeed], None]) -> None:
-        self.cfg = cfg
-        self.group = group
+    def __init__(self, session: Session, status: RunStatus, on_idle: Callable[[RunFeed], None]) -> None:
+        self.session = session
         self.status = status
         self.run = status.run
         self.on_idle = on_idle
@@ -121,7 +119,7 @@ class RunFeed:
 
     async def _logs(self) -> None:
         try:
-            async for line in follow(self.group, self.cfg, self.status, lost_after=LOST_AFTER_S):
+            async for line in self.session.logs(self.status, follow=True):
                 item = [line.node, line.rank, line.text, time.time()]
                 if len(self.lines) == self.lines.maxlen:
                     self.dropped += 1
@@ -132,7 +130,7 @@ class RunFeed:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - shown on the page
-            self._error(f"logs: {_why(e)}")
+            self._error(f"logs: {why(e)}")
         finally:
             self._flush_lines()
         self.logs_done = True
@@ -148,7 +146,7 @@ class RunFeed:
 
     async def _metrics(self) -> None:
         try:
-            async for m in read_metrics(self.group, self.cfg, self.status, follow=True):
+            async for m in self.session.metrics(self.status, follow=True):
                 if m is None:
                     continue
                 point = m.to_dict()
@@ -157,15 +155,10 @@ class RunFeed:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - shown on the page
-            self._error(f"metrics: {_why(e)}")
+            self._error(f"metrics: {why(e)}")
         self.metrics_done = True
         self._send(("metrics_end", {}))
 
     def _error(self, text: str) -> None:
         self.errors.append(text)
         self._send(("error", text))
-
-
-def _why(e: BaseException) -> str:
-    reason = getattr(e, "reason", None)
-    return str(reason or e) or type(e).__name__

@@ -68,6 +68,14 @@ class RunInputs:
     not_passed: tuple[str, ...] = field(default=())   # declared params the workflow does not pass (stale)
 
 
+def form_total_nodes(cfg: Config) -> int:
+    """The most nodes a run form may ask for: the SSH nodes of higgsfield.yml, or on a Slurm cluster
+    Slurm's own limit (there a run's node count is the size of the allocation it asks for)."""
+    from higgsfield.slurm_syntax import MAX_NODES
+
+    return MAX_NODES if cfg.slurm is not None else len(cfg.nodes)
+
+
 def run_inputs(exp: DiscoveredExperiment, environ: Mapping[str, str], total_nodes: int) -> RunInputs:
     """Read and validate a run form from ``environ``; raises ParamError naming the field."""
     passed = {k[len(ENV_PARAM_PREFIX):]: v for k, v in environ.items() if k.startswith(ENV_PARAM_PREFIX)}

@@ -107,10 +107,8 @@ def test_run_flags_override_nodes_time_partition() -> None:
         s.override(time="x")
 
 
-@pytest.mark.parametrize("command", [["ui", "--no-browser"], ["metrics", "some-run"]])
-def test_the_dashboard_and_metrics_refuse_a_slurm_project_in_one_line(tmp_path: Path, command: list[str]) -> None:
+def test_metrics_of_a_slurm_project_asks_its_login_node(tmp_path: Path) -> None:
+    """``metrics`` goes through the Slurm backend (the login node), not the SSH nodes: one line naming it."""
     write(tmp_path / "higgsfield.yml", BLOCK)
-    proc = run_cli(tmp_path, *command)
-    assert_one_line_error(proc, f"'higgsfield {command[0]}' reads SSH nodes only and this project runs on Slurm "
-                                f"(the slurm block of {tmp_path / 'higgsfield.yml'}): use 'higgsfield status', "
-                                "'logs -f' and 'kill' there")
+    assert_one_line_error(run_cli(tmp_path, "metrics", "some-run"),
+                          "login: cannot resolve host 'login.cluster.example': Name or service not known", code=1)

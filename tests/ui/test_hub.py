@@ -132,7 +132,7 @@ def _record(run: str, *, state: str = "succeeded", slots: list[int] | None = Non
 
 def _records(hub: Hub, records: list[dict[str, Any]], queue: list[dict[str, Any]] | None = None) -> None:
     """What the nodes' feeds would have brought: node 0 holds the records (and its queue)."""
-    st = hub.feeds[0].state
+    st = hub.fleet.feeds[0].state  # type: ignore[attr-defined]  # SSH nodes: a NodesFleet
     st.state = "up"
     st.records = {r["run"]: r for r in records}
     st.queue = queue or []

@@ -92,6 +92,7 @@ function stateBadge(r) {
 }
 function queueText(r) {
   if (r.queue_position) return `#${r.queue_position} waiting`;
+  if (r.state === "queued" && r.reason) return `waiting: ${r.reason}`;   // Slurm's reason (Resources, Priority)
   const held = Object.entries(r.queue || {}).filter(([, q]) => q.slots).map(([n, q]) => `${n}:${q.slots.join(",")}`);
   return held.length ? `slots ${held.join(" ")}` : "–";
 }
@@ -217,9 +218,9 @@ async function submitForm(check) {
   $("#form-error").textContent = ""; $("#form-ok").textContent = "";
   try {
     const r = await post("/api/runs", {experiment: dlg.dataset.experiment, values: formValues(), check});
-    if (check) { $("#form-ok").textContent = `ok: ${params(r.params)} on ${r.nodes.join(", ")}`; return; }
+    if (check) { $("#form-ok").textContent = `ok: ${params(r.params)} ${r.where}`; return; }
     dlg.close();
-    toast(`started ${r.run} on ${r.nodes.join(", ")}`);
+    toast(`started ${r.run} ${r.where}`);
     location.hash = `#run/${encodeURIComponent(r.run)}`;
   } catch (e) { $("#form-error").textContent = e.message; }
 }
@@ -393,16 +394,16 @@ function renderNodes() {
     const card = el("div", {class: `node n-${n.state}`, "data-node": n.name});
     card.append(el("div", {class: "node-head"},
       el("span", {class: "name", text: n.name}), el("span", {class: "host muted", text: n.host}),
-      el("span", {class: `node-state ns-${n.state}`, text: n.state === "up" ? "up" : n.state === "down" ? "not answering" : "connecting",
-                  title: n.reason || ""})));
+      el("span", {class: `node-state ns-${n.state}`, title: n.reason || "",
+                  text: n.label || (n.state === "up" ? "up" : n.state === "down" ? "not answering" : "connecting")})));
     if (n.state !== "up" && n.reason) card.append(el("div", {class: "reason", text: `${n.reason} (since ${when(n.since)})`}));
     if (n.sample) {
       const memPct = s.mem_total ? 100 * s.mem_used / s.mem_total : null;
       const diskPct = s.disk_total ? 100 * s.disk_used / s.disk_total : null;
       card.append(
         meter("CPU", s.cpu_percent, `${pct(s.cpu_percent)} of ${s.cpu_count} cores`, hist.map((h) => h[1]), "#1971c2"),
-        meter("memory", memPct, used(s.mem_used, s.mem_total), hist.map((h) => h[2]), "#2f9e44"),
-        meter("disk", diskPct, used(s.disk_used, s.disk_total), null));
+        meter("memory", memPct, used(s.mem_used, s.mem_total), hist.map((h) => h[2]), "#2f9e44"));
+      if (s.disk_total != null) card.append(meter("disk", diskPct, used(s.disk_used, s.disk_total), null));
       const gpus = s.gpus || [];
       if (gpus.length) {
         const t = el("table", {class: "gpus"}, el("tr", {}, ...["GPU", "util", "memory", "temp", ""].map((h) => el("th", {text: h}))));
@@ -413,7 +414,7 @@ function renderNodes() {
         }
         card.append(t, meter("GPU avg", null, "", hist.map((h) => h[3]), "#9c36b5"));
       } else {
-        card.append(el("div", {class: "muted small", text: "no GPUs (nvidia-smi not found): CPU slots"}));
+        card.append(el("div", {class: "muted small", text: n.note || "no GPUs (nvidia-smi not found): CPU slots"}));
       }
     }
     const q = n.queue || [];
@@ -454,6 +455,8 @@ async function main() {
   const s = await r.json();
   S.csrf = s.csrf; S.project = s.project;
   $("#project").textContent = s.project;
+  $("#project").title = `runs on ${s.where}`;
+  $("#where").textContent = s.where;
   document.title = `higgsfield · ${s.project}`;
   $("#f-exp").onchange = $("#f-state").onchange = renderRuns;
   $("#l-node").onchange = $("#l-rank").onchange = rerenderLines;
