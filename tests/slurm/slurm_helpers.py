@@ -1,10 +1,25 @@
-"""What the Slurm tests share: the experiment the jobs run, the secret, a synchronous engine driver."""
+"""What the Slurm tests share: the experiment the jobs run, the secret, a synchronous engine driver, and a
+user's project on the cluster driven through the real CLI (the journey's and the dashboard's)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import yaml
+from helpers_project import cli_env
 
 SECRET = "slurm-s3cret-4e1d9c"
 
@@ -26,6 +41,7 @@ from higgsfield.experiment import experiment, param
 @param("gate", default="")
 @param("steps", default=0)
 @param("crash_at", default=-1)
+@param("step_s", default=0.0)
 def probe(params):
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -39,6 +55,9 @@ def probe(params):
         time.sleep(0.5)
         raise RuntimeError(f"boom on rank {rank}")
     if params.steps:
+        from higgsfield.training import StepTimer
+
+        timer = StepTimer()   # rank 0's step metrics: what 'higgsfield metrics' prints and the dashboard plots
         ckpt = Path(os.environ["HIGGSFIELD_CHECKPOINT_DIR"]) / "step"
         start = int(ckpt.read_text()) if ckpt.exists() else 0
         print(f"resumed at step {start}", flush=True)
@@ -48,6 +67,9 @@ def probe(params):
             dist.barrier()
             if rank == 0:
                 ckpt.write_text(str(step + 1))
+            timer.step(step + 1, 10.0 / (step + 1), 128)
+            print(f"step {step + 1}", flush=True)
+            time.sleep(params.step_s)
             dist.barrier()
     gate = Path(os.environ["HIGGSFIELD_RUN_DIR"]) / params.gate if params.gate else None
     end = time.time() + params.sleep
@@ -79,3 +101,96 @@ class Cluster:
     def close(self) -> None:
         self.loop.run_until_complete(self.transport.close())
         self.loop.close()
+
+
+LINE = re.compile(r"^(n\d)/(\d+) \| (.*)$")
+
+
+class User:
+    """A user in their project directory, running ``higgsfield ...`` there (optionally timed)."""
+
+    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+        self.cwd, self.env = cwd, env
+        self.timings: dict[str, float] = {}
+
+    def __call__(self, *args: str, timeout: float = 180, ok: bool = True, timed: str | None = None,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "higgsfield", *args], cwd=self.cwd, env=env or self.env,
+                           capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        if timed:
+            self.timings[timed] = round(time.monotonic() - t0, 1)
+        if ok and r.returncode != 0:
+            raise AssertionError(f"higgsfield {' '.join(args)} exited {r.returncode}\nstdout:\n{r.stdout[-4000:]}"
+                                 f"\nstderr:\n{r.stderr[-4000:]}")
+        return r
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        data = json.loads(self("status", "--json").stdout)
+        assert data["unreachable"] == {}
+        return {r["run"]: r for r in data["runs"]}
+
+    def wait(self, run: str, pred: Any, timeout: float = 120) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.status().get(run, {})
+            if pred(st):
+                return st
+            assert time.monotonic() < deadline, f"{run}: {st}"
+            time.sleep(1)
+
+
+def by_rank(out: str) -> dict[int, tuple[str, list[str]]]:
+    """rank -> (its node, its lines), from ``node/rank | text`` lines."""
+    found: dict[int, tuple[str, list[str]]] = {}
+    for ln in out.splitlines():
+        m = LINE.match(ln)
+        if m:
+            found.setdefault(int(m.group(2)), (m.group(1), []))[1].append(m.group(3))
+    return found
+
+
+def squeue_names(timeout: float = 30) -> list[str]:
+    """The login user's jobs Slurm still runs, once none is left (or after ``timeout``: what is left)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        names = subprocess.run(["squeue", "-h", "-u", "hfnode20", "-o", "%j"], capture_output=True, text=True,
+                               timeout=30).stdout.split()
+        if not names or time.monotonic() > deadline:
+            return names
+        time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def make_project(login: Any, root: Path, label: str) -> Iterator[tuple[User, Path]]:
+    """A new project in ``root`` whose config names the cluster (nothing set up yet), and its workdir
+    (not created yet); the user's jobs are cancelled and the workdir removed afterwards."""
+    h, bed = login["host"], login["bed"]
+    pw = pwd.getpwnam(h.user)
+    workdir = Path(pw.pw_dir) / f"hf-{label}-{uuid.uuid4().hex[:8]}"
+    proj = root / "lab"
+    (proj / "src").mkdir(parents=True)
+    (proj / "src" / "slurmprobe.py").write_text(EXPERIMENT)
+    (proj / "requirements.txt").write_text("torch==2.13.0\n")   # the CPU wheel on this machine's disk
+    (proj / ".gitignore").write_text("env\n.higgsfield/logs/\n.higgsfield/cache/\n")
+    (proj / "env").write_text(f"HF_SLURM_SECRET={SECRET}\n")
+    config = {"name": "lab", "secrets": ["HF_SLURM_SECRET"], "nproc_per_node": 2,
+              "ssh": {"identity_file": str(bed.client_key), "known_hosts": ".higgsfield/known_hosts"},
+              "slurm": {"login": {"host": h.address, "user": h.user, "port": h.port}, "workdir": str(workdir),
+                        "partition": "debug", "account": "testlab", "nodes": 2, "time": "5"}}
+    (proj / "higgsfield.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+    env = cli_env(root / "home", PYTHONUNBUFFERED="1", COLUMNS="200", GIT_AUTHOR_NAME="u",
+                  GIT_AUTHOR_EMAIL="u@example.com", GIT_COMMITTER_NAME="u", GIT_COMMITTER_EMAIL="u@example.com")
+    env.pop("CI", None)
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "a project on a cluster"]):
+        subprocess.run(["git", *args], cwd=proj, env=env, check=True, capture_output=True, timeout=60)
+    user = User(proj, env)
+    try:
+        yield user, workdir
+    finally:
+        subprocess.run(["scancel", "-u", h.user], capture_output=True, timeout=60)
+        if user.timings:
+            print(f"\nslurm {label} timings (s):\n" +
+                  "\n".join(f"  {k:<34} {v:6.1f}" for k, v in user.timings.items()))
+        if not os.environ.get("HF_SLURM_KEEP"):
+            shutil.rmtree(workdir, ignore_errors=True)

@@ -22,6 +22,7 @@ from higgsfield.orchestrator.slurm_backend import SlurmBackend, SlurmSession
 from higgsfield.remote.base import CommandResult
 from higgsfield.slurm import SlurmSettings
 from higgsfield.slurm import preflight as pf
+from higgsfield.slurm.machines import parse_sinfo_nodes, sinfo_nodes_argv
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -137,6 +138,28 @@ def test_sinfo_gives_partitions_idle_nodes_and_gpus() -> None:
         (True, 3, 2, 0)
     assert (parts["gpu"].nodes, parts["gpu"].idle, parts["gpu"].gpus) == (4, 1, 32)
     assert parts["gpu"].describe() == "gpu: 4 nodes, 1 idle, 32 GPUs"
+
+
+SINFO_NODES = """\
+n1|idle|2|0.05|1000|800|(null)|none
+n2|mixed|2|1.50|1000|N/A|gpu:a100:4(S:0-1),shard:8|none
+n3|down*|2|N/A|1000|N/A|gpu:2|Not responding
+n4|drained|8|0.00|64000|60000|gpu:8|disk swap | ticket 12
+n1|idle|2|0.05|1000|800|(null)|none
+"""
+
+
+def test_sinfo_nodes_give_each_node_once_with_state_load_memory_gpus_and_reason() -> None:
+    nodes = {n.name: n for n in parse_sinfo_nodes(SINFO_NODES)}
+    assert list(nodes) == ["n1", "n2", "n3", "n4"]          # a node in two partitions: once
+    n1, n2, n3, n4 = nodes.values()
+    assert (n1.state, n1.usable, n1.cpus, n1.cpu_load, n1.memory_mib, n1.free_mib, n1.gpus, n1.gres, n1.reason) == \
+        ("idle", True, 2, 0.05, 1000, 800, 0, "", None)
+    assert (n2.state, n2.usable, n2.cpu_load, n2.free_mib, n2.gpus) == ("mixed", True, 1.5, None, 4)
+    assert (n3.state, n3.responding, n3.usable, n3.cpu_load, n3.reason) == ("down", False, False, None,
+                                                                           "Not responding")
+    assert (n4.usable, n4.gpus, n4.reason) == (False, 8, "disk swap | ticket 12")   # free text, '|' and all
+    assert sinfo_nodes_argv("gpu")[-2:] == ["-p", "gpu"] and "-p" not in sinfo_nodes_argv(None)
 
 
 def test_a_bad_partition_or_account_is_one_line_naming_the_field() -> None:

@@ -9,6 +9,7 @@ its home (which the bed's compute nodes n1..n3 see)::
     higgsfield deploy                         # the release + the project environment (torch) in the workdir
     higgsfield doctor --json                  # partitions, idle nodes, the account, the environment
     higgsfield run probe ...             # 2 nodes x 2 gloo ranks, followed: merged node/rank logs, succeeded
+    higgsfield run ... --max-restarts 1       # a rank crashes: Slurm requeues the job, it resumes from its checkpoint
     higgsfield run ... --detach; logs -f      # a long run followed live
     higgsfield ci run probe                   # as a workflow does: queued behind it, Slurm's reason shown
     higgsfield status --json; kill; ci kill   # both end killed, nothing left in squeue
@@ -19,110 +20,28 @@ its home (which the bed's compute nodes n1..n3 see)::
 from __future__ import annotations
 
 import json
-import os
-import pwd
 import re
 import shutil
 import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from helpers_project import cli_env
-from slurm_helpers import EXPERIMENT, SECRET
+from slurm_helpers import SECRET, User, by_rank, make_project, squeue_names
 
 pytestmark = [pytest.mark.slow, pytest.mark.sshd]
-LINE = re.compile(r"^(n\d)/(\d+) \| (.*)$")
-
-
-class User:
-    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
-        self.cwd, self.env = cwd, env
-        self.timings: dict[str, float] = {}
-
-    def __call__(self, *args: str, timeout: float = 180, ok: bool = True, timed: str | None = None,
-                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        t0 = time.monotonic()
-        r = subprocess.run([sys.executable, "-m", "higgsfield", *args], cwd=self.cwd, env=env or self.env,
-                           capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-        if timed:
-            self.timings[timed] = round(time.monotonic() - t0, 1)
-        if ok and r.returncode != 0:
-            raise AssertionError(f"higgsfield {' '.join(args)} exited {r.returncode}\nstdout:\n{r.stdout[-4000:]}"
-                                 f"\nstderr:\n{r.stderr[-4000:]}")
-        return r
-
-    def status(self) -> dict[str, dict[str, Any]]:
-        data = json.loads(self("status", "--json").stdout)
-        assert data["unreachable"] == {}
-        return {r["run"]: r for r in data["runs"]}
-
-    def wait(self, run: str, pred: Any, timeout: float = 120) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            st = self.status().get(run, {})
-            if pred(st):
-                return st
-            assert time.monotonic() < deadline, f"{run}: {st}"
-            time.sleep(1)
-
-
-def by_rank(out: str) -> dict[int, tuple[str, list[str]]]:
-    """rank -> (its node, its lines), from ``node/rank | text`` lines."""
-    found: dict[int, tuple[str, list[str]]] = {}
-    for ln in out.splitlines():
-        m = LINE.match(ln)
-        if m:
-            found.setdefault(int(m.group(2)), (m.group(1), []))[1].append(m.group(3))
-    return found
-
-
-def squeue_names(timeout: float = 30) -> list[str]:
-    """The login user's jobs Slurm still runs, once none is left (or after ``timeout``: what is left)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        names = subprocess.run(["squeue", "-h", "-u", "hfnode20", "-o", "%j"], capture_output=True, text=True,
-                               timeout=30).stdout.split()
-        if not names or time.monotonic() > deadline:
-            return names
-        time.sleep(0.5)
 
 
 @pytest.fixture
 def cluster_project(login: Any, tmp_path: Path) -> Iterator[tuple[User, Path]]:
     """A new project whose config names the cluster; its workdir (not created yet) is removed afterwards."""
-    h, bed = login["host"], login["bed"]
-    pw = pwd.getpwnam(h.user)
-    workdir = Path(pw.pw_dir) / f"hf-journey-{uuid.uuid4().hex[:8]}"
-    proj = tmp_path / "lab"
-    (proj / "src").mkdir(parents=True)
-    (proj / "src" / "slurmprobe.py").write_text(EXPERIMENT)
-    (proj / "requirements.txt").write_text("torch==2.13.0\n")   # the CPU wheel on this machine's disk
-    (proj / ".gitignore").write_text("env\n.higgsfield/logs/\n.higgsfield/cache/\n")
-    (proj / "env").write_text(f"HF_SLURM_SECRET={SECRET}\n")
-    config = {"name": "lab", "secrets": ["HF_SLURM_SECRET"], "nproc_per_node": 2,
-              "ssh": {"identity_file": str(bed.client_key), "known_hosts": ".higgsfield/known_hosts"},
-              "slurm": {"login": {"host": h.address, "user": h.user, "port": h.port}, "workdir": str(workdir),
-                        "partition": "debug", "account": "testlab", "nodes": 2, "time": "5"}}
-    (proj / "higgsfield.yml").write_text(yaml.safe_dump(config, sort_keys=False))
-    env = cli_env(tmp_path / "home", PYTHONUNBUFFERED="1", COLUMNS="200", GIT_AUTHOR_NAME="u",
-                  GIT_AUTHOR_EMAIL="u@example.com", GIT_COMMITTER_NAME="u", GIT_COMMITTER_EMAIL="u@example.com")
-    env.pop("CI", None)
-    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "a project on a cluster"]):
-        subprocess.run(["git", *args], cwd=proj, env=env, check=True, capture_output=True, timeout=60)
-    user = User(proj, env)
-    yield user, workdir
-    subprocess.run(["scancel", "-u", h.user], capture_output=True, timeout=60)
-    if user.timings:
-        print("\nslurm journey timings (s):\n" + "\n".join(f"  {k:<34} {v:6.1f}" for k, v in user.timings.items()))
-    if not os.environ.get("HF_SLURM_KEEP"):
-        shutil.rmtree(workdir, ignore_errors=True)
+    with make_project(login, tmp_path, "journey") as made:
+        yield made
 
 
 @pytest.mark.timeout(900)
@@ -157,6 +76,17 @@ def test_setup_deploy_run_logs_status_kill_and_ci_on_slurm(cluster_project: tupl
     st = user.status()["first"]
     assert (st["state"], st["exit_code"], sorted(st["nodes"])) == ("succeeded", 0, ["n1", "n2"])
     assert by_rank(user("logs", "first").stdout) == ranks
+
+    # -- a rank crash with --max-restarts 1: the job is requeued and resumes from its checkpoint ------------
+    user("run", "probe", "-p", "steps=6", "-p", "crash_at=3", "--max-restarts", "1", "--run-name", "requeued",
+         "--detach")
+    st = user.wait("requeued", lambda s: s.get("state") in ("succeeded", "failed", "killed"), 240)
+    assert st["state"] == "succeeded", st
+    rank0 = by_rank(user("logs", "requeued").stdout)[0][1]
+    assert "resumed at step 0" in rank0 and "resumed at step 3" in rank0, rank0
+    assert (workdir / "checkpoints" / "lab" / "requeued" / "step").read_text() == "6"
+    steps = [json.loads(ln)["step"] for ln in user("metrics", "requeued", "--json").stdout.splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6], steps   # the curve goes on where the checkpoint left it
 
     # -- a long run, followed live by logs -f; a workflow's run queues behind it -------------------------
     t0 = time.monotonic()

@@ -1,7 +1,7 @@
 """Fixtures of the dashboard's browser tests: Debian's Chromium through Playwright, and a real ``higgsfield ui``.
 
 - ``browser``: headless Chromium (``/usr/lib/chromium/chromium``, installed by the
-  test bed's apt step or ``make chromium``; never ``playwright install``), one per session.
+  test bed's apt step or ``make chromium``; never ``playwright install``), one per module.
 - ``ui_bed`` / ``ui_cluster``: the test bed with the dashboard's own hosts hfnode15..17, and
   the project ``hfui`` on them (``make_cluster`` of tests/runs, deployed once).
 - :func:`start_dashboard`: ``higgsfield ui --port 0 --no-browser`` in a project, as a
@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,28 +24,14 @@ sys.path.insert(0, str(RUNS))  # runs_helpers (tests/ has no packages), as tests
 
 from runs_helpers import bed_for, runs_conftest  # noqa: E402
 from runs_helpers import restore_hosts as _restore_hosts  # noqa: E402
-from ui_helpers import INDICES  # noqa: E402
-
-CHROMIUM = "/usr/lib/chromium/chromium"
-
-
-def chromium_path() -> str:
-    path = os.environ.get("CHROMIUM") or (CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"))
-    if not path or not Path(path).exists():
-        pytest.fail("no Chromium: apt-get install -y chromium (make chromium does it), or set CHROMIUM=")
-    return path
+from ui_helpers import INDICES, launch_browser  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Chromium for one test module. Not longer: Playwright's sync API keeps an event loop running
-    in the main thread while it is open, and every later test that calls asyncio.run in-process
-    (the CLI's own commands) would fail with "cannot be called from a running event loop"."""
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
+    """Chromium for one test module (ui_helpers.launch_browser says why not longer)."""
+    with launch_browser() as b:
         yield b
-        b.close()
 
 
 # -- the test bed: three hosts of the dashboard's own ---------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from runs_helpers import run_processes
-from ui_helpers import Dashboard, dashboard, open_page, row, shoot, wait_for
+from ui_helpers import Dashboard, dashboard, open_page, row, shoot, start_from_form, wait_for
 
 pytest.importorskip("starlette")
 pytest.importorskip("playwright")
@@ -61,17 +61,6 @@ def page(browser: Any, ui: Dashboard) -> Iterator[Any]:
     p.close()
 
 
-def _start_from_form(page: Any, experiment: str, values: dict[str, str]) -> str:
-    page.evaluate("location.hash = '#runs'")
-    page.select_option("#new-exp", experiment)
-    page.click("#new-run")
-    for name, value in values.items():
-        page.fill(f"#ff-{name}", value)
-    page.click("#form-start")
-    expect(page).to_have_url(re.compile(r"#run/"), timeout=30000)
-    return str(page.evaluate("decodeURIComponent(location.hash.slice(5))"))
-
-
 def test_a_run_from_the_form_trains_live_and_metrics_agree(page: Any, project: Path, tmp_path: Path) -> None:
     # a bad value is refused in the form with run's own one-line message, nothing starts
     page.select_option("#new-exp", "regression")
@@ -81,7 +70,7 @@ def test_a_run_from_the_form_trains_live_and_metrics_agree(page: Any, project: P
     expect(page.locator("#form-error")).to_contain_text("steps", timeout=10000)
     page.click("#form-cancel")
 
-    run = _start_from_form(page, "regression", {"steps": "40", "step_sleep": "0.15", "run_name": "reg-live"})
+    run = start_from_form(page, "regression", {"steps": "40", "step_sleep": "0.15", "run_name": "reg-live"})
     assert run == "reg-live"
     expect(page.locator("#run-state")).to_have_text(re.compile("starting|running"), timeout=30000)
     expect(page.locator("#log")).to_contain_text("localhost/0", timeout=30000)
@@ -122,7 +111,7 @@ def test_a_run_from_the_form_trains_live_and_metrics_agree(page: Any, project: P
 
 def test_kill_from_the_page_and_a_failure_names_its_rank(page: Any, project: Path, ui: Dashboard,
                                                          tmp_path: Path) -> None:
-    run = _start_from_form(page, "probe", {"run_name": "probe-kill"})
+    run = start_from_form(page, "probe", {"run_name": "probe-kill"})
     expect(page.locator("#log")).to_contain_text("probe rank 1 up", timeout=30000)
     t0 = time.monotonic()
     page.click("#run-kill")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+CHROMIUM = "/usr/lib/chromium/chromium"
 INDICES = (15, 16, 17)   # the cluster tests' hosts hfnode15..17 (127.0.0.17-19): nobody else's on the shared bed
 URL = re.compile(r"^http://127\.0\.0\.1:(\d+)/\?token=(\S+)$")
 
@@ -97,3 +99,44 @@ def wait_for(pred: Any, timeout: float, what: str, poll: float = 0.1) -> Any:
     from runs_helpers import wait_for as poll_until  # tests/runs is on sys.path (tests/ui/conftest.py)
 
     return poll_until(pred, timeout, what, poll)
+
+
+def chromium_path() -> str:
+    """Debian's Chromium (installed by the test bed's apt step or ``make chromium``; never ``playwright install``)."""
+    import pytest
+
+    path = os.environ.get("CHROMIUM") or (CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"))
+    if not path or not Path(path).exists():
+        pytest.fail("no Chromium: apt-get install -y chromium (make chromium does it), or set CHROMIUM=")
+    return path
+
+
+@contextlib.contextmanager
+def launch_browser() -> Iterator[Any]:
+    """Headless Chromium through Playwright until the block ends. Hold it for one test module, not longer:
+    Playwright's sync API keeps an event loop running in the main thread while it is open, and every later
+    test that calls asyncio.run in-process (the CLI's own commands) would fail with "cannot be called from
+    a running event loop"."""
+    import pytest
+
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def start_from_form(page: Any, experiment: str, values: dict[str, str]) -> str:
+    """Start ``experiment`` from the page's "New run" form with ``values``; the run's name (its page opens)."""
+    from playwright.sync_api import expect
+
+    page.evaluate("location.hash = '#runs'")
+    page.select_option("#new-exp", experiment)
+    page.click("#new-run")
+    for name, value in values.items():
+        page.fill(f"#ff-{name}", value)
+    page.click("#form-start")
+    expect(page).to_have_url(re.compile(r"#run/"), timeout=30000)
+    return str(page.evaluate("decodeURIComponent(location.hash.slice(5))"))
