@@ -30,6 +30,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from higgsfield.config import Config
 from higgsfield.metrics import StepMetrics
 from higgsfield.orchestrator.deployment import DeployResult
 from higgsfield.orchestrator.logs import LogLine
@@ -104,6 +105,7 @@ class Backend(Protocol):
     """Where this project's runs happen: plans runs without I/O, opens sessions, deploys the code."""
 
     name: str
+    cfg: Config
 
     def plan(self, request: RunRequest) -> Plan: ...
 

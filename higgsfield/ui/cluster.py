@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
-from higgsfield.config import Config
 from higgsfield.errors import RunError
 from higgsfield.orchestrator import RunHandle
 from higgsfield.orchestrator.backend import Plan
@@ -44,10 +43,10 @@ MIB = 1 << 20
 class ClusterFleet:
     """The runs and nodes of the cluster of ``cfg``'s ``slurm:`` block, as Slurm reports them."""
 
-    def __init__(self, cfg: Config, changed: Changed, *, every: float | None = None) -> None:
-        self.cfg = cfg
+    def __init__(self, backend: SlurmBackend, changed: Changed, *, every: float | None = None) -> None:
+        self.cfg = backend.cfg
         self.changed = changed
-        self.backend = SlurmBackend(cfg)
+        self.backend = backend
         login = self.backend.login_cfg.nodes[0]
         self.login_name, self.login_host = str(login.name), str(login.host)
         self.partition = self.backend.settings.partition

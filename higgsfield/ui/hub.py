@@ -38,10 +38,11 @@ from higgsfield.config import Config
 from higgsfield.discovery import DiscoveredExperiment, discover, find_experiment
 from higgsfield.errors import RunError
 from higgsfield.orchestrator import RunRequest, backend_for
-from higgsfield.orchestrator.backend import Plan
+from higgsfield.orchestrator.backend import Backend, Plan
+from higgsfield.orchestrator.slurm_backend import SlurmBackend
 from higgsfield.orchestrator.status import resolve_target
 from higgsfield.runspec import RunStatus
-from higgsfield.ui.fleet import Fleet
+from higgsfield.ui.fleet import Changed, Fleet
 from higgsfield.ui.runfeed import Event, RunFeed
 from higgsfield.workflows.ci_inputs import form_total_nodes, run_inputs
 from higgsfield.workflows.form import form_inputs
@@ -53,16 +54,16 @@ SUBSCRIBER_BACKLOG = 64
 NODE_FIELDS = ("state", "slots", "exit_code", "started_at", "ended_at", "reason", "exclusive", "nproc")
 
 
-def fleet_for(cfg: Config, changed: Any, *, sample_every: float | None = None,
+def fleet_for(backend: Backend, changed: Changed, *, sample_every: float | None = None,
               silent: float | None = None) -> Fleet:
-    """The fleet of ``cfg``'s backend (:func:`~higgsfield.orchestrator.backend_for` decides which)."""
-    if backend_for(cfg).name == "slurm":
+    """How the dashboard watches ``backend`` (:func:`~higgsfield.orchestrator.backend_for` chose it)."""
+    if isinstance(backend, SlurmBackend):
         from higgsfield.ui.cluster import ClusterFleet
 
-        return ClusterFleet(cfg, changed, every=sample_every)
+        return ClusterFleet(backend, changed, every=sample_every)
     from higgsfield.ui.nodes import NodesFleet
 
-    return NodesFleet(cfg, changed, every=sample_every, silent=silent)
+    return NodesFleet(backend.cfg, changed, every=sample_every, silent=silent)
 
 
 class Hub:
@@ -71,7 +72,7 @@ class Hub:
     def __init__(self, cfg: Config, *, sample_every: float | None = None, silent: float | None = None) -> None:
         self.cfg = cfg
         self.backend = backend_for(cfg)
-        self.fleet = fleet_for(cfg, self._changed, sample_every=sample_every, silent=silent)
+        self.fleet = fleet_for(self.backend, self._changed, sample_every=sample_every, silent=silent)
         self.subscribers: set[asyncio.Queue[Event]] = set()
         self.run_feeds: dict[str, RunFeed] = {}
         self._dirty: set[str] = set()
