@@ -44,7 +44,7 @@ from higgsfield.orchestrator.status import resolve_target
 from higgsfield.runspec import RunStatus
 from higgsfield.ui.fleet import Changed, Fleet
 from higgsfield.ui.runfeed import Event, RunFeed
-from higgsfield.workflows.ci_inputs import form_total_nodes, run_inputs
+from higgsfield.workflows.ci_inputs import form_nodes_when_empty, form_total_nodes, run_inputs
 from higgsfield.workflows.form import form_inputs
 
 COALESCE_S = 0.05
@@ -206,7 +206,7 @@ class Hub:
         if run is not None:
             values = next((s.params for s in self.runs() if s.run == run), {})
         fields = []
-        for i in form_inputs(exp, form_total_nodes(self.cfg)):
+        for i in form_inputs(exp, form_nodes_when_empty(self.cfg)):
             value = values.get(i.name, i.default)
             fields.append({"name": i.name, "type": i.type, "description": i.description, "required": i.required,
                            "default": i.default, "options": list(i.options) if i.options else None,
@@ -216,7 +216,7 @@ class Hub:
     def plan(self, experiment: str, values: Mapping[str, Any]) -> Plan:
         """Check a submitted form as the workflow's job does, then as ``higgsfield run`` does; raises one line."""
         exp = find_experiment(self.cfg.project_dir / "src", experiment)
-        environ = _form_environ(exp, values, form_total_nodes(self.cfg))
+        environ = _form_environ(exp, values)
         inputs = run_inputs(exp, environ, form_total_nodes(self.cfg))
         return self.backend.plan(RunRequest(exp.name, inputs.params, run_name=inputs.run_name, nodes=inputs.nodes))
 
@@ -247,13 +247,13 @@ class Hub:
             await asyncio.sleep(0.1)
 
 
-def _form_environ(exp: DiscoveredExperiment, values: Mapping[str, Any], total_nodes: int) -> dict[str, str]:
+def _form_environ(exp: DiscoveredExperiment, values: Mapping[str, Any]) -> dict[str, str]:
     """The page's form values as the environment the Actions job would get (``FormInput.env``), as text.
 
     A field the page did not send is not passed, as a workflow that lacks it; a
     boolean is ``true``/``false``, numbers their text, as GitHub sends them.
     """
-    known = {i.name: i for i in form_inputs(exp, total_nodes)}
+    known = {i.name: i for i in form_inputs(exp)}
     unknown = sorted(set(values) - set(known))
     if unknown:
         raise RunError(f"experiment '{exp.name}' has no form field '{unknown[0]}'")

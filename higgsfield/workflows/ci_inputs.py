@@ -76,6 +76,17 @@ def form_total_nodes(cfg: Config) -> int:
     return MAX_NODES if cfg.slurm is not None else len(cfg.nodes)
 
 
+def form_nodes_when_empty(cfg: Config) -> str:
+    """What an empty ``nodes`` field of a run form means on this project, as the form says it.
+
+    On SSH nodes a run takes every node listed; on a Slurm cluster it asks for ``slurm.nodes``
+    (there is no list of nodes to take them all from).
+    """
+    if cfg.slurm is not None:
+        return f"slurm.nodes in higgsfield.yml ({cfg.slurm.nodes})"
+    return f"every node in higgsfield.yml ({len(cfg.nodes)})"
+
+
 def run_inputs(exp: DiscoveredExperiment, environ: Mapping[str, str], total_nodes: int) -> RunInputs:
     """Read and validate a run form from ``environ``; raises ParamError naming the field."""
     passed = {k[len(ENV_PARAM_PREFIX):]: v for k, v in environ.items() if k.startswith(ENV_PARAM_PREFIX)}

@@ -51,9 +51,12 @@ class FormInput:
     env: str                     # the environment variable the job step reads it from
 
 
-def form_inputs(exp: DiscoveredExperiment, total_nodes: int | None = None) -> list[FormInput]:
-    """The inputs of ``exp``'s form: ``run_name``, ``nodes``, then one per ``@param`` in declared order."""
-    every = "every node in higgsfield.yml" + (f" ({total_nodes})" if total_nodes else "")
+def form_inputs(exp: DiscoveredExperiment, when_empty: str | None = None) -> list[FormInput]:
+    """The inputs of ``exp``'s form: ``run_name``, ``nodes``, then one per ``@param`` in declared order.
+
+    ``when_empty`` is what an empty ``nodes`` means (``ci_inputs.form_nodes_when_empty``).
+    """
+    every = when_empty or "every node in higgsfield.yml"
     out = [
         FormInput("run_name", "string", "Name of this run (letters, digits, _ . -); empty: a generated name",
                   False, "", None, ENV_RUN_NAME),

@@ -27,6 +27,7 @@ import jinja2
 
 from higgsfield import __version__
 from higgsfield.names import NAME_RE
+from higgsfield.workflows.ci_inputs import form_nodes_when_empty
 from higgsfield.workflows.form import form_inputs
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ def render_workflows(cfg: Config, experiments: list[DiscoveredExperiment]) -> di
     for exp in experiments:
         files[f"run_{exp.name}.yml"] = run_template.render(
             common, experiment=exp.name, source=_relative(exp.file, cfg.project_dir),
-            inputs=form_inputs(exp, len(cfg.nodes)))
+            inputs=form_inputs(exp, form_nodes_when_empty(cfg)))
     return {name: _normalise(text) for name, text in sorted(files.items())}
 
 

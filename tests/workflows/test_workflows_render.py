@@ -65,6 +65,15 @@ def test_form_inputs_are_typed(project: Path) -> None:
     assert inputs["on"]["type"] == "boolean" and "default" not in inputs["on"]   # a YAML-special key, quoted
 
 
+def test_a_slurm_projects_form_says_an_empty_nodes_asks_for_slurm_nodes(tmp_path: Path) -> None:
+    # A Slurm project lists no nodes: an empty field asks for slurm.nodes, not "every node" of none.
+    proj = make_project(tmp_path / "p", config="name: lab\nslurm:\n  login: login.example\n  nodes: 8\n"
+                                               "  workdir: /shared/lab\n")
+    nodes = load(rendered(proj)["run_alpaca.yml"])["on"]["workflow_dispatch"]["inputs"]["nodes"]
+    assert nodes["description"].endswith("empty: slurm.nodes in higgsfield.yml (8)")
+    assert "every node" not in nodes["description"]
+
+
 def test_float_defaults_read_back_as_floats_in_yaml_1_1(tmp_path: Path) -> None:
     proj = make_project(tmp_path / "p", experiment='''
         from higgsfield.experiment import experiment, param
