@@ -18,6 +18,7 @@
     ├── UIError                     ``higgsfield ui`` cannot serve (port taken or invalid, extra missing) (exit 2)
     └── RunError                    a run is unknown, failed to launch, or failed
         ├── NoSuchRun               no run or experiment has the name given (exit 2: the user's to fix)
+        ├── RunNameInUse            a start refused: the name belongs to an active run, left untouched (exit 2)
         └── NodeLost                a followed run's log stream of one node could not be re-attached
 
 The CLI catches ``HiggsfieldError`` and prints ``str(err)`` as one line; ``--debug``
@@ -95,6 +96,23 @@ class NoSuchRun(RunError):
     """A run or experiment name that names no run: a mistyped argument, like any bad input."""
 
     exit_code = 2
+
+
+class RunNameInUse(RunError):
+    """A start refused because the run name belongs to a queued, starting or running run (exit 2).
+
+    The run holding the name is never touched by the refusal; the message says how to
+    follow or stop it, or to pick another name. ``nodes`` names where it was found.
+    """
+
+    exit_code = 2
+
+    def __init__(self, run: str, state: str, nodes: str, detail: str = "") -> None:
+        super().__init__(f"run '{run}' is already {state} on {nodes}: follow it with 'higgsfield logs -f {run}', "
+                         f"stop it with 'higgsfield kill {run}', or pick another --run-name{detail}")
+        self.run = run
+        self.state = state
+        self.nodes = nodes
 
 
 class UIError(HiggsfieldError):

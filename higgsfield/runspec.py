@@ -93,6 +93,9 @@ class RunSpec:
     runtime: str = "auto"
     exclusive: bool = False
     src_dir: str = "src"
+    attempt: str = ""
+    """This start's random token (letters and digits): a failed start's clean-up stops only the records it made.
+    Sent only when set, so a spec without one reads on a node that predates it."""
     version: int = SPEC_VERSION
 
     @property
@@ -105,6 +108,8 @@ class RunSpec:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["nodes"] = list(self.nodes)
+        if not self.attempt:
+            del d["attempt"]
         return d
 
     @classmethod
@@ -144,6 +149,7 @@ class RunSpec:
                 runtime=_choice(data, "runtime", RUNTIMES, default="auto"),
                 exclusive=_bool(data, "exclusive", default=False),
                 src_dir=_relative(_str(data, "src_dir", default="src")),
+                attempt=_attempt(data.get("attempt")),
             )
         except SpecError:
             raise
@@ -218,6 +224,14 @@ def _run_name(name: str) -> str:
     if not is_run_name(name):
         raise SpecError(f"run spec: {name[:100]!r} is not a run name")
     return name
+
+
+def _attempt(v: object) -> str:
+    if v is None or v == "":
+        return ""
+    if not isinstance(v, str) or len(v) > MAX_NAME or not (v.isascii() and v.isalnum()):
+        raise SpecError("run spec: 'attempt' must be a token of at most 64 letters and digits")
+    return v
 
 
 def _word(name: str, key: str) -> str:

@@ -193,8 +193,8 @@ def test_run_name_in_use_is_refused(project: Path) -> None:
     assert r.returncode == 0, r.stderr
     try:
         r2 = hf(project, "run", "probe", "--detach", "--run-name", "dup")
-        assert r2.returncode == 1
-        assert "run 'dup' is already" in r2.stderr and "kill it first" in r2.stderr
+        assert r2.returncode == 2
+        assert "run 'dup' is already" in r2.stderr and "pick another --run-name" in r2.stderr
     finally:
         hf(project, "kill", "dup")
 

@@ -114,7 +114,11 @@ def start(ctx: click.Context) -> None:
 
     A spec this node cannot read (another version, a bad field) is refused before anything
     is written: one line on stderr, exit 2, which the control side shows as the node's error.
+    A run name that an active run holds is refused the same way, with
+    {"name_in_use": true, "run", "state", "node"} on stdout so the control side knows that
+    this start made nothing here (and must not stop the run holding the name).
     """
+    from higgsfield.errors import RunNameInUse
     from higgsfield.invoker.start import start_run
     from higgsfield.runspec import RunSpec, SpecError
 
@@ -125,7 +129,11 @@ def start(ctx: click.Context) -> None:
     if not isinstance(payload, dict):
         raise SpecError("the run request on stdin is not a JSON object")
     spec = RunSpec.from_dict(payload.get("spec"))  # refuses another version, re-checks every name
-    record = start_run(_state(ctx), spec, payload.get("secrets") or {}, str(payload.get("token") or ""))
+    try:
+        record = start_run(_state(ctx), spec, payload.get("secrets") or {}, str(payload.get("token") or ""))
+    except RunNameInUse as e:
+        _emit({"name_in_use": True, "run": spec.run, "state": e.state, "node": spec.node})
+        raise
     _emit(record.to_dict())
 
 
@@ -191,19 +199,25 @@ def logs(ctx: click.Context, project: str, run_name: str, follow: bool, ranks: t
 @click.option("--target", default=None, help="A run name, else every active run of this experiment.")
 @click.option("--grace", type=float, default=3.0, show_default=True)
 @click.option("--missing-ok", is_flag=True, help='With --run: print {"missing": true} if there is no such run.')
+@click.option("--attempt", default=None, help='With --run: stop it only if that start made it, else print '
+              '{"missing": true} (the clean-up of a failed start).')
 @click.pass_context
 def kill(ctx: click.Context, project: str, run_name: str | None, target: str | None, grace: float,
-         missing_ok: bool) -> None:
+         missing_ok: bool, attempt: str | None) -> None:
     """Stop a run on this node; prints its final record (with --target: {"matched", "killed": [records]})."""
     from higgsfield.invoker.records import RunDir
     from higgsfield.invoker.stop import kill as _kill
-    from higgsfield.invoker.stop import kill_target
+    from higgsfield.invoker.stop import kill_attempt, kill_target
 
     if target is not None:
         _emit(kill_target(_state(ctx), project, target, grace=grace))
         return
     if run_name is None:
         raise click.UsageError("give --run or --target")
+    if attempt is not None:
+        record = kill_attempt(_state(ctx), project, run_name, attempt, grace=grace)
+        _emit({"missing": True, "run": run_name} if record is None else record.to_dict())
+        return
     if missing_ok and not RunDir(_state(ctx), project, run_name).exists():
         _emit({"missing": True, "run": run_name})
         return

@@ -78,6 +78,7 @@ class RunRecord:
     error_tail: list[str] = field(default_factory=list)   # the last lines of that failure's error
     master_port: int | None = None     # the rendezvous port, chosen by node 0 when every node is admitted
     coord_port: int | None = None      # node 0: the port of the run's coordinator
+    attempt: str | None = None         # the start that made this record (a failed start stops only its own)
 
     @property
     def terminal(self) -> bool:

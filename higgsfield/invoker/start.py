@@ -19,7 +19,10 @@ inspect`` either.
 
 The supervisor's pid is recorded with its start time (:mod:`higgsfield.invoker.pids`).
 Two starts of one run name are serialised by a per-run ``flock``, so only one of them
-can pass the "already active" check. The runtime is chosen per node: ``runtime:
+can pass the "already active" check; the other is refused with
+:class:`~higgsfield.errors.RunNameInUse` and changes nothing. The record carries the
+start's ``attempt`` token, so a failed start's clean-up
+(:func:`higgsfield.invoker.stop.kill_attempt`) stops only what that start made. The runtime is chosen per node: ``runtime:
 docker``, ``process``, or ``auto`` (Docker when the engine answers and the project
 has an image on this node, else processes). Everything a start writes is private to
 the node user (umask 0077; the run's directories 0700).
@@ -35,7 +38,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from higgsfield.errors import RunError
+from higgsfield.errors import RunError, RunNameInUse
 from higgsfield.invoker import pids, queue
 from higgsfield.invoker.locks import exclusive
 from higgsfield.invoker.placement import NodeRun, Placement
@@ -91,7 +94,7 @@ def start_run(state_dir: Path, spec: RunSpec, secrets: dict[str, str], token: st
     ``token`` authenticates the run's nodes to its coordinator (node 0's record
     carries the coordinator's port in ``coord_port``). Two starts of the same run
     name at once are serialised (a per-run lock): the second finds the first's record
-    and is refused.
+    and is refused with :class:`RunNameInUse`, before it writes anything.
     """
     os.umask(0o077)
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -103,8 +106,7 @@ def start_run(state_dir: Path, spec: RunSpec, secrets: dict[str, str], token: st
         if rd.exists():
             old = refresh(rd)
             if old.state in ACTIVE:
-                raise RunError(f"run '{spec.run}' is already {old.state} on {spec.node}: "
-                               f"pick another --run-name or kill it first")
+                raise RunNameInUse(spec.run, old.state, spec.node)
         run = place(state_dir, spec)
         _clear_previous(rd)
         return _start_supervisor(state_dir, rd, run, secrets, token)
@@ -164,7 +166,8 @@ def _start_supervisor(state_dir: Path, rd: RunDir, run: NodeRun, secrets: dict[s
     record = RunRecord(project=spec.project, experiment=spec.experiment, run=spec.run, node=spec.node,
                        node_rank=spec.node_rank, nnodes=spec.nnodes, nproc=run.nproc, state=STARTING,
                        runtime=spec.runtime, image=run.placement.image, exclusive=spec.exclusive,
-                       coord_port=run.placement.coord_port, container=run.placement.container if run.docker else None)
+                       coord_port=run.placement.coord_port, container=run.placement.container if run.docker else None,
+                       attempt=spec.attempt or None)
     argv = [sys.executable, "-m", "higgsfield", "invoker", "--state-dir", str(state_dir), "supervise",
             spec.project, spec.run]
     if listener is not None:

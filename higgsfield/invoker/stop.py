@@ -8,6 +8,10 @@ record; if it does not within a moment, it is killed too and the record is writt
 here, so nothing outlives a kill. A queued or starting supervisor is asked to stop
 at once (SIGTERM): it has nothing running yet.
 
+:func:`kill_attempt` is the clean-up of a start that failed elsewhere: it stops the
+run only if this node's record was made by that start (its ``attempt``), so a run of
+the same name that another start holds is never touched.
+
 :func:`refresh` is how every reader of a record sees it: a run whose supervisor
 disappeared without writing its end (a reboot, an OOM kill of the supervisor) is
 stopped the same way (its container, its workers) and marked failed (or killed, if
@@ -31,6 +35,7 @@ import psutil
 
 from higgsfield.errors import RunError
 from higgsfield.invoker import pids, queue
+from higgsfield.invoker.locks import exclusive
 from higgsfield.invoker.placement import STOP_GRACE_S
 from higgsfield.invoker.records import RunDir, RunRecord, finish, list_runs
 from higgsfield.invoker.torchrun import workers
@@ -40,11 +45,34 @@ RECORD_WAIT_S = 2.0   # after the run's processes ended: how long its supervisor
 ORPHAN_AGE_S = 5.0    # a record younger than this may not have its supervisor's pid yet
 
 
-def kill(state_dir: Path, project: str, run: str, grace: float = STOP_GRACE_S) -> RunRecord:
+def kill_attempt(state_dir: Path, project: str, run: str, attempt: str,
+                 grace: float = STOP_GRACE_S) -> RunRecord | None:
+    """Stop ``run`` only if start ``attempt`` made its record here; None if that start left nothing here.
+
+    The check and the kill marker are done under the run's start lock: no other start
+    can take the name in between, and this attempt's own start, if still under way
+    here, is waited for and then stopped.
+    """
+    rd = RunDir(state_dir, project, run)
+    if not rd.path.is_dir():
+        return None
+    with exclusive(rd.path / ".lock"):
+        record = _readable(rd)
+        if record is None or record.attempt != attempt:  # none, or not provably this start's
+            return None
+        if record.terminal:
+            return record
+        rd.kill_marker.touch()
+    return kill(state_dir, project, run, grace, attempt=attempt)
+
+
+def kill(state_dir: Path, project: str, run: str, grace: float = STOP_GRACE_S,
+         attempt: str | None = None) -> RunRecord:
     """Stop the run: SIGTERM (``docker stop``), then SIGKILL after ``grace`` seconds; returns the final record.
 
     The run's supervisor tells the run's coordinator, which stops the run on its other
-    nodes too (as killed), should this kill not reach them.
+    nodes too (as killed), should this kill not reach them. With ``attempt``, a record
+    that another start made in the meantime is left alone.
     """
     rd = RunDir(state_dir, project, run)
     if not rd.exists():
@@ -64,6 +92,8 @@ def kill(state_dir: Path, project: str, run: str, grace: float = STOP_GRACE_S) -
         return refresh(rd)
     # The supervisor did not write the end in time: nothing of the run is left running, it included.
     record = rd.read()
+    if attempt is not None and record.attempt != attempt:
+        return record  # ended, and another start took the name since: not ours to stop
     supervisor = pids.recorded(record, "supervisor")
     pids.kill([*_processes(rd, record), *([supervisor] if supervisor is not None else [])])
     if record.runtime == "docker":
@@ -132,6 +162,16 @@ def _ended(rd: RunDir, timeout: float) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.1)
+
+
+def _readable(rd: RunDir) -> RunRecord | None:
+    """The record, or None if there is none or it does not decode."""
+    if not rd.exists():
+        return None
+    try:
+        return rd.read()
+    except (OSError, ValueError, TypeError, RunError):
+        return None
 
 
 def _experiment_of(rd: RunDir) -> str | None:

@@ -26,9 +26,17 @@ from higgsfield.remote import Group, Member, NodeResult, open_group
 from higgsfield.runspec import RunStatus
 
 
-async def stop_run(group: Group, cfg: Config, run: str, *, missing_ok: bool = False) -> list[NodeResult[Any]]:
-    """Kill ``run`` on every node of ``group``; with ``missing_ok`` a node without it answers {"missing": true}."""
+async def stop_run(group: Group, cfg: Config, run: str, *, missing_ok: bool = False,
+                   attempt: str | None = None) -> list[NodeResult[Any]]:
+    """Kill ``run`` on every node of ``group``; with ``missing_ok`` a node without it answers {"missing": true}.
+
+    With ``attempt`` (a failed start's clean-up) a node stops the run only if that start
+    made its record there, and otherwise answers {"missing": true}: a run of the same
+    name that another start holds is never touched.
+    """
     extra = ["--missing-ok"] if missing_ok else []
+    if attempt is not None:
+        extra += ["--attempt", attempt]
 
     async def one(m: Member) -> Any:
         return await invoke(m.transport, cfg, ["kill", "--project", cfg.name, "--run", run, *extra], timeout=QUERY_S)

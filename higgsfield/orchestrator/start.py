@@ -3,10 +3,25 @@
 Params are validated before any node is contacted (:func:`plan_run`). Node ranks
 follow the order of ``nodes`` in higgsfield.yml. Node 0 starts first: its start binds
 the run's coordinator port, which the other nodes are started with. If any node
-fails to launch, the run is stopped on every node (also those that did not answer:
-one that timed out may have a supervisor running) and the error names the failed
-nodes. A node whose slots are busy queues the run (state ``queued``); it starts by
-itself. Starting never follows the run (see :mod:`higgsfield.orchestrator.logs`).
+fails to launch, what *this* start made is stopped on every node it reached (also
+those that did not answer: one that timed out may have a supervisor running) and the
+error names the failed nodes. A node whose slots are busy queues the run (state
+``queued``); it starts by itself. Starting never follows the run (see
+:mod:`higgsfield.orchestrator.logs`).
+
+A run's name is its own. Each start sends a random ``attempt`` token that the nodes
+write into their records, and a failed start's clean-up stops only records of its own
+attempt (:func:`higgsfield.invoker.stop.kill_attempt`). A node that refuses because
+the name belongs to a queued, starting or running run says so apart from other
+failures; the start then fails with :class:`~higgsfield.errors.RunNameInUse` (exit 2)
+and the run holding the name is never touched. What this guarantees:
+
+- each node holds at most one active run per name (its start lock), and only the
+  start that made a record ever stops it on clean-up;
+- two starts of one name at once: node 0 is started first and alone, so the start
+  that loses there contacts no other node, and the winner runs whole on every node;
+- starts that disagree on node 0 (two configs) may each win some nodes: both then
+  fail and each stops only its own part; neither touches the other's.
 
 Use::
 
@@ -23,11 +38,11 @@ import json
 import secrets as _random
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from higgsfield.config import Config, NodeConfig
 from higgsfield.discovery import find_experiment
-from higgsfield.errors import RunError
+from higgsfield.errors import CommandError, RunError, RunNameInUse
 from higgsfield.orchestrator._output import UPGRADE_HINT, invoke
 from higgsfield.orchestrator.kill import stop_run
 from higgsfield.orchestrator.status import merge
@@ -35,7 +50,7 @@ from higgsfield.orchestrator.timeouts import START_S, step_timeout
 from higgsfield.params import check_run_name, resolve
 from higgsfield.remote import Group, Member, NodeResult, open_group, select_nodes
 from higgsfield.remote.invoker import node_state_dir
-from higgsfield.runspec import Coordinator, RunSpec, RunStatus
+from higgsfield.runspec import ACTIVE, Coordinator, RunSpec, RunStatus
 
 
 @dataclass(frozen=True)
@@ -94,6 +109,7 @@ async def launch(group: Group, cfg: Config, plan: RunPlan, *,
     master_addr = "127.0.0.1" if master.is_local else master.host
     token = _random.token_hex(32)  # authenticates the run's nodes to its coordinator; sent on stdin only
     submitted_at = time.time()  # the FIFO order of every node's queue
+    attempt = _random.token_hex(8)  # marks what this start makes, so its clean-up stops nothing else
 
     def launcher(coordinator: Coordinator | None) -> Any:
         async def one(m: Member) -> dict[str, Any]:
@@ -102,9 +118,15 @@ async def launch(group: Group, cfg: Config, plan: RunPlan, *,
                 code_dir=_code_dir(cfg, m.node), params=plan.params, node=m.name, node_rank=m.rank,
                 nodes=tuple(names), master_addr=master_addr, submitted_at=submitted_at,
                 nproc=_nproc(cfg, m.node), coordinator=coordinator, max_restarts=plan.max_restarts,
-                runtime=cfg.runtime, exclusive=plan.exclusive)
+                runtime=cfg.runtime, exclusive=plan.exclusive, attempt=attempt)
             payload = json.dumps({"spec": spec.to_dict(), "secrets": secrets or {}, "token": token})
-            return dict(await invoke(m.transport, cfg, ["start"], input=payload, keys=("state", "run")))
+            try:
+                return dict(await invoke(m.transport, cfg, ["start"], input=payload, keys=("state", "run")))
+            except CommandError as e:
+                refusal = _name_in_use(e, plan.run, m.name)
+                if refusal is None:
+                    raise
+                raise refusal from None
         return one
 
     # Node 0 first: its start binds the run's coordinator port, which the others are started with.
@@ -117,22 +139,50 @@ async def launch(group: Group, cfg: Config, plan: RunPlan, *,
     if results[0].ok and len(names) > 1:
         coordinator = Coordinator(host=master_addr, port=int(port or 0), node=names[0])
         results += await group[1:].run(launcher(coordinator), timeout=timeout)
-    failed = [r for r in results if not r.ok]
-    if failed:
-        await _stop_everywhere(group, cfg, plan.run, failed)
+    if any(not r.ok for r in results):
+        await _clean_up(group, cfg, plan.run, attempt, results)
     return RunHandle(cfg.name, plan.experiment, plan.run, names, [r.value for r in results if r.value is not None])
 
 
-async def _stop_everywhere(group: Group, cfg: Config, run: str, failed: list[NodeResult[Any]]) -> None:
-    """Stop ``run`` on every node, not only those that answered; raise the error naming what failed where."""
-    kills = await stop_run(group, cfg, run, missing_ok=True)
+def _name_in_use(err: CommandError, run: str, node: str) -> RunNameInUse | None:
+    """The node's refusal of a name an active run holds ({"name_in_use": true} on its stdout), else None."""
+    try:
+        data = json.loads(err.stdout) if err.stdout else None
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or data.get("name_in_use") is not True:
+        return None
+    state = data.get("state")
+    return RunNameInUse(run, state if isinstance(state, str) and state in ACTIVE else "active", node)
+
+
+async def _clean_up(group: Group, cfg: Config, run: str, attempt: str,
+                   results: list[NodeResult[Any]]) -> NoReturn:
+    """Stop what this start made on every node it reached, and nothing else; raise the error naming what failed.
+
+    A node that refused the name made nothing; any other node this start reached may
+    have (one that timed out may have a supervisor running), so it is asked to stop
+    the run only if ``attempt`` made its record there.
+    """
+    refused = [r for r in results if isinstance(r.error, RunNameInUse)]
+    failed = [r for r in results if not r.ok and r not in refused]
+    reached = {r.node for r in results if r not in refused}
+    kills = await stop_run(Group([m for m in group.members if m.name in reached]), cfg, run, missing_ok=True,
+                           attempt=attempt) if reached else []
     stopped = [k.node for k in kills if k.ok and k.value and not k.value.get("missing")]
-    unkilled = [k for k in kills if not k.ok]
+    unkilled = "; ".join(f"{k.node}: {k.reason}" for k in kills if not k.ok)
     detail = "; ".join(f"{r.node}: {r.reason}" for r in failed)
+    if refused:
+        first = refused[0].error
+        assert isinstance(first, RunNameInUse)
+        raise RunNameInUse(run, first.state, ", ".join(r.node for r in refused),
+                           (f"; it also failed on {detail}" if detail else "")
+                           + (f" (this start was stopped on {', '.join(stopped)})" if stopped else "")
+                           + (f"; could not stop this start on {unkilled} (see 'higgsfield status')"
+                              if unkilled else ""))
     raise RunError(f"run '{run}' failed to start on {len(failed)} node(s): {detail}"
                    + (f" (stopped it on {', '.join(stopped)})" if stopped else "")
-                   + (f"; could not stop it on {'; '.join(f'{k.node}: {k.reason}' for k in unkilled)}"
-                      f" (run 'higgsfield kill {run}')" if unkilled else ""))
+                   + (f"; could not stop it on {unkilled} (run 'higgsfield kill {run}')" if unkilled else ""))
 
 
 async def start_run_async(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: str | None = None,
