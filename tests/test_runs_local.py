@@ -223,7 +223,7 @@ def test_node_log_lines_cannot_drive_the_terminal(capsys: pytest.CaptureFixture[
     hostile = "ok\x1b[2J\x1b]0;owned\x07 done\tcol\r\x9b31m\x00end"
     _print_lines([LogLine("n1", 0, hostile)], color=False)
     out = capsys.readouterr().out
-    assert out == "n1/0 | ok[2J]0;owned done\tcol31mend\n"
+    assert out == "n1/0 | ok\u241b[2J\u241b]0;owned\u2407 done\tcol\u240d\\x9b31m\u2400end\n"   # shown inert, not dropped
 
 
 class _FakeTransport:

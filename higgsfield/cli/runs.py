@@ -20,7 +20,7 @@ import click
 
 from higgsfield.cli._common import console, experiment_name, get_config, run_name
 from higgsfield.runspec import FAILED, KILLED, QUEUED, RUNNING, STARTING, SUCCEEDED
-from higgsfield.text import shown
+from higgsfield.text import inert, shown
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -28,15 +28,18 @@ if TYPE_CHECKING:
     from higgsfield.config import Config
     from higgsfield.orchestrator import Backend, LogLine, RunHandle, RunList, RunStatus
 
-# C0 controls but tab, DEL, C1 controls: a node's log line must not drive the terminal (ANSI escapes, OSC, bell)
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 RECENT_FAILURES = 5   # status shows the error of the failed runs among the last this many
 _STATE_STYLE = {SUCCEEDED: "green", FAILED: "red", KILLED: "yellow", RUNNING: "cyan", STARTING: "cyan", QUEUED: "dim"}
 
 
 def clean(text: str) -> str:
-    """``text`` without control characters (tab kept): what a node sends is shown, never obeyed."""
-    return _CONTROL.sub("", text)
+    """``text`` with its control characters shown inert (tab kept): what a node sends is shown, never obeyed.
+
+    Always, not only on a terminal: ``logs > file`` then ``cat file`` reaches one too, and
+    the node's ``rank<N>.log`` keeps the exact bytes for whoever needs them (``--json`` output
+    is JSON, escaped by its encoder). See :func:`higgsfield.text.inert`.
+    """
+    return inert(text)
 
 
 def _printer(*, color: bool) -> Callable[[LogLine], None]:
@@ -146,12 +149,14 @@ def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: 
         sys.exit(130)
     if final is None:
         return
+    from rich.markup import escape
+
     style = _STATE_STYLE.get(final.state, "")
     extra = ""
     if final.failed_node:
-        extra = f" (first failure: node {clean(final.failed_node)}" + (
+        extra = f" (first failure: node {escape(clean(final.failed_node))}" + (
             f", rank {final.failed_rank})" if final.failed_rank is not None else ")")
-    err.print(f"run {plan.run} [{style}]{final.state}[/]{extra}")
+    err.print(f"run {plan.run} [{style}]{escape(clean(final.state))}[/]{extra}")
     _print_failure(err, final)
     sys.exit(exit_code(final))
 
@@ -260,7 +265,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
             line.rstrip()
             out.print(line)
         for r in [r for r in runs[-RECENT_FAILURES:] if r.state == FAILED]:
-            out.print(f"\n{r.run}: first failure on {clean(failure_of(r))}:", markup=False, highlight=False)
+            out.print(f"\n{clean(r.run)}: first failure on {clean(failure_of(r))}:", markup=False, highlight=False)
             _print_failure(out, r)
     else:
         out.print("no runs yet: start one with 'higgsfield run EXPERIMENT'")
@@ -284,7 +289,7 @@ def kill(ctx: click.Context, target: str) -> None:
     """Stop a run (or every active run of an experiment) on every node."""
     cfg = get_config(ctx)
     for r in asyncio.run(_kill(cfg, target)):
-        click.echo(f"{r.run}: {r.state}")
+        click.echo(f"{clean(r.run)}: {clean(r.state)}")   # names read from a node's disk: shown, never obeyed
 
 
 async def _kill(cfg: Config, target: str) -> list[RunStatus]:

@@ -6,6 +6,13 @@ and none is lost (partial lines wait for their newline). Files are read at most
 starves the others. ``rank`` is -1 for the
 launcher's own log (torchrun's messages: restarts, failures).
 
+A line of any length is read: past ``MAX_LINE`` bytes (64 KiB) it is cut with a
+marker (`` … [cut N bytes]``, :class:`~higgsfield.text.LineSplitter`), and every
+line after it comes as usual; the whole line stays in the log file. This is the
+cap at the source: what ``invoker logs`` sends is bounded, so no reader at the other
+end meets a line it cannot take. Invalid UTF-8 becomes U+FFFD; NUL and other
+control bytes stay in the line (the laptop shows them inert).
+
 ``since`` (a UNIX time) starts each rank's log at its first line that may have
 been written at or after it, found in ``rank<N>.idx`` (see
 :mod:`higgsfield.invoker.logindex`): it may show up to ``INDEX_EVERY`` (1 s) of earlier
@@ -28,6 +35,7 @@ from pathlib import Path
 from higgsfield.invoker import logindex
 from higgsfield.invoker.logindex import start_offset
 from higgsfield.invoker.records import RunDir
+from higgsfield.text import MAX_LINE, LineSplitter
 
 _RANK_LOG = re.compile(r"^rank(\d+)\.log$")
 LAUNCHER = -1
@@ -63,7 +71,7 @@ def read_lines(rd: RunDir, *, follow: bool = False, ranks: set[int] | None = Non
     run from a dead node. With ``since``, only lines written from then on (see above).
     """
     offsets: dict[int, int] = {}
-    partial: dict[int, bytes] = {}
+    partial: dict[int, LineSplitter] = {}   # per rank: the line begun and not ended yet (at most MAX_LINE bytes)
     last = time.monotonic()
     done_at: float | None = None
     while True:
@@ -88,16 +96,13 @@ def read_lines(rd: RunDir, *, follow: bool = False, ranks: set[int] | None = Non
                 continue
             got = True
             offsets[rank] = offsets.get(rank, 0) + len(chunk)
-            data = partial.pop(rank, b"") + chunk
-            *lines, rest = data.split(b"\n")
-            if rest:
-                partial[rank] = rest
-            for line in lines:
-                yield rank, line.decode(errors="replace")
+            for line in partial.setdefault(rank, LineSplitter(MAX_LINE)).feed(chunk):
+                yield rank, line
             last = time.monotonic()
         if done and not got:
             for rank, rest in sorted(partial.items()):
-                yield rank, rest.decode(errors="replace")
+                for line in rest.end():
+                    yield rank, line
             return
         if not got:
             if heartbeat and time.monotonic() - last >= heartbeat:

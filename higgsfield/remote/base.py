@@ -15,11 +15,18 @@ or absolute; ``~`` is not expanded inside quoted arguments, so don't use it.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 from higgsfield.errors import CommandError
+from higgsfield.text import LineSplitter
+
+#: Bytes of one line a transport passes on; the rest is cut with a marker. Above the node side's own
+#: cap (:data:`higgsfield.text.MAX_LINE`, what ``invoker logs`` sends), so it only bounds memory.
+WIRE_LINE = 1 << 20
+#: Bytes asked of a stream per read: a line of any length costs reads, never one unbounded buffer.
+READ_CHUNK = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,48 @@ class Session(abc.ABC):
     @abc.abstractmethod
     async def finish(self) -> CommandResult:
         """Close stdin and wait for the command; ``stdout`` holds what was not received yet."""
+
+
+async def read_lines(read: Callable[[int], Awaitable[bytes]], max_line: int = WIRE_LINE) -> AsyncIterator[str]:
+    """The lines of a byte stream (``read(n)`` returns ``b""`` at its end), each without its newline.
+
+    Reads in chunks, never ``readline`` with a limit: a line longer than ``max_line`` is cut
+    with a marker (:class:`~higgsfield.text.LineSplitter`) and every line after it still
+    comes, where a limited ``readline`` raised and lost the rest of the stream.
+    """
+    lines = LineSplitter(max_line)
+    while chunk := await read(READ_CHUNK):
+        for line in lines.feed(chunk):
+            yield line
+    for line in lines.end():
+        yield line
+
+
+class LineReader:
+    """One line at a time from a byte stream, read in chunks (a :class:`Session`'s ``receive``)."""
+
+    def __init__(self, read: Callable[[int], Awaitable[bytes]], max_line: int = WIRE_LINE) -> None:
+        self._read = read
+        self._lines = LineSplitter(max_line)
+        self._ready: list[str] = []
+        self._eof = False
+
+    async def next(self) -> str | None:
+        """The next line; None at the end of the stream."""
+        while not self._ready and not self._eof:
+            chunk = await self._read(READ_CHUNK)
+            if chunk:
+                self._ready += self._lines.feed(chunk)
+            else:
+                self._eof = True
+                self._ready += self._lines.end()
+        return self._ready.pop(0) if self._ready else None
+
+    def unread(self) -> str:
+        """What was read but not taken yet, as text (``finish`` puts it before the rest of stdout)."""
+        text = "".join(line + "\n" for line in self._ready)
+        self._ready.clear()
+        return text + "".join(self._lines.end())
 
 
 class Transport(abc.ABC):

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from higgsfield.errors import CommandError
-from higgsfield.remote.base import CommandResult, Session, Transport
+from higgsfield.remote.base import CommandResult, LineReader, Session, Transport, read_lines
 
 
 class LocalTransport(Transport):
@@ -60,6 +60,7 @@ class LocalTransport(Transport):
         proc = await asyncio.create_subprocess_exec(
             *argv, cwd=self.home,
             stdin=asyncio.subprocess.PIPE if data is not None else asyncio.subprocess.DEVNULL,
+            # limit: how much unread stderr is buffered before the command is paused (lines are read in chunks)
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, limit=1 << 20)
         if data is not None and proc.stdin is not None:
             proc.stdin.write(data)
@@ -67,8 +68,8 @@ class LocalTransport(Transport):
             proc.stdin.close()
         assert proc.stdout is not None
         try:
-            async for raw in proc.stdout:
-                yield raw.decode(errors="replace").rstrip("\n")
+            async for line in read_lines(proc.stdout.read):   # chunks: no line is too long
+                yield line
             await proc.wait()
         finally:
             if proc.returncode is None:
@@ -116,20 +117,21 @@ class _LocalSession(Session):
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         self._node, self._argv, self._proc = node, argv, proc
         self._stdin, self._stdout, self._stderr = proc.stdin, proc.stdout, proc.stderr
+        self._lines = LineReader(proc.stdout.read)
 
     async def send(self, text: str) -> None:
         self._stdin.write(text.encode())
         await self._stdin.drain()
 
     async def receive(self) -> str | None:
-        line = await self._stdout.readline()
-        return line.decode(errors="replace").rstrip("\n") if line else None
+        return await self._lines.next()
 
     async def finish(self) -> CommandResult:
         self._stdin.close()
         out, err = await asyncio.gather(self._stdout.read(), self._stderr.read())
         code = await self._proc.wait()
-        return CommandResult(self._node, self._argv, code, out.decode(errors="replace"), err.decode(errors="replace"))
+        return CommandResult(self._node, self._argv, code, self._lines.unread() + out.decode(errors="replace"),
+                             err.decode(errors="replace"))
 
 
 async def _kill(proc: asyncio.subprocess.Process) -> None:

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import asyncssh
 
 from higgsfield.errors import CommandError, ConnectError, HostKeyError
-from higgsfield.remote.base import CommandResult, Session, Timeouts, Transport
+from higgsfield.remote.base import CommandResult, LineReader, Session, Timeouts, Transport, read_lines
 from higgsfield.remote.hostkeys import HostKeyPolicy, PinnedHosts, fingerprint, scan_host_key
 
 if TYPE_CHECKING:
@@ -230,20 +230,19 @@ class SSHTransport(Transport):
     async def stream(self, argv: Sequence[str], *, input: str | bytes | None = None) -> AsyncIterator[str]:
         conn = await self._open()
         try:
-            proc = await conn.create_process(build_command(argv), encoding="utf-8", errors="replace")
+            # bytes, decoded here: lines are read in chunks, so none is too long (see read_lines)
+            proc = await conn.create_process(build_command(argv), encoding=None)
         except (asyncssh.DisconnectError, asyncssh.ChannelOpenError, OSError) as e:
             raise self._lost(argv, e) from None
         try:
             if input is not None:
-                proc.stdin.write(input if isinstance(input, str) else input.decode())
+                proc.stdin.write(input.encode() if isinstance(input, str) else input)
                 proc.stdin.write_eof()
-            async for line in proc.stdout:
-                if not line:  # EOF (a real empty line is "\n")
-                    break
-                yield line.rstrip("\n")
+            async for line in read_lines(proc.stdout.read):
+                yield line
             await proc.wait()
             if proc.exit_status:
-                err = (await proc.stderr.read()) or ""
+                err = _text(await proc.stderr.read())
                 tail = err.strip().splitlines()[-1:] or ["no output"]
                 raise CommandError(self.node, f"'{argv[0]}' exited {proc.exit_status}: {tail[0]}",
                                    proc.exit_status, "", err)
@@ -255,7 +254,7 @@ class SSHTransport(Transport):
     async def session(self, argv: Sequence[str]) -> AsyncIterator[Session]:
         conn = await self._open()
         try:
-            proc = await conn.create_process(build_command(argv), encoding="utf-8", errors="replace")
+            proc = await conn.create_process(build_command(argv), encoding=None)
         except (asyncssh.DisconnectError, asyncssh.ChannelOpenError, OSError) as e:
             raise self._lost(argv, e) from None
         try:
@@ -313,21 +312,21 @@ class _SSHSession(Session):
         self._transport = transport
         self._argv = argv
         self._proc = proc
+        self._lines = LineReader(proc.stdout.read)   # bytes in chunks: no line is too long
 
     async def send(self, text: str) -> None:
-        self._proc.stdin.write(text)
+        self._proc.stdin.write(text.encode())
         await self._proc.stdin.drain()
 
     async def receive(self) -> str | None:
-        line = await self._proc.stdout.readline()
-        return str(line).rstrip("\n") if line else None
+        return await self._lines.next()
 
     async def finish(self) -> CommandResult:
         self._proc.stdin.write_eof()
         out, err = await asyncio.gather(self._proc.stdout.read(), self._proc.stderr.read())
         await self._proc.wait()
         status = self._proc.exit_status if self._proc.exit_status is not None else 255
-        return CommandResult(self._transport.node, self._argv, status, _text(out), _text(err))
+        return CommandResult(self._transport.node, self._argv, status, self._lines.unread() + _text(out), _text(err))
 
 
 def _stop(proc: asyncssh.SSHClientProcess[Any], signal: str) -> None:
