@@ -10,11 +10,19 @@ library (torch), the node agent and the control side all import it.
 A restarted worker appends again from its checkpoint's step, so a step can appear
 twice; a reader keeps the last line of each step (:func:`latest_per_step`).
 
+A line is decoded once, strictly (:func:`decode_line`): a line that is not JSON, not an
+object, too long, or holds a value of the wrong kind (a string ``lr``, a negative
+``step``, a list for a number, NaN where only a finite number makes sense) is not a
+step's metrics. Readers skip such lines and *count* them (:class:`Skipped`), so a view
+can say "3 lines skipped" instead of failing or silently showing less. Over the
+invoker's output a count travels as a ``#skipped N`` line (:func:`skipped_line`), as a
+heartbeat does as ``#hb``.
+
 Use::
 
     m = StepMetrics(step=3, loss=2.1, tokens_per_s=5400.0, step_time_s=0.19, lr=3e-4)
     line = m.to_json()                       # one line, no newline
-    StepMetrics.from_dict(json.loads(line))  # back (unknown keys ignored: a newer writer)
+    decode_line(line)                        # back (unknown keys ignored: a newer writer)
 """
 
 from __future__ import annotations
@@ -23,11 +31,15 @@ import json
 import math
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 METRICS_FILE = "metrics.jsonl"
 RUN_DIR_ENV = "HIGGSFIELD_RUN_DIR"
+MAX_LINE_BYTES = 64 * 1024   # a step's line is ~200 bytes: anything this long is not one (and is not parsed)
+MAX_STEP = 2**53             # the largest step a JSON number carries exactly (and a browser's too)
+HEARTBEAT_LINE = "#hb"
+SKIPPED_PREFIX = "#skipped "
 
 
 @dataclass
@@ -61,35 +73,132 @@ class StepMetrics:
         return json.dumps(self.to_dict(), separators=(",", ":"))
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> StepMetrics:
-        """The metrics in ``d``; raises ValueError for a line that is not a step's metrics."""
+    def from_dict(cls, d: Any) -> StepMetrics:
+        """The metrics in ``d``, each value checked for its kind; raises ValueError for anything else.
+
+        ``loss`` may be null or non-finite (a diverged loss is a real point, drawn as a gap);
+        ``tokens_per_s`` and ``step_time_s`` must be finite and >= 0; the optional figures are
+        null or finite. Unknown keys are ignored (a newer writer), a missing ``time`` is now.
+        """
         if not isinstance(d, dict):
             raise ValueError("not a JSON object")
-        known = {f.name for f in fields(cls)}
-        try:
-            values = {k: v for k, v in d.items() if k in known}
-            m = cls(**values)
-            m.step = int(m.step)
-            m.loss = float("nan") if m.loss is None else float(m.loss)
-            m.tokens_per_s = float(m.tokens_per_s)
-            m.step_time_s = float(m.step_time_s)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"not a step's metrics: {e}") from None
-        return m
+        missing = [k for k in ("step", "loss", "tokens_per_s", "step_time_s") if k not in d]
+        if missing:
+            raise ValueError(f"no '{missing[0]}'")
+        when = _number(d, "time", optional=True)
+        return cls(step=_step(d["step"]),
+                   loss=_loss(d["loss"]),
+                   tokens_per_s=_rate(d, "tokens_per_s"),
+                   step_time_s=_rate(d, "step_time_s"),
+                   mfu=_number(d, "mfu", optional=True),
+                   peak_memory_gib=_number(d, "peak_memory_gib", optional=True),
+                   lr=_number(d, "lr", optional=True),
+                   time=time.time() if when is None else when)
 
 
-def parse_lines(lines: Iterable[str]) -> list[StepMetrics]:
-    """The metrics of ``lines`` (JSON lines); a torn or foreign line is skipped."""
+@dataclass(frozen=True)
+class Skipped:
+    """How many lines of a run's metrics file were not a step's metrics, so far (a running total)."""
+
+    count: int
+
+    def __str__(self) -> str:
+        return f"{self.count} line{'' if self.count == 1 else 's'} skipped (not a metrics record)"
+
+
+#: What a metrics reader yields: a step, a new skipped total, or None (a heartbeat: the run is quiet).
+MetricsItem = StepMetrics | Skipped | None
+
+
+def _float(key: str, v: Any) -> float:
+    """``v`` as a float if it is a JSON number (never a bool, a string or a container)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"'{key}' is not a number")
+    try:
+        return float(v)
+    except OverflowError:
+        raise ValueError(f"'{key}' is out of range") from None
+
+
+def _number(d: dict[str, Any], key: str, *, optional: bool) -> float | None:
+    v = d.get(key)
+    if v is None and optional:
+        return None
+    x = _float(key, v)
+    if not math.isfinite(x):
+        raise ValueError(f"'{key}' is not finite")
+    return x
+
+
+def _step(v: Any) -> int:
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError("'step' is not a whole number")
+    if not 0 <= v <= MAX_STEP:
+        raise ValueError(f"'step' {v} is out of range (0..2**53)")
+    return v
+
+
+def _loss(v: Any) -> float:
+    return float("nan") if v is None else _float("loss", v)
+
+
+def _rate(d: dict[str, Any], key: str) -> float:
+    x = _number(d, key, optional=False)
+    assert x is not None
+    if x < 0:
+        raise ValueError(f"'{key}' is negative")
+    return x
+
+
+def decode_line(line: str | bytes) -> StepMetrics:
+    """One line of ``metrics.jsonl`` as a step's metrics; ValueError (one line, why) for anything else."""
+    if len(line) > MAX_LINE_BYTES:
+        raise ValueError(f"longer than {MAX_LINE_BYTES} bytes")
+    try:
+        d = json.loads(line)
+    except RecursionError:      # deeply nested brackets: json gives up by recursion, not ValueError
+        raise ValueError("nested too deeply") from None
+    except ValueError as e:     # JSONDecodeError, bad UTF-8, an integer of too many digits
+        raise ValueError(f"not JSON: {e}") from None
+    try:
+        return StepMetrics.from_dict(d)
+    except ValueError as e:
+        raise ValueError(f"not a step's metrics: {e}") from None
+
+
+def skipped_line(count: int) -> str:
+    """The invoker's line that carries a skipped total (a reader that predates it skips it: not JSON)."""
+    return f"{SKIPPED_PREFIX}{count}"
+
+
+def parse_skipped(line: str) -> int | None:
+    """The total of a :func:`skipped_line`, or None when ``line`` is not one."""
+    if not line.startswith(SKIPPED_PREFIX):
+        return None
+    text = line[len(SKIPPED_PREFIX):]
+    return int(text) if text.isascii() and text.isdigit() and len(text) < 20 else None
+
+
+def decode_lines(lines: Iterable[str]) -> tuple[list[StepMetrics], int]:
+    """The metrics of ``lines`` (JSON lines) and how many lines were skipped (blank lines are not counted)."""
     out = []
+    skipped = 0
     for line in lines:
         line = line.strip()
         if not line:
             continue
         try:
-            out.append(StepMetrics.from_dict(json.loads(line)))
+            out.append(decode_line(line))
         except ValueError:
-            continue
-    return out
+            skipped += 1
+    return out, skipped
+
+
+def parse_lines(lines: Iterable[str]) -> list[StepMetrics]:
+    """The metrics of ``lines`` (JSON lines); a torn or foreign line is skipped (:func:`decode_lines` counts them)."""
+    return decode_lines(lines)[0]
 
 
 def latest_per_step(metrics: Iterable[StepMetrics]) -> list[StepMetrics]:

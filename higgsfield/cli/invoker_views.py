@@ -61,17 +61,28 @@ def stats(ctx: click.Context, follow: bool, every: float, project: str | None) -
 @click.pass_context
 def metrics(ctx: click.Context, project: str, run_name: str, follow: bool, skip: int,
             heartbeat: float | None) -> None:
-    """Print the run's step metrics (JSON lines; only node 0 of a run has them)."""
+    """Print the run's step metrics (JSON lines; only node 0 of a run has them).
+
+    Each line is a checked StepMetrics; lines of the file that are not one are left out
+    and their running total is printed as ``#skipped N`` (``#hb``: a heartbeat).
+    """
     from higgsfield.errors import RunError
     from higgsfield.invoker.metrics import read_metrics
     from higgsfield.invoker.records import RunDir
     from higgsfield.invoker.stop import refresh
+    from higgsfield.metrics import HEARTBEAT_LINE, Skipped, skipped_line
 
     rd = RunDir(_state(ctx), project, run_name)
     if not rd.exists():
         raise RunError(f"no run '{run_name}' of project '{project}' on this node")
     out = sys.stdout
-    for line in read_metrics(rd, follow=follow, is_done=lambda: refresh(rd).terminal, skip=skip,
+    for item in read_metrics(rd, follow=follow, is_done=lambda: refresh(rd).terminal, skip=skip,
                              heartbeat=heartbeat):
-        out.write("#hb\n" if line is None else line + "\n")
+        if item is None:
+            text = HEARTBEAT_LINE
+        elif isinstance(item, Skipped):
+            text = skipped_line(item.count)
+        else:
+            text = item.to_json()
+        out.write(text + "\n")
         out.flush()

@@ -8,6 +8,7 @@ Neither starlette nor uvicorn is imported before ``ui`` runs.
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -61,11 +62,17 @@ def ui(ctx: click.Context, port: int, host: str, no_browser: bool) -> None:
 
 @click.command()
 @click.argument("target", metavar="EXPERIMENT|RUN", callback=run_name)
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per step (StepMetrics), one per line.")
+@click.option("--json", "as_json", is_flag=True,
+              help='One JSON object per step (StepMetrics), one per line; when lines of the metrics file were '
+                   'not a step\'s metrics, a last line {"skipped": N} (with -f: the total so far, when it grows).')
 @click.option("--follow", "-f", is_flag=True, help="Keep printing steps until the run ends.")
 @click.pass_context
 def metrics(ctx: click.Context, target: str, as_json: bool, follow: bool) -> None:
-    """Print a run's step metrics: loss, tokens/s, learning rate, MFU and memory (what the dashboard plots)."""
+    """Print a run's step metrics: loss, tokens/s, learning rate, MFU and memory (what the dashboard plots).
+
+    Lines of the run's metrics file that are not a step's metrics are left out and counted
+    ("3 lines skipped", on stderr).
+    """
     cfg = get_config(ctx)
     try:
         asyncio.run(_metrics(cfg, target, as_json=as_json, follow=follow))
@@ -74,20 +81,30 @@ def metrics(ctx: click.Context, target: str, as_json: bool, follow: bool) -> Non
 
 
 async def _metrics(cfg: Config, target: str, *, as_json: bool, follow: bool) -> None:
-    from higgsfield.metrics import latest_per_step
+    from higgsfield.metrics import Skipped, latest_per_step
     from higgsfield.orchestrator import backend_for
 
     async with backend_for(cfg).session() as session:
         status = await session.find(target)
         got: list[StepMetrics] = []
+        skipped = Skipped(0)
         async for m in session.metrics(status, follow=follow):
             if m is None:
+                continue
+            if isinstance(m, Skipped):
+                skipped = m
+                if follow and as_json:
+                    click.echo(json.dumps({"skipped": m.count}))
                 continue
             if follow:
                 _show([m], as_json=as_json, header=not got)
             got.append(m)
         if not follow:
             _show(latest_per_step(got), as_json=as_json, header=True)
+            if as_json and skipped.count:
+                click.echo(json.dumps({"skipped": skipped.count}))
+        if skipped.count:
+            click.echo(f"run {status.run}: {skipped}", err=True)
         if not got and not as_json:
             click.echo(f"run {status.run} has no step metrics yet (rank 0 writes them with "
                        "higgsfield.training.StepTimer)", err=True)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from higgsfield.config import Config
-from higgsfield.metrics import StepMetrics
+from higgsfield.metrics import MetricsItem
 from higgsfield.orchestrator.deployment import DeployResult
 from higgsfield.orchestrator.logs import LogLine
 from higgsfield.orchestrator.start import RunHandle
@@ -94,8 +94,9 @@ class Session(Protocol):
     def logs(self, status: RunStatus, *, follow: bool = False, node: str | None = None,
              ranks: tuple[int, ...] = (), since: float | None = None) -> AsyncIterator[LogLine]: ...
 
-    def metrics(self, status: RunStatus, *, follow: bool = False) -> AsyncIterator[StepMetrics | None]:
-        """Rank 0's step metrics in the order written (None: a heartbeat); with ``follow`` until the run ends."""
+    def metrics(self, status: RunStatus, *, follow: bool = False) -> AsyncIterator[MetricsItem]:
+        """Rank 0's step metrics in the order written (Skipped: a new total of bad lines; None: a heartbeat);
+        with ``follow`` until the run ends."""
 
     async def kill(self, target: str) -> list[RunStatus]:
         """Stop the run ``target`` (or every active run of that experiment); their statuses after."""

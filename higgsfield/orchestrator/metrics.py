@@ -11,17 +11,20 @@ Use::
     async with connect(cfg) as group:
         status = await find_run(group, cfg, "tiny_llama")
         async for m in read_metrics(group, cfg, status, follow=True):
-            ...   # StepMetrics, in the order written; None: a heartbeat (the run is quiet)
+            ...   # StepMetrics, in the order written; Skipped(total); None: a heartbeat (the run is quiet)
+
+What crosses the connection is decoded again here (the node may run another version):
+a line that is not a StepMetrics is skipped and counted with the node's own count, so
+a view always gets one total of what it could not show.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 
 from higgsfield.config import Config
 from higgsfield.errors import RunError
-from higgsfield.metrics import StepMetrics
+from higgsfield.metrics import HEARTBEAT_LINE, MetricsItem, Skipped, decode_line, parse_skipped
 from higgsfield.remote import Group
 from higgsfield.remote.invoker import invoker_argv
 from higgsfield.runspec import RunStatus
@@ -37,7 +40,7 @@ def metrics_node(status: RunStatus) -> str:
 
 
 async def read_metrics(group: Group, cfg: Config, status: RunStatus, *, follow: bool = False,
-                       skip: int = 0) -> AsyncIterator[StepMetrics | None]:
+                       skip: int = 0) -> AsyncIterator[MetricsItem]:
     """The run's metrics from its node 0 (a member of ``group``); with ``follow`` until the run ends."""
     node = metrics_node(status)
     member = next((m for m in group.members if m.name == node), None)
@@ -51,14 +54,26 @@ async def read_metrics(group: Group, cfg: Config, status: RunStatus, *, follow: 
         yield m
 
 
-async def parse_metrics(lines: AsyncIterator[str]) -> AsyncIterator[StepMetrics | None]:
+async def parse_metrics(lines: AsyncIterator[str]) -> AsyncIterator[MetricsItem]:
     """``higgsfield invoker metrics``' output as StepMetrics (None for its ``#hb`` heartbeat), whichever
-    backend's node it came from; a line that is not a StepMetrics object is skipped."""
+    backend's node it came from; a ``#skipped N`` line, or a line here that is not a StepMetrics object,
+    gives the new total of skipped lines as a :class:`Skipped`."""
+    on_node = here = 0
     async for raw in lines:
-        if raw == "#hb":
+        if raw == HEARTBEAT_LINE:
             yield None
             continue
-        try:
-            yield StepMetrics.from_dict(json.loads(raw))
-        except ValueError:
+        total = parse_skipped(raw)
+        if total is not None:
+            on_node = total
+            yield Skipped(on_node + here)
             continue
+        if not raw.strip():
+            continue
+        try:
+            m = decode_line(raw)
+        except ValueError:
+            here += 1
+            yield Skipped(on_node + here)
+            continue
+        yield m

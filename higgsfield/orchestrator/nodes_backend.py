@@ -12,7 +12,7 @@ from typing import Any
 
 from higgsfield.config import Config
 from higgsfield.errors import ConfigError
-from higgsfield.metrics import StepMetrics
+from higgsfield.metrics import MetricsItem
 from higgsfield.orchestrator.backend import Plan, RunList, RunRequest
 from higgsfield.orchestrator.deployment import DeployResult, deploy
 from higgsfield.orchestrator.kill import kill_runs
@@ -50,7 +50,7 @@ class NodesSession:
         return stream_logs(self.group, self.cfg, status, follow=follow, node=node, ranks=ranks, since=since,
                            lost_after=LOST_AFTER_S if follow else None)
 
-    def metrics(self, status: RunStatus, *, follow: bool = False) -> AsyncIterator[StepMetrics | None]:
+    def metrics(self, status: RunStatus, *, follow: bool = False) -> AsyncIterator[MetricsItem]:
         return read_metrics(self.group, self.cfg, status, follow=follow)
 
     async def kill(self, target: str) -> list[RunStatus]:

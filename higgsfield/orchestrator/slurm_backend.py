@@ -33,7 +33,7 @@ from typing import Any
 from higgsfield.config import CONFIG_FILE, Config
 from higgsfield.discovery import find_experiment
 from higgsfield.errors import NoSuchRun, RunError
-from higgsfield.metrics import StepMetrics
+from higgsfield.metrics import MetricsItem
 from higgsfield.orchestrator.backend import Plan, RunList, RunRequest
 from higgsfield.orchestrator.deployment import DeployResult, deploy
 from higgsfield.orchestrator.logs import LogLine
@@ -154,10 +154,10 @@ class SlurmSession:
 
     # -- metrics ----------------------------------------------------------------------------
 
-    def metrics(self, status: RunStatus, *, follow: bool = False) -> AsyncIterator[StepMetrics | None]:
+    def metrics(self, status: RunStatus, *, follow: bool = False) -> AsyncIterator[MetricsItem]:
         return self._metrics(status.run, follow)
 
-    async def _metrics(self, run: str, follow: bool) -> AsyncIterator[StepMetrics | None]:
+    async def _metrics(self, run: str, follow: bool) -> AsyncIterator[MetricsItem]:
         """Rank 0's ``metrics.jsonl`` in the run's directory of the shared workdir, read by the login node."""
         if not await self._started(run, follow):
             return

@@ -165,6 +165,9 @@ class Hub:
                     q.put_nowait(ev)
                 except asyncio.QueueFull:     # a page that does not read: it gets the state again on reconnect
                     self.subscribers.discard(q)
+                    with contextlib.suppress(asyncio.QueueFull):   # ... which "reset" makes its stream do
+                        q.get_nowait()
+                        q.put_nowait(("reset", {}))
                     break
 
     # -- a run's page -------------------------------------------------------------------

@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from higgsfield.metrics import Skipped
 from higgsfield.orchestrator import Session
 from higgsfield.runspec import RunStatus
 from higgsfield.ui.nodes import why
@@ -42,6 +43,7 @@ class RunFeed:
         self.lines: deque[list[Any]] = deque(maxlen=KEEP_LINES)   # [node, rank, text, received (UNIX time)]
         self.dropped = 0
         self.points: list[dict[str, Any]] = []
+        self.skipped = 0          # lines of the metrics file that were not a step's metrics (the page says so)
         self.logs_done = False
         self.metrics_done = False
         self.errors: list[str] = []
@@ -68,6 +70,8 @@ class RunFeed:
             backlog.append(("lines", lines[i:i + 2000]))
         if self.points:
             backlog.append(("points", list(self.points)))
+        if self.skipped:
+            backlog.append(("skipped", {"count": self.skipped}))
         backlog += [("error", e) for e in self.errors]
         if self.logs_done:
             backlog.append(("logs_end", {}))
@@ -100,6 +104,7 @@ class RunFeed:
     def _start(self) -> None:
         self.lines.clear()
         self.points.clear()
+        self.skipped = 0
         self.errors.clear()
         self.logs_done = self.metrics_done = False
         self._tasks = [asyncio.create_task(self._logs(), name=f"logs-{self.run}"),
@@ -148,6 +153,10 @@ class RunFeed:
         try:
             async for m in self.session.metrics(self.status, follow=True):
                 if m is None:
+                    continue
+                if isinstance(m, Skipped):
+                    self.skipped = m.count
+                    self._send(("skipped", {"count": m.count}))
                     continue
                 point = m.to_dict()
                 self.points.append(point)

@@ -16,6 +16,13 @@ server, plus what a page that changes state needs:
   whose name resolves to 127.0.0.1 otherwise reaches the dashboard as same-origin).
 - Every response says ``Content-Security-Policy: default-src 'self'`` (no inline
   script, no other origin), no framing, no referrer, no caching of the API.
+- A malformed request is answered here with a 4xx before any route sees it: a path
+  that is not printable ASCII (every path of the dashboard is; U+2028 or a stray
+  ``%FF`` is not a request of the page) 400, an overlong path or query 414, a method
+  the dashboard does not have 405, a declared body over ``MAX_BODY`` 413.
+- The token's redirect goes to this server's root, ``/``, whatever path the URL had: a
+  path such as ``/%5Cevil.example/`` (``\\``) or ``//evil.example`` would otherwise be a
+  Location that a browser reads as another origin.
 
 The CSRF token is an HMAC of the session token: knowing it does not give the token.
 No secret of the project (its ``env`` values, SSH keys) is ever part of a response.
@@ -35,9 +42,15 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+Header = tuple[bytes, bytes]
 
 CSRF_HEADER = "x-hf-csrf"
 SAFE_METHODS = frozenset({"GET", "HEAD"})
+METHODS = SAFE_METHODS | {"POST"}     # all the dashboard has: anything else is a 405
+MAX_PATH = 2048                        # bytes of the raw path (a run name is at most a few dozen)
+MAX_QUERY = 8192                       # bytes of the query string
+MAX_QUERY_FIELDS = 64
+MAX_BODY = 1 << 20                     # bytes of a request body: a form of a few fields is ~1 KiB
 HEADERS = [
     (b"content-security-policy",
      b"default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'; "
@@ -87,13 +100,17 @@ class Guard:
         if not self.allowed_host(host):
             await _deny(send, "this dashboard answers only to the address 'higgsfield ui' printed")
             return
-        query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+        refused = malformed(scope, method, headers)
+        if refused is not None:
+            await _answer(send, *refused)
+            return
+        query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), max_num_fields=MAX_QUERY_FIELDS))
         given = query.get("token")
         if given is not None and _same(given, self.token) and method in SAFE_METHODS:
-            # Trade the URL's token for the cookie, and drop it from the address bar.
+            # Trade the URL's token for the cookie, and drop it from the address bar. The redirect goes
+            # to the root only: a path from the URL ("/\\host", "//host") could name another origin.
             rest = urlencode({k: v for k, v in query.items() if k != "token"})
-            path = "/" + str(scope.get("path", "/")).lstrip("/")   # never "//host": a redirect elsewhere
-            await _redirect(send, path + (f"?{rest}" if rest else ""),
+            await _redirect(send, "/" + (f"?{rest}" if rest else ""),
                             f"{self.cookie}={self.token}; Path=/; HttpOnly; SameSite=Strict")
             return
         if not _same(_cookie(headers.get("cookie", ""), self.cookie), self.token):
@@ -119,6 +136,38 @@ class Guard:
         await self.app(scope, receive, with_headers)
 
 
+def malformed(scope: Scope, method: str, headers: dict[str, str]) -> tuple[int, str, list[Header]] | None:
+    """Why the request is not one of the dashboard's (status, one line, headers), or None when it may be."""
+    raw = scope.get("raw_path") or str(scope.get("path", "")).encode("utf-8", "replace")
+    query = scope.get("query_string", b"")
+    if len(raw) > MAX_PATH or len(query) > MAX_QUERY:
+        return 414, "the address is too long", []
+    if not _plain(str(scope.get("path", ""))) or not _plain(raw.decode("latin-1")):
+        return 400, "the path is not one of this dashboard's (printable ASCII only)", []
+    if method not in METHODS:
+        return 405, f"method {_shown(method)} is not allowed", [(b"allow", b"GET, HEAD, POST")]
+    try:
+        parse_qsl(query.decode("latin-1"), max_num_fields=MAX_QUERY_FIELDS)
+    except ValueError:
+        return 400, "too many query parameters", []
+    length = headers.get("content-length")
+    if length is not None:
+        if not (length.isascii() and length.isdigit()):
+            return 400, "the Content-Length is not a number", []
+        if int(length) > MAX_BODY:
+            return 413, f"the request body is over {MAX_BODY} bytes", []
+    return None
+
+
+def _plain(path: str) -> bool:
+    """Printable ASCII without space: every path the dashboard serves, and nothing a terminal or log misreads."""
+    return all("!" <= c <= "~" for c in path)
+
+
+def _shown(text: str) -> str:
+    return repr(text[:40]) if _plain(text) else "(not printable)"
+
+
 def _same(a: str | None, b: str) -> bool:
     return a is not None and hmac.compare_digest(a.encode(), b.encode())
 
@@ -132,11 +181,20 @@ def _cookie(header: str, name: str) -> str | None:
 
 
 async def _deny(send: Send, why: str) -> None:
-    body = f"403 forbidden: {why}\n".encode()
-    await send({"type": "http.response.start", "status": 403,
+    await _answer(send, 403, why)
+
+
+async def _answer(send: Send, status: int, why: str, extra: list[Header] | None = None) -> None:
+    """A plain-text refusal: ``STATUS reason: why`` (the client may not have sent all of its body yet)."""
+    body = f"{status} {_REASONS.get(status, 'refused')}: {why}\n".encode()
+    await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"text/plain; charset=utf-8"),
-                            (b"content-length", str(len(body)).encode()), *HEADERS]})
+                            (b"content-length", str(len(body)).encode()), *(extra or []), *HEADERS]})
     await send({"type": "http.response.body", "body": body})
+
+
+_REASONS = {400: "bad request", 403: "forbidden", 405: "method not allowed", 413: "payload too large",
+            414: "URI too long"}
 
 
 async def _redirect(send: Send, location: str, cookie: str) -> None:

@@ -55,9 +55,9 @@ def test_the_node_reader_waits_for_a_torn_line_and_ends_with_the_run(tmp_path: P
         done.set()
 
     threading.Thread(target=finish).start()
-    got = [json.loads(x)["step"] for x in read_metrics(rd, follow=True, is_done=done.is_set) if x]
+    got = [x.step for x in read_metrics(rd, follow=True, is_done=done.is_set) if isinstance(x, StepMetrics)]
     assert got == [1, 2]
-    assert [json.loads(x)["step"] for x in read_metrics(rd, skip=1) if x] == [2]
+    assert [x.step for x in read_metrics(rd, skip=1) if isinstance(x, StepMetrics)] == [2]
     assert list(read_metrics(RunDir(tmp_path, "p", "other"))) == []   # a node without the file: nothing
 
 

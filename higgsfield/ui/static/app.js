@@ -247,16 +247,17 @@ function renderRunHead() {
 }
 function openRun(run) {
   if (S.runSource) { S.runSource.close(); S.runSource = null; }
-  S.run = run; S.lines = []; S.shown = 0; S.points = []; S.drawn = false;
+  S.run = run; S.lines = []; S.shown = 0; S.points = []; S.skipped = 0; S.drawn = false;
   if (S.drawTimer) { clearTimeout(S.drawTimer); S.drawTimer = null; }
-  $("#log").replaceChildren(); destroyCharts(); updatePointsLabel();
+  $("#log").replaceChildren(); destroyCharts(); updatePointsLabel(); updateSkipped();
   if (!run) return;
   renderRunHead();
   const src = new EventSource(`/api/runs/${encodeURIComponent(run)}/events`);
   S.runSource = src;
-  src.addEventListener("meta", () => { S.lines = []; S.points = []; $("#log").replaceChildren(); });
+  src.addEventListener("meta", () => { S.lines = []; S.points = []; S.skipped = 0; $("#log").replaceChildren(); updateSkipped(); });
   src.addEventListener("lines", (e) => onLines(JSON.parse(e.data)));
   src.addEventListener("points", (e) => onPoints(JSON.parse(e.data)));
+  src.addEventListener("skipped", (e) => { S.skipped = Number(JSON.parse(e.data).count) || 0; updateSkipped(); });
   src.addEventListener("error", (e) => {
     if (e.data) { appendNotice(JSON.parse(e.data)); return; }
     // refused (an unknown run) or the server went away: the browser gives up on a non-200; try again
@@ -365,6 +366,14 @@ function updatePointsLabel() {
   label.textContent = n ? `${n} step(s); last: step ${last.step}, loss ${last.loss == null ? "–" : Number(last.loss).toFixed(4)}` : "no steps yet";
 }
 
+/* lines of the run's metrics file that were not a step's metrics: said, small, next to the curves' title */
+function updateSkipped() {
+  const n = S.skipped || 0, label = $("#skipped");
+  label.dataset.skipped = String(n);
+  label.textContent = n ? `${n} line${n === 1 ? "" : "s"} skipped (not a metrics record)` : "";
+  label.classList.toggle("hidden", !n);
+}
+
 /* -- nodes ------------------------------------------------------------------------------------ */
 function spark(values, color, max = 100) {
   const w = 120, h = 28, ns = "http://www.w3.org/2000/svg";
@@ -444,7 +453,11 @@ function connect() {
   const src = new EventSource("/api/events");
   const live = $("#live");
   src.addEventListener("open", () => { live.textContent = "live"; live.className = "live on"; });
-  src.addEventListener("error", () => { live.textContent = "reconnecting"; live.className = "live off"; });
+  src.addEventListener("error", () => {
+    live.textContent = "reconnecting"; live.className = "live off";
+    // refused (429: too many streams from this address) or a non-200: the browser gives up; try again
+    if (src.readyState === EventSource.CLOSED) setTimeout(connect, 3000);
+  });
   src.addEventListener("runs", (e) => onRuns(JSON.parse(e.data)));
   src.addEventListener("nodes", (e) => onNodes(JSON.parse(e.data)));
 }
