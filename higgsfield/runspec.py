@@ -1,6 +1,6 @@
 """The typed run contract between the control side, the nodes and every view of a run.
 
-Two objects cross a process or machine boundary, so both are typed, versioned and
+The objects that cross a process or machine boundary are typed, versioned and
 stdlib-only (this module is neutral: the laptop, the node's invoker, the worker's
 entrypoint, the dashboard and a second backend all import it, and it imports
 nothing of theirs):
@@ -11,8 +11,14 @@ nothing of theirs):
   :meth:`RunSpec.from_dict`, which refuses a spec of another ``version`` with one
   line saying which side to upgrade, and re-validates every name it will turn into
   a path (a node never trusts the wire to have been checked).
+- :class:`NodeRunView` / :class:`NodeRuns`: what a node sends back of its runs
+  (``invoker status``, the dashboard's feed), decoded once on the control side:
+  typed records and the node's skip lines for files it could not decode
+  (``NODE_RUNS_VERSION`` names the reply's schema).
 - :class:`RunStatus`: one run across its nodes, as ``higgsfield status --json``
   prints it (``STATUS_VERSION`` names that schema) and the dashboard reads it.
+
+One concept, the wire both ways, so one module (over 400 lines for that reason).
 
 The run states are the words every layer uses; nothing spells them again.
 
@@ -27,8 +33,10 @@ import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from higgsfield.decode import DecodeError, from_fields, kind, tail
 from higgsfield.errors import RunError
 from higgsfield.names import MAX_NAME, NAME_RE, check_node_name, is_run_name
+from higgsfield.text import has_control, one_line, shown
 
 SPEC_VERSION = 1
 STATUS_VERSION = 1
@@ -262,6 +270,118 @@ def _coordinator(v: object) -> Coordinator | None:
     if port > 65535:
         raise SpecError("run spec: 'coordinator.port' must be a TCP port")
     return Coordinator(host=_str(v, "host"), port=port, node=check_node_name(_str(v, "node")))
+
+
+# -- one node's part of a run, as the node reports it ---------------------------
+
+NODE_RUNS_VERSION = 1
+"""The schema of ``invoker status``'s reply: ``{"version", "runs": [record], "skipped": [line]}``."""
+
+
+@dataclass(frozen=True)
+class NodeRunView:
+    """One node's record of its part of a run, as ``invoker status`` (or the dashboard's feed) sends it.
+
+    Decoded once, on the control side, from the node's JSON (:meth:`from_dict`: every
+    field typed, names checked as if typed, the error tail bounded): the merge into a
+    :class:`RunStatus` reads only these fields. The record's other keys (pids,
+    command, ports...) travel in ``extra``, so :meth:`to_dict` gives the record back.
+    """
+
+    project: str
+    experiment: str
+    run: str
+    node: str
+    node_rank: int
+    state: str
+    created_at: float
+    nnodes: int = 1
+    nproc: int = 1
+    runtime: str = "process"
+    slots: list[int] = field(default_factory=list)
+    exclusive: bool = False
+    exit_code: int | None = None
+    reason: str | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    failed_node: str | None = None
+    failed_rank: int | None = None
+    failed_at: float | None = None
+    error_tail: list[str] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        return {**self.extra, **d, "slots": list(self.slots), "error_tail": list(self.error_tail),
+                "params": dict(self.params)}
+
+    @classmethod
+    def from_dict(cls, data: object) -> NodeRunView:
+        """The view in ``data`` (one record of a node's reply); :class:`~higgsfield.decode.DecodeError` names
+        the field that is wrong."""
+        view = from_fields(cls, data, special={"error_tail": tail, "extra": _no_extra}, what="a run record")
+        assert isinstance(data, dict)
+        if not NAME_RE.fullmatch(view.project):
+            raise DecodeError(f"'project' {shown(view.project)} is not a project name")
+        if not is_run_name(view.run):
+            raise DecodeError(f"'run' {shown(view.run)} is not a run name")
+        if view.state not in STATES:
+            raise DecodeError(f"'state' {shown(view.state)} is not a run state")
+        for key in ("node", "failed_node"):
+            try:
+                if getattr(view, key) is not None:
+                    check_node_name(getattr(view, key))
+            except ValueError as e:
+                raise DecodeError(f"'{key}': {e}") from None
+        for key in ("experiment", "runtime", "reason"):
+            value = getattr(view, key)
+            if value is not None and (len(value) > 2000 or has_control(value)):
+                raise DecodeError(f"'{key}' {shown(value)} holds a control character or is too long")
+        known = {f.name for f in fields(cls)}
+        return replace(view, extra={k: v for k, v in data.items() if k not in known})
+
+
+def _no_extra(v: object) -> dict[str, Any]:
+    return {}   # ``extra`` is what ``from_dict`` leaves over, never a key of the record
+
+
+@dataclass(frozen=True)
+class NodeRuns:
+    """A node's answer to ``invoker status``: its runs, and one line per file it skipped (damaged, a symlink,
+    a directory that is no run's), each line naming the file and why."""
+
+    runs: list[NodeRunView]
+    skipped: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_reply(cls, data: object) -> NodeRuns:
+        """The reply, decoded; a record that does not decode here is skipped with a line too. A bare list
+        is an older node's reply (records only)."""
+        records: object
+        lines: object
+        if isinstance(data, list):
+            records, lines = data, []
+        elif isinstance(data, dict):
+            version = data.get("version")
+            if version != NODE_RUNS_VERSION:
+                raise DecodeError(f"a status reply of version {shown(version)} (this higgsfield reads "
+                                  f"{NODE_RUNS_VERSION}): upgrade higgsfield here or on the node")
+            records, lines = data.get("runs"), data.get("skipped") or []
+            if not isinstance(records, list) or not isinstance(lines, list):
+                raise DecodeError("the status reply's 'runs' and 'skipped' must be lists")
+        else:
+            raise DecodeError(f"the status reply is {kind(data)}, not an object")
+        assert isinstance(records, list) and isinstance(lines, list)
+        runs: list[NodeRunView] = []
+        skipped = [one_line(str(x), 600) for x in lines[:1000]]
+        for i, rec in enumerate(records):
+            try:
+                runs.append(NodeRunView.from_dict(rec))
+            except DecodeError as e:
+                name = rec.get("run") if isinstance(rec, dict) else None
+                skipped.append(f"record {shown(name) if name is not None else i}: {e}")
+        return cls(runs, skipped)
 
 
 # -- one run across its nodes -------------------------------------------------

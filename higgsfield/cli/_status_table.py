@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from higgsfield.runspec import RunStatus
+from higgsfield.text import one_line
 
 GAP = 2
 ELLIPSIS = "…"
@@ -97,3 +98,16 @@ def layout(runs: Sequence[RunStatus], width: int) -> tuple[list[str], list[int],
 
 def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[:max(width - 1, 0)] + ELLIPSIS
+
+
+MAX_WARNINGS = 20
+
+
+def skip_warnings(skipped: Sequence[str]) -> list[str]:
+    """The lines ``status`` prints on stderr for the files nodes skipped (``warning: node1: skipped
+    runs/p/x/run.json: not JSON (...)``): each inert on a terminal, and a node full of damaged files
+    costs ``MAX_WARNINGS`` lines and a count, not a screen per file."""
+    out = [f"warning: {one_line(line, 500)}" for line in skipped[:MAX_WARNINGS]]
+    if len(skipped) > MAX_WARNINGS:
+        out.append(f"warning: {len(skipped) - MAX_WARNINGS} more file(s) skipped")
+    return out

@@ -154,16 +154,16 @@ def supervise(ctx: click.Context, project: str, run: str, listen_fd: int | None)
 @click.option("--run", "run_name", default=None)
 @click.pass_context
 def status(ctx: click.Context, project: str | None, run_name: str | None) -> None:
-    """Print the records of this node's runs as a JSON list."""
-    from higgsfield.invoker.records import list_runs
-    from higgsfield.invoker.stop import refresh
+    """Print this node's runs: {"version": 1, "runs": [record + params], "skipped": [one line per bad file]}.
 
-    out = []
-    for rd in list_runs(_state(ctx), project):
-        if run_name and rd.path.name != run_name:
-            continue
-        out.append(refresh(rd).to_dict())
-    _emit(out)
+    A file that does not decode (a damaged record, a symlink, a directory that is no
+    run's) is skipped with one line naming it; every other run still shows.
+    """
+    from higgsfield.invoker.watch import node_runs
+    from higgsfield.runspec import NODE_RUNS_VERSION
+
+    runs, skipped = node_runs(_state(ctx), project, run_name)
+    _emit({"version": NODE_RUNS_VERSION, "runs": runs, "skipped": skipped})
 
 
 @invoker.command()

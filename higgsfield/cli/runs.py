@@ -244,11 +244,13 @@ def status(ctx: click.Context, as_json: bool) -> None:
     """List runs on every node: state, nodes, start, duration, exit code, first failure."""
     from rich.text import Text
 
-    from higgsfield.cli._status_table import GAP, failure_of, layout
+    from higgsfield.cli._status_table import GAP, failure_of, layout, skip_warnings
 
     cfg = get_config(ctx)
     listed = asyncio.run(_status(cfg))
     runs, unreachable = listed.runs, listed.unreachable
+    for warning in skip_warnings(listed.skipped):
+        click.echo(warning, err=True)
     if as_json:
         click.echo(json.dumps({"runs": [r.to_dict() for r in runs], "unreachable": unreachable}, indent=2))
         return

@@ -22,13 +22,14 @@ before it died), else of the launcher's log.
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from higgsfield.decode import DecodeError, cut, from_fields, read_json
 from higgsfield.invoker.records import RunDir
 
 TAIL_LINES = 12
@@ -42,22 +43,22 @@ def describe(rd: RunDir, node: str, rc: int, since: float) -> dict[str, Any]:
     """The failure of this node's part of the run (torchrun ended with ``rc``; it started at ``since``)."""
     error = first_error(rd, since)
     root = torchrun_root_cause(rd.logs / "launcher.log")
-    rank: int | None = error["rank"] if error else (root[0] if root else None)
+    rank: int | None = error.rank if error else (root[0] if root else None)
     code = root[1] if root and root[0] == rank else None
-    if error and error.get("kind") != "died":
-        reason = f"rank {rank}: {error['error']}"
+    if error and error.kind != "died":
+        reason = f"rank {rank}: {error.error}"
     elif root is None and rc not in (0, 1):  # no summary: torchrun itself died (its ranks died with it)
         reason = f"torchrun {exit_words(rc)}" + (f"; rank {rank} ended with it" if rank is not None else "")
         rank = None  # the rank is a casualty, not the cause: whether its tee wrote first is a race
     elif rank is not None and code is not None and code != 0:
         reason = f"rank {rank} {exit_words(code)}"
     elif error:
-        reason = f"rank {rank} {error['error']}"
+        reason = f"rank {rank} {error.error}"
     else:
         reason = f"torchrun {exit_words(rc)}"
     log = rd.rank_log(rank) if rank is not None else rd.logs / "launcher.log"
     tail = tail_lines(log) or tail_lines(rd.logs / "launcher.log")
-    return {"node": node, "rank": rank, "at": float(error["time"]) if error else time.time(),
+    return {"node": node, "rank": rank, "at": error.time if error else time.time(),
             "reason": reason[:LINE_CHARS * 2], "tail": tail}
 
 
@@ -73,17 +74,33 @@ def exit_words(code: int) -> str:
     return f"was killed by {name}" + (" (out of memory?)" if sig == signal.SIGKILL else "")
 
 
-def first_error(rd: RunDir, since: float) -> dict[str, Any] | None:
-    """The earliest ``rank*.error.json`` written at or after ``since``."""
-    best: dict[str, Any] | None = None
+@dataclass(frozen=True)
+class RankError:
+    """``rank<N>.error.json``, decoded: the rank, when it failed by its own account, what (one line), how."""
+
+    rank: int
+    time: float
+    error: str = "failed"
+    kind: str | None = None     # "exception" (user code raised) | "died" (no Python exception: a signal)
+
+    @classmethod
+    def from_dict(cls, d: object) -> RankError:
+        e = from_fields(cls, d, what="a rank's error file")
+        if e.rank < 0:
+            raise DecodeError("'rank' must be >= 0")
+        return replace(e, error=cut(" ".join(e.error.split()) or "failed", LINE_CHARS * 2))
+
+
+def first_error(rd: RunDir, since: float) -> RankError | None:
+    """The earliest ``rank*.error.json`` written at or after ``since`` (one that does not decode is no error)."""
+    best: RankError | None = None
     for p in rd.logs.glob("rank*.error.json"):
         try:
-            d = json.loads(p.read_text())
-            d["rank"], d["time"] = int(d["rank"]), float(d["time"])
-        except (OSError, ValueError, KeyError, TypeError):
+            e = RankError.from_dict(read_json(p, root=rd.state_dir))
+        except (OSError, ValueError):
             continue
-        if d["time"] >= since and (best is None or d["time"] < best["time"]):
-            best = d
+        if e.time >= since and (best is None or e.time < best.time):
+            best = e
     return best
 
 

@@ -25,9 +25,11 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from higgsfield.decode import DecodeError, from_fields, read_json
 from higgsfield.runspec import RunSpec, SpecError
 
 STOP_GRACE_S = 3.0  # SIGTERM (``docker stop``) to SIGKILL when a run is killed
+SPEC_MAX_BYTES = 16 << 20  # params are the user's: more room than a record gets, still a bound
 
 
 @dataclass(frozen=True)
@@ -44,21 +46,15 @@ class Placement:
     coord_port: int | None = None   # node 0: the port of the run's coordinator
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Placement:
-        def opt_str(key: str) -> str | None:
-            v = d.get(key)
-            return None if v is None else str(v)
-
+    def from_dict(cls, d: object) -> Placement:
+        """The placement's fields of ``spec.json``, each checked for its type (SpecError says which is wrong)."""
         try:
-            return cls(gpus=int(d.get("gpus") or 0), cache_dir=str(d["cache_dir"]),
-                       checkpoint_dir=str(d["checkpoint_dir"]), container=str(d["container"]),
-                       image=opt_str("image"), python=opt_str("python"),
-                       stop_grace=float(d.get("stop_grace") or STOP_GRACE_S),
-                       coord_port=None if d.get("coord_port") is None else int(d["coord_port"]))
-        except KeyError as e:
-            raise SpecError(f"the node's run spec has no '{e.args[0]}'") from None
-        except (TypeError, ValueError) as e:
+            p = from_fields(cls, d, what="the node's run spec")
+        except DecodeError as e:
             raise SpecError(f"the node's run spec is malformed: {e}") from None
+        if p.gpus < 0 or p.stop_grace < 0 or (p.coord_port is not None and not 0 < p.coord_port < 65536):
+            raise SpecError("the node's run spec is malformed: 'gpus', 'stop_grace' or 'coord_port' out of range")
+        return p
 
 
 _SPEC_FIELDS = frozenset(f.name for f in fields(RunSpec))
@@ -108,9 +104,11 @@ def _spec_of(d: dict[str, Any]) -> RunSpec:
 
 
 def _load(path: Path) -> dict[str, Any]:
-    import json
-
-    data = json.loads(Path(path).read_text())
+    """``spec.json`` parsed (a regular file, no symlink, bounded in size): SpecError when it is not an object."""
+    try:
+        data = read_json(Path(path), limit=SPEC_MAX_BYTES)
+    except DecodeError as e:
+        raise SpecError(f"{path}: {e}") from None
     if not isinstance(data, dict):
         raise SpecError(f"{path} is not a JSON object")
     return data

@@ -41,7 +41,6 @@ Use (in the supervisor)::
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 from collections.abc import Iterable
@@ -49,8 +48,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from higgsfield.decode import DecodeError, from_fields, read_json
 from higgsfield.invoker import pids
 from higgsfield.invoker.locks import exclusive
+from higgsfield.names import NAME_RE, is_run_name
 
 
 @dataclass
@@ -97,15 +98,25 @@ def _locked(state_dir: Path) -> contextlib.AbstractContextManager[None]:
 
 
 def _load(state_dir: Path) -> list[Entry]:
+    """The stored entries, each decoded and checked (:func:`entry_of`); a damaged file or entry is left out:
+    it can only be a crash's leftover, and the supervisors that are alive add themselves again."""
     try:
-        data = json.loads((state_dir / "queue.json").read_text())
+        data = read_json(state_dir / "queue.json", root=state_dir)
     except (OSError, ValueError):
         return []
     out = []
     for d in data if isinstance(data, list) else []:
-        with contextlib.suppress(TypeError):
-            out.append(Entry(**d))
+        with contextlib.suppress(ValueError):
+            out.append(entry_of(d))
     return out
+
+
+def entry_of(d: object) -> Entry:
+    """One queue entry from parsed JSON, every field typed and its names valid (DecodeError otherwise)."""
+    e = from_fields(Entry, d, what="a queue entry")
+    if not NAME_RE.fullmatch(e.project) or not is_run_name(e.run):
+        raise DecodeError("a queue entry's project or run is not a valid name")
+    return e
 
 
 def _save(state_dir: Path, entries: list[Entry]) -> None:

@@ -18,19 +18,39 @@ The record outlives the processes, so a finished run can be inspected later. The
 run states are :mod:`higgsfield.runspec`'s; ``spec.json`` is read with
 :class:`higgsfield.invoker.placement.NodeRun`.
 Writes are atomic (temp file + rename): a reader never sees half a record.
+
+Read back, a record is untrusted (a crash, a full disk or another tool may have left
+anything): :meth:`RunDir.read` decodes it once, typed field by field, names checked as
+if typed, the error tail bounded, and never through a symlink or out of the state dir
+(:mod:`higgsfield.decode`); :func:`scan_runs` lists the runs and names, one line
+each, what it skipped, so one damaged file hides only its own run.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from higgsfield.runspec import FAILED, QUEUED, TERMINAL
+from higgsfield.decode import (
+    TAIL_LINES,
+    DecodeError,
+    cut,
+    from_fields,
+    is_plain_dir,
+    read_json,
+    skip_line,
+    tail,
+)
+from higgsfield.errors import RunError
+from higgsfield.names import NAME_RE, check_node_name, is_run_name
+from higgsfield.runspec import FAILED, QUEUED, STATES, TERMINAL
+from higgsfield.text import has_control, one_line, shown
 
 
 def write_json(path: Path, data: Any, mode: int = 0o600) -> None:
@@ -85,19 +105,59 @@ class RunRecord:
         return self.state in TERMINAL
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # asdict() deep-copies every value; the fields are flat (lists and dicts of scalars): one level is enough
+        return {f.name: _copy(getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RunRecord:
-        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
+    def from_dict(cls, d: object) -> RunRecord:
+        """The record in ``d`` (parsed JSON), checked field by field: DecodeError names the field.
+
+        Names are checked as if typed (they become paths and terminal output on the
+        control side); the error tail is bounded (:func:`higgsfield.decode.tail`).
+        """
+        rec = from_fields(cls, d, special={"error_tail": tail}, what="the record")
+        if not NAME_RE.fullmatch(rec.project):
+            raise DecodeError(f"'project' {shown(rec.project)} is not a project name")
+        if not is_run_name(rec.run):
+            raise DecodeError(f"'run' {shown(rec.run)} is not a run name")
+        try:
+            check_node_name(rec.node)
+            if rec.failed_node is not None:
+                check_node_name(rec.failed_node)
+        except ValueError as e:
+            raise DecodeError(str(e)) from None
+        for key in ("experiment", "runtime"):
+            value = getattr(rec, key)
+            if not value or len(value) > 200 or has_control(value):
+                raise DecodeError(f"'{key}' {shown(value)} is not a name")
+        if rec.state not in STATES:
+            raise DecodeError(f"'state' {shown(rec.state)} is not a run state")
+        return rec
+
+
+class RecordError(DecodeError, RunError):
+    """A run's record that does not decode; one line naming the file (``runs/p/x/run.json: not JSON ...``).
+
+    A ValueError for the readers that skip it, a RunError for the CLI that prints it.
+    """
+
+
+def _copy(v: Any) -> Any:
+    return list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v
 
 
 class RunDir:
     """Paths of one run's directory."""
 
     def __init__(self, state_dir: Path, project: str, run: str) -> None:
-        self.path = Path(state_dir) / "runs" / project / run
+        self.state_dir = Path(state_dir)
+        self.project, self.run = project, run
+        self.path = self.state_dir / "runs" / project / run
+
+    @property
+    def rel(self) -> str:
+        """The directory relative to the state dir (``runs/<project>/<run>``), as skip lines name it."""
+        return f"runs/{self.project}/{self.run}"
 
     @property
     def record_path(self) -> Path:
@@ -127,7 +187,16 @@ class RunDir:
         return self.logs / f"rank{rank}.error.json"
 
     def read(self) -> RunRecord:
-        return RunRecord.from_dict(json.loads(self.record_path.read_text()))
+        """The record, decoded (:meth:`RunRecord.from_dict`) from a file inside the state dir reached through
+        no symlink; DecodeError when it does not decode or names another run than its directory."""
+        try:
+            record = RunRecord.from_dict(read_json(self.record_path, root=self.state_dir))
+        except DecodeError as e:
+            raise RecordError(f"{one_line(self.rel, 300)}/run.json: {e}") from None
+        if record.run != self.run or record.project != self.project:
+            raise RecordError(f"{one_line(self.rel, 300)}/run.json: its run "
+                              f"{shown(record.project + '/' + record.run)} is not its directory's")
+        return record
 
     def write(self, record: RunRecord) -> None:
         write_json(self.record_path, record.to_dict())
@@ -139,7 +208,11 @@ class RunDir:
             d.chmod(0o700)
 
     def exists(self) -> bool:
-        return self.record_path.is_file()
+        """A record is there (a regular file, not a symlink, in a directory that is not one)."""
+        try:
+            return is_plain_dir(self.path) and stat.S_ISREG(os.lstat(self.record_path).st_mode)
+        except OSError:
+            return False
 
 
 def finish(rd: RunDir, state: str, rc: int | None = None, fail: dict[str, Any] | None = None) -> RunRecord:
@@ -156,23 +229,78 @@ def finish(rd: RunDir, state: str, rc: int | None = None, fail: dict[str, Any] |
         record.failed_node, record.failed_rank = fail.get("node"), fail.get("rank")
         record.failed_at = fail.get("at")
         record.reason = str(fail.get("reason") or record.reason or "failed")
-        record.error_tail = [str(x) for x in fail.get("tail") or []]
+        record.error_tail = _tail_of(fail.get("tail"))
     rd.write(record)
     return record
 
 
+def _tail_of(v: object) -> list[str]:
+    """A failure's tail as the record keeps it: a list of lines, bounded (a string is one line)."""
+    lines = [v] if isinstance(v, str) else list(v) if isinstance(v, (list, tuple)) else []
+    return [cut(str(x)) for x in lines[-TAIL_LINES:]]
+
+
 def list_runs(state_dir: Path, project: str | None = None) -> list[RunDir]:
+    """The run directories with a record (damaged ones left out: :func:`scan_runs` says which)."""
+    return scan_runs(state_dir, project)[0]
+
+
+def scan_runs(state_dir: Path, project: str | None = None, *,
+              pending: bool = False) -> tuple[list[RunDir], list[str]]:
+    """The run directories with a record (``pending``: and those without one yet), and one skip line
+    for each entry that cannot be one.
+
+    Skipped: a project or run directory whose name is not a valid name (it was not
+    made by ``start``: a name with ``..`` or escape bytes), a symlinked directory or
+    record (nothing outside the state dir is read). A directory without a record
+    yet (a start in progress) is no run and no skip.
+    """
     root = Path(state_dir) / "runs"
-    if not root.is_dir():
-        return []
-    out = []
-    for pdir in sorted(root.iterdir()):
-        if project and pdir.name != project:
+    if not is_plain_dir(root):
+        return [], []
+    out: list[RunDir] = []
+    skipped: list[str] = []
+    for pname in _names(root) if project is None else [project]:
+        pdir = root / pname
+        if not is_plain_dir(pdir):
+            if os.path.islink(pdir):
+                skipped.append(skip_line(f"runs/{pname}", "a symlink (not followed)"))
             continue
-        if not pdir.is_dir():
+        if not NAME_RE.fullmatch(pname):
+            skipped.append(skip_line(f"runs/{pname}", "not a project name"))
             continue
-        for rdir in sorted(pdir.iterdir()):
-            rd = RunDir(Path(state_dir), pdir.name, rdir.name)
-            if rd.exists():
+        for rname in _names(pdir):
+            rd = RunDir(Path(state_dir), pname, rname)
+            why = _not_a_run(rd)
+            if why is not None:
+                skipped.append(skip_line(rd.rel, why))
+            elif rd.exists() or (pending and is_plain_dir(rd.path) and not os.path.lexists(rd.record_path)):
                 out.append(rd)
-    return out
+    return out, skipped
+
+
+def _names(d: Path) -> list[str]:
+    try:
+        return sorted(e.name for e in os.scandir(d))
+    except OSError:
+        return []
+
+
+def _not_a_run(rd: RunDir) -> str | None:
+    """Why ``rd`` cannot be a run's directory (None: it can, if it holds a record)."""
+    try:
+        st = os.lstat(rd.path)
+    except OSError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return "a symlink (not followed)"
+    if not stat.S_ISDIR(st.st_mode):
+        return None          # a stray file: not a run, nothing to report
+    if not is_run_name(rd.run):
+        return "not a run name"
+    try:
+        if stat.S_ISLNK(os.lstat(rd.record_path).st_mode):
+            return "run.json is a symlink (not followed)"
+    except OSError:
+        pass
+    return None

@@ -17,6 +17,7 @@ Use::
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import subprocess
@@ -75,16 +76,18 @@ def parse_smi(text: str) -> dict[int, GpuSample]:
             index = int(cells[0])
         except ValueError:
             continue
-        out[index] = GpuSample(index, cells[1], _number(cells[2]), _number(cells[3]), _number(cells[4]),
+        out[index] = GpuSample(index, cells[1][:200], _number(cells[2]), _number(cells[3]), _number(cells[4]),
                                _number(cells[5]))
     return out
 
 
 def _number(cell: str) -> float | None:
+    """A figure of nvidia-smi's, or None (NaN and infinity too: they are no figure, and no JSON)."""
     try:
-        return float(cell)
+        v = float(cell)
     except ValueError:
         return None
+    return v if math.isfinite(v) else None
 
 
 def _smi_argv(smi: str) -> list[str]:

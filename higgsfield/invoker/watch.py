@@ -8,10 +8,12 @@ dashboard holds one such command per node, over the SSH connection it keeps)::
 
 ``runs`` are the project's run records as ``invoker status`` prints them (the same
 :func:`~higgsfield.invoker.stop.refresh`, so a dead supervisor's run shows failed
-here too), each with the run's ``params`` from its spec. After the first (``full``)
+here too, :func:`node_runs`), each with the run's ``params`` from its spec. After the first (``full``)
 line only the records that changed are sent; a run directory that went away sends
 the full list again. ``queue`` is :func:`higgsfield.invoker.queue.describe` of the
 node's queue (who holds which slots, who waits, in order), sent when it changes.
+``{"skipped": [line, ...]}`` names the project's files that do not decode (a damaged
+record hides its own run only), sent when that list changes.
 
 Records are checked every ``RECORDS_EVERY_S`` (a run's state shows within that), but
 cheaply: each look stats the active runs' records only (and run directories whose
@@ -30,9 +32,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from higgsfield.decode import skip_line
+from higgsfield.errors import RunError
 from higgsfield.invoker import queue
 from higgsfield.invoker.placement import read_run_spec
-from higgsfield.invoker.records import RunDir
+from higgsfield.invoker.records import RunDir, scan_runs
 from higgsfield.invoker.stats import Sampler
 from higgsfield.invoker.stop import refresh
 from higgsfield.runspec import TERMINAL
@@ -56,6 +60,13 @@ class RunsWatch:
         self._tick = 0
         self._root_mtime: float | None = None
         self._dirs: list[str] = []
+        self._bad: dict[str, tuple[float, str]] = {}   # run -> (its record's mtime, why it was skipped)
+        self._bad_dirs: list[str] = []                 # skip lines of directories that cannot be runs
+
+    @property
+    def skipped(self) -> list[str]:
+        """One line per file or directory of the project that does not decode (as ``invoker status`` says)."""
+        return [*self._bad_dirs, *(why for _, why in self._bad.values())]
 
     def _root(self) -> Path:
         return self.state_dir / "runs" / self.project
@@ -70,10 +81,8 @@ class RunsWatch:
         whole = (not self._sent_once or root_mtime != self._root_mtime or self._tick % WHOLE_EVERY == 0)
         if whole:
             self._root_mtime = root_mtime
-            try:
-                self._dirs = sorted(e.name for e in os.scandir(self._root()) if e.is_dir())
-            except OSError:
-                self._dirs = []
+            rds, self._bad_dirs = scan_runs(self.state_dir, self.project, pending=True)
+            self._dirs = [rd.run for rd in rds]
             return self._dirs, True
         # between whole looks: the active runs, and directories whose record was not written yet
         return [n for n in self._dirs if n not in self._known or self._states.get(n) not in TERMINAL], False
@@ -87,7 +96,7 @@ class RunsWatch:
         out: list[dict[str, Any]] = []
         for name, rd in rds.items():
             try:
-                mtime = rd.record_path.stat().st_mtime
+                mtime = os.lstat(rd.record_path).st_mtime
             except OSError:
                 continue
             old = self._known.get(name)
@@ -95,12 +104,18 @@ class RunsWatch:
                 if full:
                     out.append(json.loads(old))
                 continue
+            if self._bad.get(name, (None,))[0] == mtime:
+                continue            # damaged, and not written since: said once
             try:
                 record = refresh(rd).to_dict()
-            except (OSError, ValueError):
+            except FileNotFoundError:
                 continue
+            except (OSError, ValueError, RunError) as e:
+                self._bad[name] = (mtime, skip_line(f"{rd.rel}/run.json", _why(e)))
+                continue
+            self._bad.pop(name, None)
             if name not in self._params:
-                self._params[name] = _params(rd)
+                self._params[name] = _params(rd)[0]
             record["params"] = self._params[name]
             text = json.dumps(record, sort_keys=True)
             self._mtimes[name] = mtime
@@ -112,6 +127,8 @@ class RunsWatch:
             for gone in set(self._known) - set(rds):
                 for d in (self._known, self._mtimes, self._states, self._params):
                     d.pop(gone, None)
+            for gone in set(self._bad) - set(rds):
+                self._bad.pop(gone)
         if not out and not full:
             return None
         return out, full
@@ -133,12 +150,49 @@ class RunsWatch:
         return entries
 
 
-def _params(rd: RunDir) -> dict[str, Any]:
-    """The run's resolved params, from its spec (a spec this node cannot read shows none)."""
+def _params(rd: RunDir) -> tuple[dict[str, Any], str | None]:
+    """The run's resolved params, from its spec, and why there are none when its spec does not decode
+    (None: it decoded, or there is none, as for a run an older invoker started)."""
     try:
-        return dict(read_run_spec(rd.spec_path).params)
-    except (OSError, ValueError):
-        return {}
+        return dict(read_run_spec(rd.spec_path).params), None
+    except FileNotFoundError:
+        return {}, None
+    except (OSError, ValueError, RunError) as e:
+        return {}, _why(e)
+
+
+def _why(e: BaseException) -> str:
+    """An error reading a file, as a skip line's reason (an OSError's words, not its path)."""
+    if isinstance(e, OSError):
+        return e.strerror or type(e).__name__
+    text = str(e)
+    return text.rsplit(".json: ", 1)[-1] if ".json: " in text else text
+
+
+def node_runs(state_dir: Path, project: str | None = None,
+              run: str | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """What ``invoker status`` replies: the runs' records (refreshed, each with ``params`` from its spec),
+    and one skip line per file that does not decode (``runs/p/x/run.json: not JSON (...)``).
+
+    A damaged record hides only its own run: every other run of the node still shows.
+    """
+    rds, skipped = scan_runs(state_dir, project)
+    out: list[dict[str, Any]] = []
+    for rd in rds:
+        if run is not None and rd.run != run:
+            continue
+        try:
+            record = refresh(rd).to_dict()
+        except FileNotFoundError:
+            continue                # removed while we looked
+        except (OSError, ValueError, RunError) as e:
+            skipped.append(skip_line(f"{rd.rel}/run.json", _why(e)))
+            continue
+        record["params"], why = _params(rd)
+        if why is not None:
+            skipped.append(skip_line(f"{rd.rel}/spec.json", why))
+        out.append(record)
+    return out, skipped
 
 
 def feed(state_dir: Path, *, every: float, project: str | None, emit: Callable[[dict[str, Any]], None],
@@ -148,6 +202,7 @@ def feed(state_dir: Path, *, every: float, project: str | None, emit: Callable[[
     watch = RunsWatch(state_dir, project) if project else None
     next_sample = 0.0
     n = 0
+    last_skipped: list[str] = []
     try:
         while ticks is None or n < ticks:
             n += 1
@@ -155,12 +210,15 @@ def feed(state_dir: Path, *, every: float, project: str | None, emit: Callable[[
             if watch is not None:
                 runs = watch.changed()
                 q = watch.queue_changed(force=runs is not None)
-                if runs is not None or q is not None:
+                skipped = watch.skipped
+                if runs is not None or q is not None or skipped != last_skipped:
                     msg: dict[str, Any] = {}
                     if runs is not None:
                         msg["runs"], msg["full"] = runs
                     if q is not None:
                         msg["queue"] = q
+                    if skipped != last_skipped:
+                        msg["skipped"] = last_skipped = skipped
                     emit(msg)
             if now >= next_sample:
                 next_sample = now + every

@@ -72,6 +72,7 @@ class RunList:
 
     runs: list[RunStatus]
     unreachable: dict[str, str] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)   # "node: skipped FILE: why", files a node could not decode
 
 
 class Session(Protocol):

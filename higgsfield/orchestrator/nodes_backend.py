@@ -20,7 +20,7 @@ from higgsfield.orchestrator.logs import LOST_AFTER_S, LogLine, follow, stream_l
 from higgsfield.orchestrator.metrics import read_metrics
 from higgsfield.orchestrator.nodes import connect
 from higgsfield.orchestrator.start import RunHandle, RunPlan, launch, plan_run
-from higgsfield.orchestrator.status import final_status, find_run, query_runs
+from higgsfield.orchestrator.status import final_status, find_run, query_runs, skipped_lines
 from higgsfield.remote import Group
 from higgsfield.runspec import RunStatus
 
@@ -40,7 +40,7 @@ class NodesSession:
 
     async def runs(self) -> RunList:
         runs, results = await query_runs(self.group, self.cfg)
-        return RunList(runs, {r.node: r.reason for r in results if not r.ok})
+        return RunList(runs, {r.node: r.reason for r in results if not r.ok}, skipped_lines(results))
 
     async def find(self, target: str) -> RunStatus:
         return await find_run(self.group, self.cfg, target)

@@ -1,6 +1,8 @@
 """A run's status across its nodes: every node's records merged into one :class:`RunStatus`.
 
-Each node keeps its own record of its part of a run (``invoker status``); the run's
+Each node keeps its own record of its part of a run (``invoker status``, decoded here
+once into :class:`~higgsfield.runspec.NodeRuns`: typed views, and the node's skip lines
+for files it could not decode); the run's
 state is the merge: failed if any part failed, queued until every node admitted it,
 and so on. The first failure is the one the nodes agree on (the run's coordinator
 tells every node); when they disagree (a node cut off), the earliest wins.
@@ -16,28 +18,53 @@ Use::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from higgsfield.config import Config
-from higgsfield.errors import NoSuchRun
-from higgsfield.orchestrator._output import invoke
+from higgsfield.decode import DecodeError
+from higgsfield.errors import CommandError, NoSuchRun
+from higgsfield.orchestrator._output import UPGRADE_HINT, invoke
 from higgsfield.orchestrator.timeouts import FINAL_POLL_S, FINAL_WAIT_S, QUERY_S, step_timeout
 from higgsfield.remote import Group, Member, NodeResult, open_group
-from higgsfield.runspec import ACTIVE, FAILED, KILLED, QUEUED, RUNNING, STARTING, SUCCEEDED, RunStatus
+from higgsfield.runspec import (
+    ACTIVE,
+    FAILED,
+    KILLED,
+    QUEUED,
+    RUNNING,
+    STARTING,
+    SUCCEEDED,
+    NodeRuns,
+    NodeRunView,
+    RunStatus,
+)
 
 
-async def query_records(group: Group, cfg: Config) -> tuple[list[dict[str, Any]], list[NodeResult[Any]]]:
-    """Every node's run records of this project, plus per-node results (for unreachable nodes)."""
-    async def one(m: Member) -> list[dict[str, Any]]:
-        return list(await invoke(m.transport, cfg, ["status", "--project", cfg.name], timeout=QUERY_S, expect=list))
+async def query_records(group: Group, cfg: Config) -> tuple[list[NodeRunView], list[NodeResult[NodeRuns]]]:
+    """Every node's run records of this project (decoded), plus per-node results (unreachable nodes, and
+    each node's skip lines: files it could not decode, :func:`skipped_lines`)."""
+    async def one(m: Member) -> NodeRuns:
+        reply = await invoke(m.transport, cfg, ["status", "--project", cfg.name], timeout=QUERY_S, expect=None)
+        try:
+            return NodeRuns.from_reply(reply)
+        except DecodeError as e:
+            raise CommandError(m.name, f"unexpected invoker output: {e} ({UPGRADE_HINT})") from None
 
     results = await group.run(one, timeout=step_timeout(cfg, QUERY_S))
-    records = [rec for r in results if r.ok and r.value for rec in r.value]
+    records = [rec for r in results if r.ok and r.value for rec in r.value.runs]
     return records, results
 
 
-async def query_runs(group: Group, cfg: Config) -> tuple[list[RunStatus], list[NodeResult[Any]]]:
+def skipped_lines(results: list[NodeResult[NodeRuns]]) -> list[str]:
+    """``node1: skipped runs/p/x/run.json: not JSON (...)``: each node's files that did not decode."""
+    return [f"{r.node}: skipped {line}" for r in results if r.ok and r.value for line in r.value.skipped]
+
+
+async def query_runs(group: Group, cfg: Config) -> tuple[list[RunStatus], list[NodeResult[NodeRuns]]]:
     """All runs of the project on ``group``'s nodes (oldest first), and the per-node query results."""
     records, results = await query_records(group, cfg)
     return merge(records), results
@@ -64,33 +91,46 @@ async def final_status(group: Group, cfg: Config, run: str, *, wait: float = FIN
     return status
 
 
-def merge(records: list[dict[str, Any]]) -> list[RunStatus]:
-    """Node records (of any runs) -> one status per run, oldest first."""
-    by_run: dict[str, list[dict[str, Any]]] = {}
+def views(records: Iterable[NodeRunView | Mapping[str, Any]]) -> list[NodeRunView]:
+    """Records as typed views: decoded where they are still dicts (a start's or a kill's reply, the
+    dashboard's feed); one that does not decode is left out (``invoker status`` names such files)."""
+    out = []
     for rec in records:
-        by_run.setdefault(rec["run"], []).append(rec)
+        if isinstance(rec, NodeRunView):
+            out.append(rec)
+            continue
+        with contextlib.suppress(DecodeError):
+            out.append(NodeRunView.from_dict(dict(rec)))
+    return out
+
+
+def merge(records: Iterable[NodeRunView | Mapping[str, Any]]) -> list[RunStatus]:
+    """Node records (of any runs) -> one status per run, oldest first."""
+    by_run: dict[str, list[NodeRunView]] = {}
+    for rec in views(records):
+        by_run.setdefault(rec.run, []).append(rec)
     out = []
     for run, recs in by_run.items():
-        recs.sort(key=lambda r: r["node_rank"])
-        state = _merged_state({r["state"] for r in recs})
+        recs.sort(key=lambda r: r.node_rank)
+        state = _merged_state({r.state for r in recs})
         first = first_failure(recs) if state == FAILED else None
-        failing = next((r for r in recs if first and r["node"] == first.get("failed_node")), None)
-        starts = [r["started_at"] for r in recs if r.get("started_at")]
-        ends = [r["ended_at"] for r in recs if r.get("ended_at")]
-        codes = [r["exit_code"] for r in recs if r.get("exit_code")]
-        if failing is not None and failing.get("exit_code"):
-            codes.insert(0, failing["exit_code"])  # the run's exit code: the failing node's
+        failing = next((r for r in recs if first and r.node == first.failed_node), None)
+        starts = [r.started_at for r in recs if r.started_at]
+        ends = [r.ended_at for r in recs if r.ended_at]
+        codes = [r.exit_code for r in recs if r.exit_code]
+        if failing is not None and failing.exit_code:
+            codes.insert(0, failing.exit_code)  # the run's exit code: the failing node's
         out.append(RunStatus(
-            project=recs[0]["project"], experiment=recs[0]["experiment"], run=run, state=state,
-            nodes={r["node"]: r for r in recs}, created_at=min(r["created_at"] for r in recs),
+            project=recs[0].project, experiment=recs[0].experiment, run=run, state=state,
+            nodes={r.node: r.to_dict() for r in recs}, created_at=min(r.created_at for r in recs),
             started_at=min(starts) if starts else None,
             ended_at=max(ends) if ends and state not in ACTIVE else None,
             exit_code=codes[0] if codes else (0 if state == SUCCEEDED else None),
-            failed_node=first.get("failed_node") if first else None,
-            failed_rank=first.get("failed_rank") if first else None,
-            reason=first.get("reason") if first else None,
-            error_tail=list(first.get("error_tail") or []) if first else [],
-            params=dict(recs[0].get("params") or {})))
+            failed_node=first.failed_node if first else None,
+            failed_rank=first.failed_rank if first else None,
+            reason=first.reason if first else None,
+            error_tail=list(first.error_tail) if first else [],
+            params=dict(recs[0].params)))
     return sorted(out, key=lambda s: s.created_at)
 
 
@@ -108,16 +148,16 @@ def _merged_state(states: set[str]) -> str:
     return sorted(states)[0]
 
 
-def first_failure(recs: list[dict[str, Any]]) -> dict[str, Any] | None:
+def first_failure(recs: list[NodeRunView]) -> NodeRunView | None:
     """The record that names the run's first failure: every node records the coordinator's verdict,
     so they agree; when they do not (a node cut off), the earliest failure wins."""
-    failed = [r for r in recs if r["state"] == FAILED]
+    failed = [r for r in recs if r.state == FAILED]
     if not failed:
         return None
-    named = [r for r in failed if r.get("failed_node")]
+    named = [r for r in failed if r.failed_node]
     if named:
-        return min(named, key=lambda r: (r.get("failed_at") is None, r.get("failed_at") or 0.0))
-    return {**failed[0], "failed_node": failed[0]["node"]}
+        return min(named, key=lambda r: (r.failed_at is None, r.failed_at or 0.0))
+    return replace(failed[0], failed_node=failed[0].node)
 
 
 def resolve_target(runs: list[RunStatus], target: str) -> list[RunStatus]:
@@ -131,9 +171,9 @@ def resolve_target(runs: list[RunStatus], target: str) -> list[RunStatus]:
     return [of_exp[-1]]
 
 
-def list_runs(cfg: Config) -> tuple[list[RunStatus], list[NodeResult[Any]]]:
+def list_runs(cfg: Config) -> tuple[list[RunStatus], list[NodeResult[NodeRuns]]]:
     """All runs of the project across every node (oldest first), and the per-node query results."""
-    async def go() -> tuple[list[RunStatus], list[NodeResult[Any]]]:
+    async def go() -> tuple[list[RunStatus], list[NodeResult[NodeRuns]]]:
         async with open_group(cfg) as group:
             return await query_runs(group, cfg)
 

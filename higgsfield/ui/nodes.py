@@ -30,12 +30,14 @@ from typing import Any
 
 from higgsfield import orchestrator
 from higgsfield.config import Config
+from higgsfield.decode import DecodeError
 from higgsfield.orchestrator import RunHandle, RunPlan
 from higgsfield.orchestrator.backend import Plan
 from higgsfield.orchestrator.nodes_backend import NodesSession
 from higgsfield.remote import Group, Member
 from higgsfield.remote.invoker import invoker_argv
-from higgsfield.runspec import ACTIVE, RunStatus
+from higgsfield.runspec import ACTIVE, NodeRunView, RunStatus
+from higgsfield.text import one_line
 
 SAMPLE_EVERY_S = 2.0
 SILENT_S = 6.0          # no line for this long: the node is not answering
@@ -60,12 +62,13 @@ class NodeState:
     history: deque[list[float | None]] = field(default_factory=lambda: deque(maxlen=HISTORY))
     records: dict[str, dict[str, Any]] = field(default_factory=dict)   # run -> this node's record
     queue: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)   # the node's files that do not decode, one line each
 
     def to_dict(self) -> dict[str, Any]:
         """The page's view of the node (no secret: host name, figures, which run holds which slot)."""
         return {"name": self.name, "host": self.host, "state": self.state, "reason": self.reason,
                 "since": self.since, "sample": self.sample, "history": list(self.history),
-                "queue": self.queue}
+                "queue": self.queue, "skipped": list(self.skipped)}
 
     def positions(self, project: str) -> dict[str, dict[str, Any]]:
         """``project``'s runs -> their place in this node's queue: the slots held, or the position among
@@ -184,10 +187,14 @@ class NodeFeed:
         if isinstance(msg.get("runs"), list):
             if msg.get("full"):
                 st.records = {}
-            for rec in msg["runs"]:
-                if isinstance(rec, dict) and isinstance(rec.get("run"), str):
-                    st.records[rec["run"]] = rec
+            for rec in msg["runs"]:   # decoded once, here: one that does not decode is not shown
+                with contextlib.suppress(DecodeError):
+                    view = NodeRunView.from_dict(rec)
+                    st.records[view.run] = view.to_dict()
             runs_changed = True
+        if isinstance(msg.get("skipped"), list):
+            st.skipped = [one_line(str(x), 600) for x in msg["skipped"][:100]]
+            self.changed("node")
         if isinstance(msg.get("queue"), list):
             st.queue = [e for e in msg["queue"] if isinstance(e, dict)]   # every project's: they share the slots
             runs_changed = True
