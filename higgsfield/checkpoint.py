@@ -15,8 +15,18 @@ checkpoint in the run's directory and continues from there.
 Where: ``~/.cache/higgsfield/<project>/experiments/<experiment>/<run>/``, the
 names taken from the arguments or, at construction (never at import), from
 ``PROJECT_NAME``, ``EXPERIMENT_NAME`` and ``RUN_NAME``; ``HIGGSFIELD_CHECKPOINT_DIR``
-or ``directory=`` names the run's directory outright. Multi-node runs need that
-directory on a filesystem every node shares.
+or ``directory=`` names the run's directory outright.
+
+Two modes, found by themselves at the first save or load (a collective): rank 0
+writes a probe file into the directory and every rank looks for it.
+
+- **shared**: every rank sees the probe (one node, or a filesystem the nodes
+  share). One directory holds the whole checkpoint; rank 0 writes the marker.
+- **node-local**: some rank does not (boxes that share no disk: each node's
+  directory is its own). Each node keeps its part in its own directory, written
+  by that node's lowest rank (its *lead*) and its ranks, and a load on the same
+  nodes reads only its own node's files, so a torchrun restart or ``run`` reusing
+  the name resumes with no copying.
 
 Layout and why::
 
@@ -25,11 +35,40 @@ Layout and why::
         COMPLETE                      written last
     <run dir>/.tmp-step_00000200/     a save in progress (or a crashed one): never loaded
 
+In node-local mode each node's ``step_*`` holds the ``.distcp`` files of its
+own ranks, its own ``.metadata``, ``trainer.pt``, the rng files of its ranks and
+its own ``COMPLETE`` (which records the mode, the world size and the node's
+ranks). Why the metadata differs per node: DCP de-duplicates what every rank
+holds alike (plain tensors such as AdamW's ``step``, and pickled values such as
+param groups) to one rank's file, so a node holding only its own files would
+miss them. Here each node's lead writes its own copy of those items
+(``_NodeLocalPlanner``), and rank 0, which gathers every rank's write results,
+writes one ``.metadata`` per node in which those items point at that node's
+copy (``_NodeLocalWriter``); it sends each node's bytes to the node's lead over
+the default group. The sharded tensors keep one global list of chunks (with the
+files named by global rank), so every node's ``.metadata`` is a valid global one:
+the parts of all nodes put in one directory (a mirror, a pull) load on any
+number of ranks. Writing per-node DCP checkpoints on node subgroups would have
+been simpler, but their files collide by name and no single metadata describes
+the whole model.
+
+A checkpoint is complete only when it is complete on every node: the save's
+last phase (each lead's marker and rename) ends with the ranks agreeing on it,
+and ``load_latest`` loads the newest step every node holds complete (each node
+proposes its complete steps; the newest one in all of them wins). A node that
+lacks it (a node replaced, other nodes) is named in one line, as a
+:class:`CheckpointError` on every rank; a mirror is where such a load will fall
+back (``_unavailable``). Keep-last-k prunes on every node, by the steps complete
+everywhere, and only after a newer save is complete.
+
 A save is written to ``.tmp-step_*`` and renamed once every rank has finished
 and the ``COMPLETE`` marker is on disk, so a crash mid-save leaves nothing that
 looks whole. DCP stores each tensor with its global shape, so a checkpoint
-written by N ranks loads on M. DeepSpeed uses its own format (same world size
-only; convert with ``python -m deepspeed.checkpoint.ds_to_universal`` to change it).
+written by N ranks loads on M (in node-local mode: once the parts are in one
+place). DeepSpeed uses its own format (same world size only; convert with
+``python -m deepspeed.checkpoint.ds_to_universal`` to change it); in node-local
+mode each node's lead also writes DeepSpeed's model-states file, which every
+rank's load reads, and each rank its own ZeRO partition.
 
 A save that fails (a full disk, a quota, a rank that cannot write) raises
 :class:`CheckpointError` on every rank at the same point, never on one rank only
@@ -44,15 +83,20 @@ the same reason. Catching the error on every rank and training on is safe.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
+import pickle
 import random
+import secrets
 import shutil
+import socket
 import sys
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +110,26 @@ __all__ = ["Checkpoint", "CheckpointError", "checkpoint_dir", "MARKER"]
 MARKER = "COMPLETE"
 _PREFIX = "step_"
 _TMP = ".tmp-"
+_PROBE = ".probe-"
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where the ranks are: found once per :class:`Checkpoint` by a collective (see the module docstring)."""
+
+    shared: bool
+    node_of: tuple[int, ...]  # global rank -> node index (nodes numbered by their lowest rank)
+    names: tuple[str, ...]    # node index -> its name (HIGGSFIELD_NODE, else the host name)
+    dirs: tuple[str, ...]     # node index -> the checkpoint directory there
+
+    def ranks(self, node: int) -> list[int]:
+        return [r for r, n in enumerate(self.node_of) if n == node]
+
+    def lead(self, rank: int) -> bool:
+        """Does ``rank`` write its node's files (the marker, trainer.pt)? Rank 0 alone on a shared disk."""
+        if self.shared:
+            return rank == 0
+        return rank == min(self.ranks(self.node_of[rank]))
 
 
 def checkpoint_dir(project: str | None = None, experiment: str | None = None, run: str | None = None,
@@ -103,8 +167,9 @@ class Checkpoint:
         self.model, self.optimizer, self.lr_scheduler, self.scaler = model, optimizer, lr_scheduler, scaler
         self.every, self.keep_last, self.async_save = every, keep_last, async_save
         self.directory = Path(directory).expanduser() if directory else checkpoint_dir(project, experiment, run)
-        self._pending: tuple[Any, Path, Path] | None = None
+        self._pending: tuple[Any, Path, Path, Any] | None = None
         self._async_group: Any = None
+        self._layout_cache: _Layout | None = None
 
     # -- listing ------------------------------------------------------------------------------
 
@@ -119,6 +184,53 @@ class Checkpoint:
     def latest(self) -> Path | None:
         done = self.complete()
         return done[-1] if done else None
+
+    # -- where the ranks are ------------------------------------------------------------------
+
+    def _layout(self) -> _Layout:
+        """Shared or node-local, and which rank is on which node. Collective, once.
+
+        Shared exactly when every rank sees the probe rank 0 wrote into the
+        directory; a node is a torchrun agent (``GROUP_RANK``), else a host.
+        """
+        if self._layout_cache is not None:
+            return self._layout_cache
+        rank = dist.get_rank()
+        token = [secrets.token_hex(8) if rank == 0 else None]
+        probe = None
+        if rank == 0:
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                probe = self.directory / f"{_PROBE}{token[0]}"
+                probe.write_text("")
+            except OSError:
+                probe = None  # nobody sees it: node-local, and the save reports the directory's error
+        dist.broadcast_object_list(token, src=0)
+        seen = (self.directory / f"{_PROBE}{token[0]}").is_file()
+        node_key = os.environ.get("GROUP_RANK") or socket.gethostname()
+        name = os.environ.get("HIGGSFIELD_NODE") or socket.gethostname()
+        mine = (seen, node_key, name, str(self.directory))
+        infos: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(infos, mine)  # every rank has looked before anyone removes the probe
+        if probe is not None:
+            probe.unlink(missing_ok=True)
+        order: dict[str, int] = {}
+        for _, key, _, _ in infos:
+            order.setdefault(key, len(order))
+        node_of = tuple(order[key] for _, key, _, _ in infos)
+        first = [node_of.index(n) for n in range(len(order))]
+        self._layout_cache = _Layout(shared=all(i[0] for i in infos), node_of=node_of,
+                                     names=tuple(infos[r][2] for r in first),
+                                     dirs=tuple(infos[r][3] for r in first))
+        return self._layout_cache
+
+    def _agreed_steps(self, layout: _Layout) -> dict[int, set[int]]:
+        """node -> its complete steps, as each node's lead sees them. Collective."""
+        rank = dist.get_rank()
+        mine = [_step_of(p) for p in self.complete()] if layout.lead(rank) else None
+        props: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(props, mine)
+        return {layout.node_of[r]: set(p) for r, p in enumerate(props) if p is not None}
 
     # -- save ---------------------------------------------------------------------------------
 
@@ -141,9 +253,11 @@ class Checkpoint:
         tmp = self.directory / f"{_TMP}{final.name}"
         rank = dist.get_rank()
         what = f"save of {final.name}"
+        layout = self._layout()
+        lead = layout.lead(rank)
 
         def prepare() -> None:
-            if rank == 0:
+            if lead:
                 self.directory.mkdir(parents=True, exist_ok=True)
                 self._remove_partial()  # a killed save's leftovers hold space this one may need
                 tmp.mkdir()
@@ -152,21 +266,21 @@ class Checkpoint:
 
         def write_local() -> None:  # no collective in here: a rank that fails must not strand the others
             if not tmp.is_dir():
-                raise FileNotFoundError(f"{tmp} made by rank 0 is not visible here: the checkpoint directory "
-                                        "must be on a filesystem every node shares (HIGGSFIELD_CHECKPOINT_DIR)")
+                raise FileNotFoundError(f"{tmp} made by this node's first rank is not visible here")
             _write_small(_rng_state(), tmp / f"rng_rank{rank}.pt")
-            if rank == 0:
+            if lead:
                 _write_small(self._trainer_state(next_step, loader), tmp / "trainer.pt")
 
         self._agree(what, _attempt(write_local, tmp), tmp)
         future: Any = None
+        writer: Any = None
 
         def write_weights() -> None:  # collective; DCP agrees across ranks by itself
-            nonlocal future
-            future = self._save_weights(tmp)
+            nonlocal future, writer
+            future, writer = self._save_weights(tmp, layout)
 
         self._agree(what, _attempt(write_weights, tmp), tmp)
-        self._pending = (future, tmp, final)
+        self._pending = (future, tmp, final, writer)
         if future is None:
             self.wait()
         return final
@@ -178,22 +292,40 @@ class Checkpoint:
         """
         if self._pending is None:
             return
-        future, tmp, final = self._pending
+        future, tmp, final, writer = self._pending
         self._pending = None
         what = f"save of {final.name}"
+        layout = self._layout()
+        lead = layout.lead(dist.get_rank())
         if future is not None:
             self._agree(what, _attempt(future.result, tmp), tmp)
-        self._agree(what, _attempt(lambda: self._finish(tmp, final), tmp) if dist.get_rank() == 0 else None,
-                    tmp)
-        if dist.get_rank() == 0:
-            self._prune()  # only now, with the new checkpoint complete
+        if not layout.shared and getattr(self.model, "engine", "fsdp") != "deepspeed":
+            self._spread_metadata(what, tmp, layout, writer)
+        self._agree(what, _attempt(lambda: self._finish(tmp, final, layout), tmp) if lead else None, tmp)
+        self._prune(layout)  # only now, with the new checkpoint complete on every node
         dist.barrier()
 
-    def _finish(self, tmp: Path, final: Path) -> None:
-        """Rank 0: write the marker (fsync'd) and rename the whole directory into place."""
+    def _spread_metadata(self, what: str, tmp: Path, layout: _Layout, writer: Any) -> None:
+        """Send each node's ``.metadata`` (made by rank 0) to that node's lead, which writes it. Collective."""
+        blobs = [writer.per_node if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(blobs, src=0)
+        rank = dist.get_rank()
+        node = layout.node_of[rank]
+
+        def write() -> None:
+            if layout.lead(rank) and node != layout.node_of[0]:
+                _write_bytes(blobs[0][node], tmp / ".metadata")
+
+        self._agree(what, _attempt(write, tmp), tmp)
+
+    def _finish(self, tmp: Path, final: Path, layout: _Layout) -> None:
+        """A node's lead: write the marker (fsync'd) and rename the whole directory into place."""
+        node = layout.node_of[dist.get_rank()]
         with open(tmp / MARKER, "w") as f:
-            json.dump({"step": int(final.name[len(_PREFIX):]), "world_size": dist.get_world_size(),
-                       "engine": getattr(self.model, "engine", "fsdp"), "time": time.time()}, f)
+            json.dump({"step": _step_of(final), "world_size": dist.get_world_size(),
+                       "engine": getattr(self.model, "engine", "fsdp"), "time": time.time(),
+                       "mode": "shared" if layout.shared else "node-local", "nodes": len(layout.names),
+                       "node": node, "ranks": layout.ranks(node)}, f)
             f.flush()
             os.fsync(f.fileno())
         if final.exists() and _exchange(tmp, final):  # a re-save of the same step: swapped in one step
@@ -239,21 +371,30 @@ class Checkpoint:
         raise CheckpointError(f"checkpoint {what} in {self.directory} failed: {failures[min(failures)]}{kept}",
                               failures)
 
-    def _save_weights(self, path: Path) -> Any:
+    def _save_weights(self, path: Path, layout: _Layout) -> tuple[Any, Any]:
+        """Write the shards; returns (the future of an async save or None, the DCP writer or None)."""
         if getattr(self.model, "engine", "fsdp") == "deepspeed":
-            self.model.ds_engine.save_checkpoint(str(path), tag="deepspeed", save_latest=False)
-            return None
+            engine = self.model.ds_engine
+            if not layout.shared and layout.lead(dist.get_rank()):
+                engine.save_non_zero_checkpoint = True  # its model-states file, which every rank's load reads
+            engine.save_checkpoint(str(path), tag="deepspeed", save_latest=False)
+            return None, None
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         msd, osd = get_state_dict(_module(self.model), self.optimizer)
         state = {"model": msd, "optim": osd}
+        writer: Any = None
+        kw: dict[str, Any] = {"checkpoint_id": str(path)}
+        if not layout.shared:
+            writer = _node_local_writer(path, layout.node_of)
+            kw = {"storage_writer": writer, "planner": _node_local_planner(layout.node_of)}
         if not self.async_save:
-            dcp.save(state, checkpoint_id=str(path))
-            return None
+            dcp.save(state, **kw)
+            return None, writer
         if self._async_group is None:  # sharing the training group with FSDP hangs (TESTBED)
             self._async_group = dist.new_group(backend="gloo")
-        return dcp.async_save(state, checkpoint_id=str(path), process_group=self._async_group)
+        return dcp.async_save(state, process_group=self._async_group, **kw), writer
 
     def _trainer_state(self, next_step: int, loader: Any) -> dict[str, Any]:
         return {
@@ -271,29 +412,67 @@ class Checkpoint:
             if stale != pending:
                 shutil.rmtree(stale, ignore_errors=True)
 
-    def _prune(self) -> None:
-        """Keep the newest ``keep_last`` complete checkpoints; called only after a save completed."""
+    def _prune(self, layout: _Layout) -> None:
+        """Keep the newest ``keep_last`` checkpoints complete on every node; only after a save completed.
+
+        Collective. A step complete on some nodes only can never be loaded (no mirror yet), so it goes too.
+        """
+        everywhere = set.intersection(*self._agreed_steps(layout).values())
+        if not layout.lead(dist.get_rank()):
+            return
         self._remove_partial()
         if self.keep_last is not None:
-            for old in self.complete()[:-self.keep_last]:
-                shutil.rmtree(old, ignore_errors=True)
+            keep = set(sorted(everywhere)[-self.keep_last:])
+            for old in self.complete():
+                if _step_of(old) not in keep:
+                    shutil.rmtree(old, ignore_errors=True)
 
     # -- load ---------------------------------------------------------------------------------
 
     def load_latest(self, loader: Any = None) -> int:
-        """Restore the newest complete checkpoint; returns the step to continue from (0 if none)."""
-        choice = [str(self.latest()) if dist.get_rank() == 0 and self.latest() else None]
-        dist.broadcast_object_list(choice, src=0)  # every rank loads the same one
-        if choice[0] is None:
+        """Restore the newest checkpoint complete on every node; returns the step to continue from (0 if none).
+
+        Collective: every rank loads the same step. When some node holds none of
+        the steps the others hold, every rank raises the same one-line
+        :class:`CheckpointError` naming it.
+        """
+        layout = self._layout()
+        per_node = self._agreed_steps(layout)
+        everywhere = set.intersection(*per_node.values())
+        anywhere = set.union(*per_node.values())
+        newest = max(anywhere, default=None)
+        if everywhere:
+            step = max(everywhere)
+            if newest is not None and newest > step and dist.get_rank() == 0:
+                print(f"higgsfield: {self._missing(newest, per_node, layout)}; resuming from "
+                      f"{_PREFIX}{step:08d}, the newest checkpoint complete on every node", file=sys.stderr,
+                      flush=True)
+            return self.load(self.directory / f"{_PREFIX}{step:08d}", loader)
+        if newest is None:
             return 0
-        return self.load(Path(choice[0]), loader)
+        return self._unavailable(newest, per_node, layout, loader)
+
+    def _unavailable(self, step: int, per_node: dict[int, set[int]], layout: _Layout, loader: Any) -> int:
+        """No step is complete on every node. The seam for a mirror (issue 21 item 2): load ``step``
+        from there. Without one, every rank raises the same CheckpointError."""
+        raise CheckpointError(f"{self._missing(step, per_node, layout)}: resume on the same nodes, or from a "
+                              "mirror", {})
+
+    def _missing(self, step: int, per_node: dict[int, set[int]], layout: _Layout) -> str:
+        name = f"{_PREFIX}{step:08d}"
+        lacking = [f"node {n} ({layout.names[n]}: no {name} in {layout.dirs[n]})"
+                   for n in sorted(per_node) if step not in per_node[n]]
+        return f"checkpoint step {step} is not complete on {', '.join(lacking)}"
 
     def load(self, path: Path, loader: Any = None) -> int:
         """Restore one checkpoint directory; returns the step to continue from. Collective."""
+        layout = self._layout()
+
         def check() -> None:
             if not (path / MARKER).is_file():
-                raise FileNotFoundError(f"{path} is not a complete checkpoint here (no {MARKER} marker); "
-                                        "on several nodes the directory must be on a filesystem they share")
+                raise FileNotFoundError(f"{path} is not a complete checkpoint on node "
+                                        f"{layout.names[layout.node_of[dist.get_rank()]]} (no {MARKER} marker)")
+            _check_topology(path, layout)
 
         self._agree(f"load of {path.name}", _attempt(check))
         trainer = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
@@ -327,6 +506,92 @@ class Checkpoint:
         dcp.load(state, checkpoint_id=str(path))
         set_state_dict(_module(self.model), self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"])
+
+
+def _step_of(path: Path) -> int:
+    return int(path.name[len(_PREFIX):])
+
+
+def _check_topology(path: Path, layout: _Layout) -> None:
+    """A node-local part loads only on the ranks that wrote it (the other nodes' files are elsewhere)."""
+    try:
+        marker = json.loads((path / MARKER).read_text())
+    except ValueError:  # an older or damaged marker: the checkpoint is judged by its files, as before
+        marker = {}
+    if not isinstance(marker, dict) or marker.get("mode") != "node-local":
+        return
+    node = layout.node_of[dist.get_rank()]
+    now = {"world_size": dist.get_world_size(), "nodes": len(layout.names), "ranks": layout.ranks(node)}
+    then = {k: marker.get(k) for k in now}
+    if then != now:
+        raise ValueError(f"{path} on node {layout.names[node]} is node {marker.get('node')}'s part of a checkpoint "
+                         f"saved on {then['nodes']} nodes ({then['world_size']} ranks, its ranks {then['ranks']}), "
+                         f"and this run has {now['nodes']} nodes ({now['world_size']} ranks, here {now['ranks']}): "
+                         "resume on the same nodes, or from a mirror")
+
+
+def _node_local_planner(node_of: tuple[int, ...]) -> Any:
+    """A DefaultSavePlanner that also gives each node's lowest rank its node's copy of the replicated items."""
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    class NodeLocalPlanner(DefaultSavePlanner):
+        def _create_global_plan(self, all_plans: list[Any]) -> tuple[list[Any], Any]:
+            global_plan, metadata = super()._create_global_plan(all_plans)
+            return _copies_per_node(all_plans, global_plan, node_of), metadata
+
+    return NodeLocalPlanner(dedup_save_to_lowest_rank=True)
+
+
+def _copies_per_node(local: list[Any], deduped: list[Any], node_of: tuple[int, ...]) -> list[Any]:
+    """Add back to ``deduped`` what a node would otherwise read from another node's file.
+
+    DCP keeps each replicated item on one rank; here the lowest rank of every
+    other node that planned the item writes it too. (A ``MetadataIndex`` compares
+    by name and offset only, so these copies share the index of the one in the metadata.)
+    """
+    held = {item.index: node_of[r] for r, plan in enumerate(deduped) for item in plan.items}
+    have: dict[int, set[Any]] = {}
+    for index, node in held.items():
+        have.setdefault(node, set()).add(index)
+    extra: list[list[Any]] = [[] for _ in local]
+    for r, plan in enumerate(local):
+        mine = have.setdefault(node_of[r], set())
+        for item in plan.items:
+            if item.index not in mine:
+                mine.add(item.index)
+                extra[r].append(item)
+    return [dataclasses.replace(plan, items=[*plan.items, *more]) for plan, more in zip(deduped, extra, strict=True)]
+
+
+def _node_local_writer(path: Path, node_of: tuple[int, ...]) -> Any:
+    """A FileSystemWriter whose coordinator makes one ``.metadata`` per node (``per_node``: node -> bytes)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    class NodeLocalWriter(FileSystemWriter):
+        per_node: dict[int, bytes]
+
+        def finish(self, metadata: Any, results: list[list[Any]]) -> None:
+            def mine_last(node: int) -> list[list[Any]]:  # a node's own copies listed last win
+                ranks = sorted(range(len(results)), key=lambda r: node_of[r] == node)
+                return [results[r] for r in ranks]
+
+            super().finish(metadata, mine_last(node_of[0]))  # sets version and storage_meta in metadata
+            self.per_node = {}
+            for node in sorted(set(node_of) - {node_of[0]}):
+                storage = {wr.index: wr.storage_data for wrs in mine_last(node) for wr in wrs}
+                self.per_node[node] = pickle.dumps(dataclasses.replace(metadata, storage_data=storage))
+
+    return NodeLocalWriter(str(path))
+
+
+def _write_bytes(data: bytes, path: Path) -> None:
+    """Write through a temporary name, fsync, rename: a reader never sees half a file."""
+    part = path.with_name(path.name + ".part")
+    with open(part, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(part, path)
 
 
 def _attempt(fn: Callable[[], Any], where: Path | None = None) -> str | None:
