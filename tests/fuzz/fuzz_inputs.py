@@ -18,6 +18,20 @@ uses, with bigger sizes), in rounds with a fresh seed each, until the time is up
                 or "reached the orchestrator" (stubbed), with stderr one line; never
                 "internal error"
 
+and everything that comes back from a node or a run (issue 22):
+
+    records     damaged run directories (wrong fields, any JSON, bytes, cut files, symlinks out,
+                odd names, huge error tails) beside a healthy run -> the node's ``invoker status``
+                shows the healthy run and one line per skip; any status reply decodes on the
+                control side into typed views, or one line
+    output      a rank's output in any bytes and chunking -> the same lines whatever the chunking,
+                every line, none over the cap and its marker, nothing a terminal would obey
+    metrics     good steps among lines of any shape -> ``invoker metrics`` shows every good step in
+                order, and each other non-blank line is counted as skipped
+    http        any request line, headers and body to a real ``higgsfield ui`` of a project with
+                nothing to start or stop -> never a 5xx, never a redirect off its own root, always
+                an answer
+
 Any other exception, a multi-line or over-long message, an input taking over 20 s (a
 hang), unparseable YAML or a ``${{`` in a ``run:`` script is a finding: printed with the
 falsifying example, written to --out, and the exit code is 1. The last line is the summary:
@@ -32,6 +46,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
 import shutil
 import signal
@@ -384,12 +399,298 @@ def fuzz_cli(command: list[str], positional: list[str], options: list[str], env:
         lines = [line for line in stderr.splitlines() if not line.startswith("::")]  # ci's GitHub annotation
         assert len(lines) == 1 and lines[0].startswith("error: "), (args, stderr[-1000:])
         one_line(lines[0], 900)
-        if code == 1:   # exit 1 is for what is not the user's input: a stale --check, a clash with a user file
-            assert "not up to date" in lines[0] or "did not generate" in lines[0], (args, lines[0])
+        if code == 1:   # exit 1 is for what is not the user's input: a stale --check, a clash with a user file,
+            # or `ci deploy` (which goes through the backend, not the stubbed orchestrator) in a project
+            # that is no git checkout: the workflow's checkout always has a commit
+            assert any(why in lines[0] for why in ("not up to date", "did not generate", "has no commit to deploy")), \
+                (args, lines[0])
+
+
+# -- what comes back from a node or a run ----------------------------------------------
+
+JSON_VALUE = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), BIG_TEXT),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    max_leaves=12)
+RECORD_KEYS = st.one_of(st.sampled_from(["project", "experiment", "run", "node", "node_rank", "nnodes", "nproc",
+                                         "state", "runtime", "command", "pids", "pid_starts", "container", "slots",
+                                         "exit_code", "reason", "created_at", "started_at", "ended_at", "failed_rank",
+                                         "failed_node", "error_tail", "master_port", "coord_port", "attempt"]),
+                        st.text(max_size=8))
+DIR_NAME = st.one_of(IDENT, st.sampled_from(["..", ".", "-x", "a" * 300, "evil\x1b]0;t\x07", "x\u2028y", "run 1"]),
+                     st.text(st.characters(exclude_characters="/\x00"), min_size=1, max_size=40))
+
+
+def _healthy_record(run: str) -> dict[str, Any]:
+    from higgsfield.invoker.records import RunRecord
+
+    return RunRecord(project="fz", experiment="e", run=run, node="localhost", node_rank=0, nnodes=1, nproc=1,
+                     state="succeeded", exit_code=0, created_at=1.0, started_at=1.0, ended_at=2.0).to_dict()
+
+
+@st.composite
+def damaged_run(draw: st.DrawFn) -> tuple[str, str, bytes | None]:
+    """(directory name, shape, run.json bytes or None for a symlink): one run directory as a crash,
+    a full disk or another tool might leave it."""
+    shape = draw(st.sampled_from(["fields", "json", "bytes", "text", "truncated", "symlink", "huge tail"]))
+    name = draw(st.one_of(st.just("broken"), DIR_NAME))
+    record = _healthy_record(name if draw(st.booleans()) else draw(DIR_NAME))
+    text = json.dumps(record)
+    if shape == "fields":
+        for key in draw(st.lists(RECORD_KEYS, min_size=1, max_size=4)):
+            record[key] = draw(JSON_VALUE)
+        return name, shape, json.dumps(record).encode()
+    if shape == "json":
+        return name, shape, json.dumps(draw(JSON_VALUE)).encode()
+    if shape == "bytes":
+        return name, shape, draw(st.binary(max_size=600))
+    if shape == "text":
+        return name, shape, draw(BIG_TEXT).encode("utf-8", "surrogatepass")
+    if shape == "truncated":
+        return name, shape, text[: draw(st.integers(0, len(text)))].encode()
+    if shape == "huge tail":
+        record.update(state="failed", error_tail=draw(st.one_of(
+            BIG_TEXT, st.integers(0, 300_000).map(lambda n: ["frame"] * n), JSON_VALUE)))
+        return name, shape, json.dumps(record).encode()
+    return name, shape, None
+
+
+@given(damaged=st.lists(damaged_run(), min_size=1, max_size=3),
+       reply=st.one_of(JSON_VALUE, st.fixed_dictionaries({"version": st.just(1), "runs": st.lists(
+           st.one_of(JSON_VALUE, st.builds(_healthy_record, DIR_NAME)), max_size=3), "skipped": JSON_VALUE})))
+def fuzz_records(damaged: list[tuple[str, str, bytes | None]], reply: Any) -> None:
+    """Damaged run directories beside a healthy run: the node's ``status`` shows the healthy one and names
+    each skip in one line; the control side decodes any reply into typed views or one line."""
+    from higgsfield.decode import DecodeError
+    from higgsfield.names import is_run_name
+    from higgsfield.runspec import NodeRuns, SpecError
+
+    COUNTS["records"] += 1
+    state = WORK / "state"
+    shutil.rmtree(state, ignore_errors=True)
+    runs = state / "runs" / "fz"
+    (runs / "healthy" / "logs").mkdir(parents=True)
+    (runs / "healthy" / "run.json").write_text(json.dumps(_healthy_record("healthy")))
+    outside = WORK / "outside.json"
+    outside.write_text(json.dumps(_healthy_record("outside")))
+    for name, _shape, data in damaged:
+        if name == "healthy":
+            continue
+        d = runs / name
+        try:
+            (d / "logs").mkdir(parents=True, exist_ok=True)
+            if data is None:
+                (d / "run.json").unlink(missing_ok=True)
+                (d / "run.json").symlink_to(outside)
+            else:
+                (d / "run.json").write_bytes(data)
+        except (OSError, UnicodeEncodeError):
+            continue   # a name no file system holds
+    out, err = io.StringIO(), io.StringIO()
+    code: object = 0
+    with bounded("records"), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            cli_main(["invoker", "--state-dir", str(state), "status"])
+        except SystemExit as e:
+            code = e.code
+    assert code in (0, None), (damaged, code, err.getvalue()[-1000:])
+    reply_here = json.loads(out.getvalue())
+    shown = {r["run"]: r for r in reply_here["runs"]}
+    assert shown.get("healthy", {}).get("state") == "succeeded", (damaged, reply_here)
+    assert "outside" not in shown, "a record reached through a symlink out of the state dir was shown"
+    assert all(is_run_name(r) for r in shown), sorted(shown)
+    for line in reply_here["skipped"]:
+        one_line(line, 900)
+    for r in shown.values():
+        tail = r.get("error_tail") or []
+        assert isinstance(tail, list) and len(tail) <= 50 and all(isinstance(x, str) for x in tail), tail[:3]
+    OUTCOMES[f"records shown {min(len(shown), 3)}, skipped {min(len(reply_here['skipped']), 3)}"] += 1
+    decoded = NodeRuns.from_reply(reply_here)
+    assert "healthy" in {v.run for v in decoded.runs}
+    with bounded("records reply"):
+        try:
+            views = NodeRuns.from_reply(reply)
+        except (DecodeError, SpecError) as e:
+            one_line(str(e), 900)
+            OUTCOMES["records reply refused"] += 1
+            return
+        OUTCOMES["records reply decoded"] += 1
+        for line in views.skipped:
+            one_line(line, 900)
+
+
+OUTPUT_PIECES = st.one_of(
+    st.binary(max_size=200),
+    st.sampled_from([b"\x1b[31m", b"\x1b]0;title\x07", b"\r", b"\x08", b"\x00", b"\xff\xfe", b"\xe2\x80", b"\n",
+                     b"\x9b", b"\x7f", b"\xed\xa0\x80", "é".encode(), "😀".encode()[:3]]),
+    st.integers(0, 300_000).map(lambda n: b"x" * n),
+)
+
+
+@given(pieces=st.lists(OUTPUT_PIECES, max_size=12), chunk=st.integers(1, 70_000),
+       max_line=st.sampled_from([64, 1024, 65536]))
+def fuzz_output(pieces: list[bytes], chunk: int, max_line: int) -> None:
+    """A rank's output in any bytes and chunking: every line comes out, none longer than the cap and its
+    marker, the same whatever the chunking; shown on a terminal, no control byte is left to obey."""
+    from higgsfield.text import LineSplitter, inert
+
+    COUNTS["output"] += 1
+    data = b"".join(pieces)
+    with bounded("output"):
+        whole = LineSplitter(max_line)
+        expect = whole.feed(data) + whole.end()
+        split = LineSplitter(max_line)
+        got: list[str] = []
+        for i in range(0, len(data), chunk):
+            got += split.feed(data[i:i + chunk])
+        got += split.end()
+    assert got == expect, "the lines depend on how the bytes were chunked"
+    assert len(got) == data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1), (len(got), data[:80])
+    for line in got:
+        assert len(line) <= max_line + 40, len(line)   # a byte decodes to at most one character
+        shown = inert(line)
+        assert not any(ord(c) < 0x20 and c != "\t" or 0x7F <= ord(c) <= 0x9F for c in shown), repr(shown[:80])
+    OUTCOMES[f"output lines {min(len(got), 3)}"] += 1
+
+
+FINITE = st.floats(allow_nan=False, allow_infinity=False, min_value=-1e300, max_value=1e300)
+GOOD_STEP = st.builds(
+    lambda step, loss, tps, st_s, lr: json.dumps({"step": step, "loss": loss, "tokens_per_s": tps,
+                                                  "step_time_s": st_s, "lr": lr, "time": 1.0}),
+    st.integers(0, 2**53), FINITE, st.floats(0, 1e12), st.floats(0, 1e6), st.one_of(st.none(), FINITE))
+BAD_LINE = st.one_of(
+    JSON_VALUE.map(json.dumps),
+    st.fixed_dictionaries({"step": JSON_VALUE, "loss": JSON_VALUE, "tokens_per_s": JSON_VALUE,
+                           "step_time_s": JSON_VALUE}, optional={"lr": JSON_VALUE}).map(json.dumps),
+    BIG_TEXT.map(lambda t: t.encode("utf-8", "surrogatepass")),
+    st.binary(max_size=300),
+    st.integers(60_000, 300_000).map(lambda n: '{"step": 1, "loss": "' + "x" * n + '"}'),
+    st.integers(1, 100_000).map(lambda n: "[" * n),
+)
+
+
+@given(lines=st.lists(st.one_of(GOOD_STEP.map(lambda g: ("good", g)), BAD_LINE.map(lambda b: ("bad", b))),
+                      max_size=12))
+def fuzz_metrics(lines: list[tuple[str, str | bytes]]) -> None:
+    """A run's metrics file with good steps among lines of any shape: the node's ``metrics`` shows every
+    good step in order and counts the rest, so each non-blank line is either shown or counted."""
+    from higgsfield.invoker.metrics import metrics_path
+    from higgsfield.invoker.records import RunDir
+    from higgsfield.metrics import decode_line, parse_skipped
+
+    COUNTS["metrics"] += 1
+    state = WORK / "mstate"
+    shutil.rmtree(state, ignore_errors=True)
+    rd = RunDir(state, "fz", "healthy")
+    rd.make()
+    rd.record_path.write_text(json.dumps(_healthy_record("healthy")))
+    raw = [b.encode() if isinstance(b, str) else b for _, b in lines]
+    data = b"\n".join(raw) + (b"\n" if raw else b"")
+    path = metrics_path(rd)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    nonblank = [x for x in data.split(b"\n") if x.strip()]   # blank: ASCII white space only, as the node reads
+    out, err = io.StringIO(), io.StringIO()
+    code: object = 0
+    with bounded("metrics"), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            cli_main(["invoker", "--state-dir", str(state), "metrics", "--project", "fz", "--run", "healthy"])
+        except SystemExit as e:
+            code = e.code
+    assert code in (0, None), (code, err.getvalue()[-1000:])
+    shown, skipped = [], 0
+    for text in out.getvalue().splitlines():
+        n = parse_skipped(text)
+        if n is not None:
+            skipped = n
+        else:
+            shown.append(decode_line(text))
+    good = [decode_line(g) for kind, g in lines if kind == "good" and isinstance(g, str)]
+    assert [m.step for m in shown if m in good] == [m.step for m in good], "a good step was lost"
+    assert len(shown) + skipped == len(nonblank), (len(shown), skipped, len(nonblank))
+    OUTCOMES[f"metrics skipped {min(skipped, 3)}"] += 1
+
+
+_UI: dict[str, Any] = {}
+HTTP_PATHS = st.one_of(
+    st.sampled_from(["/", "/api/runs", "/api/nodes", "/api/events", "/api/runs/x", "/api/runs/x/kill",
+                     "/api/runs/x/events", "/static/app.js", "/static/../higgsfield.yml", "//evil.example/",
+                     "/%5Cevil.example/", "/\\evil.example/", "/?token=", "/%2e%2e/%2e%2e/etc/passwd"]),
+    st.text(max_size=40).map(lambda t: "/" + t),
+    st.binary(max_size=40).map(lambda b: "/" + b.decode("latin-1")),
+)
+
+
+@given(method=st.sampled_from(["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "TRACE", "G\u00c9T", "X" * 40]),
+       path=HTTP_PATHS, query=st.one_of(st.just(""), st.sampled_from(["?token=", "?run=../x", "?a=1&" * 100]),
+                                        st.text(max_size=30).map(lambda t: "?" + t)),
+       auth=st.sampled_from(["none", "cookie", "cookie+csrf", "token"]),
+       ctype=st.sampled_from([None, "application/json", "text/plain", "application/json; charset=latin-1",
+                              "multipart/form-data; boundary=x", "\u2028"]),
+       body=st.one_of(st.just(b""), JSON_VALUE.map(lambda v: json.dumps(v).encode()), st.binary(max_size=300),
+                      st.integers(1, 200_000).map(lambda n: b"[" * n + b"]" * n),
+                      st.dictionaries(st.sampled_from(["experiment", "params", "run_name", "nodes", "x"]),
+                                      JSON_VALUE, max_size=4).map(lambda v: json.dumps(v).encode())))
+def fuzz_http(method: str, path: str, query: str, auth: str, ctype: str | None, body: bytes) -> None:
+    """Any request a client can put on the wire, to a real ``higgsfield ui`` of a project with no
+    experiments and no runs (nothing a request can start or stop): never a 5xx, never a redirect
+    off the server's own root, and always an answer."""
+    import http.client
+    import socket
+
+    from higgsfield.ui.security import cookie_name, csrf_token
+
+    COUNTS["http"] += 1
+    d = _dashboard()
+    target = (path + query).encode("utf-8", "surrogateescape")
+    if auth == "token":
+        target += (b"&" if b"?" in target else b"?") + f"token={d.token}".encode()
+    head = [method.encode("utf-8") + b" " + target.replace(b" ", b"%20").replace(b"\r", b"").replace(b"\n", b"")
+            + b" HTTP/1.1", f"Host: 127.0.0.1:{d.port}".encode(), b"Connection: close",
+            f"Content-Length: {len(body)}".encode()]
+    if auth.startswith("cookie"):
+        head.append(f"Cookie: {cookie_name(d.port)}={d.token}".encode())
+    if auth == "cookie+csrf":
+        head.append(f"X-HF-CSRF: {csrf_token(d.token)}".encode())
+    if ctype is not None:
+        head.append(b"Content-Type: " + ctype.encode("utf-8"))
+    with bounded("http"), socket.create_connection(("127.0.0.1", d.port), timeout=HANG_S / 2) as sock:
+        try:
+            sock.sendall(b"\r\n".join(head) + b"\r\n\r\n" + body)
+        except OSError:
+            pass   # the server may answer and close before it has read a large body
+        resp = http.client.HTTPResponse(sock, method=method)
+        try:
+            resp.begin()
+        except http.client.RemoteDisconnected:
+            OUTCOMES["http closed"] += 1   # uvicorn drops a request line it cannot parse
+            return
+        status = resp.status
+        location = resp.getheader("Location")
+    OUTCOMES[f"http {status // 100}xx"] += 1
+    assert status < 500, (method, target[:200], status)
+    if location is not None:
+        assert location == "/" or (location.startswith("/") and not location.startswith(("//", "/\\"))), location
+
+
+def _dashboard() -> Any:
+    """The real dashboard the http target talks to: started on first use, stopped when :func:`run` ends."""
+    if "d" not in _UI:
+        sys.path.insert(0, str(HERE.parent / "ui"))
+        from ui_helpers import dashboard
+
+        proj = WORK / "ui-project"
+        (proj / "src").mkdir(parents=True, exist_ok=True)
+        (proj / "higgsfield.yml").write_text(f"name: fzui\nnodes:\n  - host: localhost\nruntime: process\n"
+                                             f"state_dir: {WORK / 'ui-state'}\n")
+        stack = contextlib.ExitStack()
+        _UI["d"], _UI["stack"] = stack.enter_context(dashboard(proj)), stack
+    return _UI["d"]
 
 
 TARGETS: dict[str, Callable[[], None]] = {"config": fuzz_config, "env": fuzz_env, "source": fuzz_source,
-                                          "params": fuzz_params, "cli": fuzz_cli}
+                                          "params": fuzz_params, "cli": fuzz_cli, "records": fuzz_records,
+                                          "output": fuzz_output, "metrics": fuzz_metrics, "http": fuzz_http}
 WORK = Path(tempfile.gettempdir())   # replaced by a private directory in run()
 
 
@@ -433,6 +734,9 @@ def run(seconds: float, batch: int, out: Path | None, targets: list[str], first_
                 round_no += 1
             return sum(COUNTS.values()), findings
         finally:
+            if "stack" in _UI:
+                _UI.pop("stack").close()
+                _UI.clear()
             for name, fn in stubs.items():
                 setattr(orchestrator, name, fn)
             if saved_home is None:

@@ -204,25 +204,9 @@ def test_a_refusal_stops_only_this_starts_own_part_and_never_the_holder(project:
 # -- 3 nodes of the test bed --------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def three(bed, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    """A 3-node project on the bed with ``runtime: process``, deployed (its own project name and state)."""
-    from runs_helpers import runs_conftest
-
-    d = tmp_path_factory.mktemp("namerule") / "hfname"
-    c = runs_conftest().make_cluster(bed, d, (0, 1, 2))
-    yml = d / "higgsfield.yml"
-    yml.write_text(yml.read_text().replace("runtime: docker\n", "runtime: process\n"))
-    subprocess.run(["git", "commit", "-qam", "process runtime"], cwd=d, check=True, capture_output=True,
-                   env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
-                        "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"})
-    c.hf("deploy", check=True, timeout=600)
-    return c
-
-
 def _bed_record(i: int, run: str) -> dict[str, Any]:
     try:
-        return dict(json.loads(Path(f"/home/hfnode{i}/.hfrt/runs/hfname/{run}/run.json").read_text()))
+        return dict(json.loads(Path(f"/home/hfnode{i}/.hfrt/runs/hfrt/{run}/run.json").read_text()))
     except (OSError, ValueError):
         return {}
 
@@ -230,7 +214,8 @@ def _bed_record(i: int, run: str) -> dict[str, Any]:
 @pytest.mark.slow
 @pytest.mark.sshd
 @pytest.mark.timeout(600)
-def test_on_three_nodes_a_second_start_is_refused_and_the_first_finishes_everywhere(three) -> None:  # type: ignore[no-untyped-def]
+def test_on_three_nodes_a_second_start_is_refused_and_the_first_finishes_everywhere(deployed) -> None:  # type: ignore[no-untyped-def]
+    three = deployed   # the shared 3-node Docker project of tests/runs (deployed once per session)
     run = f"held-{uuid.uuid4().hex[:6]}"
     three.hf("run", "probe", "-p", "sleep=8", "--run-name", run, "--detach", check=True, timeout=300)
     for i in range(3):
