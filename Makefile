@@ -67,6 +67,7 @@ bench: install
 	$(BIN)/python bench/cli_start.py
 	$(BIN)/python bench/train_overhead.py
 	$(BIN)/python bench/packing.py
+	$(BIN)/python bench/status_records.py
 	-$(BIN)/python bench/setup_fanout.py
 	-$(BIN)/python bench/launch_latency.py
 	-$(BIN)/python bench/log_stream.py
