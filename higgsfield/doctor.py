@@ -47,11 +47,13 @@ from higgsfield.remote.invoker import invoker_argv, invoker_bin
 from higgsfield.remote.probe import Clock, Read, probe
 from higgsfield.slurm import SlurmSettings
 from higgsfield.slurm import preflight as pf
+from higgsfield.units import human_bytes
 
 if TYPE_CHECKING:
     from higgsfield.config import Config, NodeConfig
 
 MIN_FREE_GIB = 10.0
+MIN_FREE_FRACTION = 0.10   # of the filesystem under the state dir or the checkpoints: below, prune
 MAX_SKEW_S = 2.0
 COMMAND_TIMEOUT_S = 20.0
 
@@ -151,8 +153,8 @@ def reads(cfg: Config, node: NodeConfig) -> list[tuple[str, ...]]:
     """Every command the checks read on ``node``."""
     env = _env_argv(cfg, node)
     if cfg.slurm is not None:  # a cluster's login node: Slurm's view instead of sudo, Docker and local GPUs
-        return [_version_argv(cfg, node), *([env] if env else []), *_slurm_reads(cfg)]
-    out = [SUDO_OK, DOCKER_INFO, GPU_QUERY, SMI, DF_HOME, DF_IMAGES, _version_argv(cfg, node)]
+        return [_version_argv(cfg, node), _usage_argv(cfg, node), *([env] if env else []), *_slurm_reads(cfg)]
+    out = [SUDO_OK, DOCKER_INFO, GPU_QUERY, SMI, DF_HOME, DF_IMAGES, _version_argv(cfg, node), _usage_argv(cfg, node)]
     return out + ([env] if env else [])
 
 
@@ -216,6 +218,7 @@ async def _check_node(cfg: Config, m: Member, d: NodeDiagnosis) -> None:
         d.checks["clock"] = _clock(facts.clock)
         d.checks["invoker"] = _invoker(cfg, m.node, facts)
         d.checks["environment"] = _environment(cfg, m.node, facts)
+        d.checks["usage"] = _usage(cfg, m.node, facts)
         _slurm(cfg, facts, d)
         return
     d.checks["sudo"] = _sudo(facts)
@@ -225,6 +228,7 @@ async def _check_node(cfg: Config, m: Member, d: NodeDiagnosis) -> None:
     d.checks["clock"] = _clock(facts.clock)
     d.checks["invoker"] = _invoker(cfg, m.node, facts)
     d.checks["environment"] = _environment(cfg, m.node, facts)
+    d.checks["usage"] = _usage(cfg, m.node, facts)
 
 
 async def _connect(cfg: Config, m: Member, d: NodeDiagnosis) -> bool:
@@ -352,6 +356,35 @@ def _invoker(cfg: Config, node: NodeConfig, f: Facts) -> Probe:
         return Probe(False, m.group(1), f"invoker {m.group(1)} differs from this higgsfield "
                      f"{higgsfield.__version__}", "higgsfield setup --step invoker", {"version": m.group(1)})
     return Probe(True, m.group(1), data={"version": m.group(1)})
+
+
+def _usage_argv(cfg: Config, node: NodeConfig) -> tuple[str, ...]:
+    return (*invoker_argv(cfg, node), "usage", "--project", cfg.name)
+
+
+def _usage(cfg: Config, node: NodeConfig, f: Facts) -> Probe:
+    """The state dir's and the checkpoints' bytes, and the free space where they are: below
+    MIN_FREE_FRACTION free, the fix is ``higgsfield prune`` (retention: makes deploy do it)."""
+    r = f(_usage_argv(cfg, node))
+    got = _json(r)
+    free = [e for e in got.get("free") or [] if isinstance(e, dict)] if isinstance(got.get("free"), list) else []
+    if not isinstance(got.get("state_bytes"), int) or not free:
+        why = (r.stderr.strip().splitlines() or ["no answer"])[-1]
+        return Probe(False, "?", f"cannot read the state dir's disk usage ({why})", "higgsfield setup --step invoker")
+    data = {k: got.get(k) for k in ("state_dir", "state_bytes", "checkpoint_bytes", "free")}
+    gib = 1024 ** 3
+    low = [e for e in free if int(e.get("total_bytes") or 0) > 0
+           and int(e.get("free_bytes") or 0) < MIN_FREE_FRACTION * int(e["total_bytes"])]
+    least = min(free, key=lambda e: int(e.get("free_bytes") or 0))
+    ckpt = int(got.get("checkpoint_bytes") or 0)
+    summary = (f"state {human_bytes(got['state_bytes'])}, checkpoints {human_bytes(ckpt)}, "
+               f"{human_bytes(int(least.get('free_bytes') or 0))} free")
+    if low:
+        where = ", ".join(f"{e.get('what')} ({e.get('path')}: {int(e.get('free_bytes') or 0) / gib:.1f} of "
+                          f"{int(e.get('total_bytes') or 0) / gib:.0f} GiB)" for e in low)
+        return Probe(False, summary, f"less than {MIN_FREE_FRACTION:.0%} free for {where}",
+                     "higgsfield prune --dry-run, then higgsfield prune (set retention: so deploy prunes)", data)
+    return Probe(True, summary, data=data)
 
 
 def _env_argv(cfg: Config, node: NodeConfig) -> tuple[str, ...] | None:

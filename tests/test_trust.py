@@ -125,6 +125,8 @@ COMMANDS: dict[str, list[str]] = {
     "logs": ["logs", "probe-20250101-0000-abcd"],
     "kill": ["kill", "probe"],
     "doctor": ["doctor"],
+    "prune": ["prune", "--older-than", "1d"],
+    "pull": ["pull", "probe-20250101-0000-abcd"],
     "ci run": ["ci", "run", "probe"],
     "ci kill": ["ci", "kill", "probe"],
     "ci deploy": ["ci", "deploy"],

@@ -35,6 +35,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "logs": ("higgsfield.cli.runs", "logs", "Show the merged logs of a run (-f to follow)."),
     "status": ("higgsfield.cli.runs", "status", "List runs and their state on every node."),
     "kill": ("higgsfield.cli.runs", "kill", "Stop a run on every node."),
+    "prune": ("higgsfield.cli.nodes", "prune", "Free node disk: remove finished runs, unused images (--dry-run)."),
+    "pull": ("higgsfield.cli.runs", "pull", "Bring a run's checkpoint (every node's part, merged) and logs home."),
     "metrics": ("higgsfield.cli.ui", "metrics", "Show a run's step metrics: loss, tokens/s, lr, MFU, memory."),
     "ui": ("higgsfield.cli.ui", "ui", "Serve the live web dashboard of runs, queue, nodes, logs and curves."),
     "ci": ("higgsfield.cli.ci", "ci", "Commands the generated GitHub Actions jobs run."),

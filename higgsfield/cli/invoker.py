@@ -5,6 +5,7 @@ argv; ``deploy`` reads a tar there), output is JSON on stdout (``logs`` prints
 ``RANK<TAB>LINE`` per line, and ``#hb`` lines as a heartbeat with ``--heartbeat``).
 
     version | deployed | deploy | build | env | start | status | logs | kill | queue
+    | files (pull) | prune | usage (doctor)
 """
 
 from __future__ import annotations
@@ -231,3 +232,50 @@ from higgsfield.cli.invoker_views import stats as _stats  # noqa: E402
 
 invoker.add_command(_stats)
 invoker.add_command(_metrics)
+
+
+@invoker.command(hidden=True)
+@click.option("--project", required=True)
+@click.option("--run", "run_name", required=True)
+@click.option("--step", default=None, help="Also list this complete step's files (name step_XXXXXXXX).")
+@click.option("--logs", is_flag=True, help="The run directory's record and logs instead of the checkpoint.")
+@click.pass_context
+def files(ctx: click.Context, project: str, run_name: str, step: str | None, logs: bool) -> None:
+    """(pull) List a run's checkpoint steps, or one step's files or its logs, with sizes and sha256."""
+    from higgsfield.invoker.files import describe
+
+    _emit(describe(_state(ctx), project, run_name, step=step, logs=logs))
+
+
+@invoker.command(hidden=True)
+@click.option("--project", required=True)
+@click.option("--dry-run", is_flag=True, help="Only list what a prune would remove.")
+@click.pass_context
+def prune(ctx: click.Context, project: str, dry_run: bool) -> None:
+    """Remove finished runs (their checkpoints, unused images) as the policy on stdin says; prints what went.
+
+    stdin: {"older_than_s", "keep_runs", "runs", "checkpoints", "images"} (empty: nothing selected).
+    A bad request is one line on stderr, exit 2, nothing removed.
+    """
+    from dataclasses import replace
+
+    from higgsfield.invoker.prune import Policy, PruneError
+    from higgsfield.invoker.prune import prune as _prune
+
+    raw = sys.stdin.read().strip()
+    try:
+        data = json.loads(raw) if raw else {}
+    except ValueError:
+        raise PruneError("the prune request on stdin is not JSON") from None
+    policy = Policy.from_dict(data)
+    _emit(_prune(_state(ctx), project, replace(policy, dry_run=policy.dry_run or dry_run)))
+
+
+@invoker.command(hidden=True)
+@click.option("--project", required=True)
+@click.pass_context
+def usage(ctx: click.Context, project: str) -> None:
+    """(doctor) Bytes in the state dir and the project's checkpoints, and the free space where they are."""
+    from higgsfield.invoker.prune import usage as _usage
+
+    _emit(_usage(_state(ctx), project))

@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -21,6 +21,7 @@ import click
 from higgsfield.cli._common import console, experiment_name, get_config, run_name
 from higgsfield.runspec import FAILED, KILLED, QUEUED, RUNNING, STARTING, SUCCEEDED
 from higgsfield.text import inert, shown
+from higgsfield.units import duration_s
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -76,16 +77,12 @@ async def _print_stream(lines: AsyncIterator[LogLine], *, color: bool) -> None:
             show(line)
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
 def parse_since(value: str, now: float | None = None) -> float:
     """``--since``: ``30s``/``10m``/``2h``/``1d`` ago, or an ISO time (local unless it names a zone) -> UNIX time."""
     text = value.strip()
-    m = _DURATION.fullmatch(text.lower())
-    if m:
-        ago = (time.time() if now is None else now) - float(m.group(1)) * _UNIT_S[m.group(2)]
+    secs = duration_s(text)
+    if secs is not None:
+        ago = (time.time() if now is None else now) - secs
         return ago if ago > 0 else 0.0   # "99999d" (or 1e400 s: -inf) means since the start
     try:
         when = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
@@ -311,3 +308,47 @@ def deploy(ctx: click.Context, dirty: bool) -> None:
     cfg = get_config(ctx)
     result = backend_for(cfg).deploy(dirty=dirty, console=console(stderr=True))
     click.echo(f"deployed {result.commit[:12]} to {len(result.nodes)} node(s) in {result.seconds:.1f}s")
+
+
+@click.command()
+@click.argument("target", metavar="RUN", callback=run_name)
+@click.argument("dest", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--step", default="latest", show_default=True, metavar="N|latest",
+              help="The checkpoint step to bring (it must be complete on every node).")
+@click.option("--logs", "with_logs", is_flag=True, help="Also every rank's logs and the run record, "
+              "into DEST/logs/<node>/.")
+@click.pass_context
+def pull(ctx: click.Context, target: str, dest: Path | None, step: str, with_logs: bool) -> None:
+    """Bring a run's checkpoint home: every node's part merged into DEST/step_XXXXXXXX (default ./pulled/RUN).
+
+    Resumable and checksummed: a re-run skips what is here whole and continues what is not.
+    """
+    from higgsfield.orchestrator.pull import step_name
+
+    if step != "latest":
+        step = step_name(step)  # a bad --step is one line, exit 2, before any node is asked
+    cfg = get_config(ctx)
+    result = asyncio.run(_pull(cfg, target, dest, step, with_logs))
+    where = clean(str(result.dest / result.step))
+    click.echo(f"pulled {result.step} of {clean(target)} from {len(result.nodes)} node(s) to {where}: "
+               f"{len(result.fetched)} file(s) copied ({result.bytes / 1e6:.1f} MB), "
+               f"{len(result.skipped)} already here"
+               + (f"; logs in {clean(str(result.dest / 'logs'))}" if with_logs else ""))
+
+
+async def _pull(cfg: Config, target: str, dest: Path | None, step: str, with_logs: bool) -> Any:
+    """The pull with a progress bar of bytes and rate on stderr (none when stderr is not a terminal)."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    from higgsfield.orchestrator.pull import Progress as Callbacks
+    from higgsfield.orchestrator.pull import pull
+
+    err = console(stderr=True)
+    bar = Progress("pull", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+                   console=err, disable=not err.is_terminal, transient=True)
+    task = bar.add_task("pull", total=0)
+    callbacks = Callbacks(total=lambda n: bar.update(task, total=n),
+                          advance=lambda n: bar.advance(task, n))
+    with bar:
+        return await pull(cfg, target, dest, step=None if step == "latest" else step, logs=with_logs,
+                          progress=callbacks)

@@ -52,9 +52,10 @@ from higgsfield.slurm_syntax import (
     check_workdir,
 )
 from higgsfield.text import shown
+from higgsfield.units import FORMS, duration_s
 
 __all__ = ["CONFIG_FILE", "Config", "DockerConfig", "InstallConfig", "LoginConfig", "NodeConfig", "NodeDup",
-           "SSHConfig", "SlurmConfig", "json_schema"]
+           "CheckpointConfig", "RetentionConfig", "SSHConfig", "SlurmConfig", "json_schema"]
 
 CONFIG_FILE = "higgsfield.yml"
 BRANCH_RE = re.compile(r"\A[A-Za-z0-9._/-]{1,200}\Z")
@@ -234,6 +235,61 @@ class SlurmConfig(_Model):
         return [check_extra_option(o) for o in v]
 
 
+def _max_age(v: Any) -> Any:
+    # One grammar with `logs --since` and `prune --older-than` (higgsfield.units).
+    if isinstance(v, str) and (secs := duration_s(v)) is not None and secs > 0:
+        return v
+    raise ValueError(f"{shown(v)} is not a duration above zero: use {FORMS}")
+
+
+class RetentionConfig(_Model):
+    """What deploy (and a plain ``higgsfield prune``) removes from the nodes so they never fill up.
+
+    Only finished runs (succeeded, failed, killed) ever go: a queued, starting or
+    running run is never touched, nor the image of the current release.
+    """
+
+    keep_runs: Int | None = Field(None, ge=0, description="Keep this many finished runs per node (the newest); "
+                                                          "older ones go.")
+    max_age: Annotated[str, BeforeValidator(_max_age)] | None = Field(
+        None, description="Finished runs that ended longer ago than this go: 30d, 12h, 90m.")
+    checkpoints: bool = Field(False, description="Also remove a removed run's checkpoints (default: never "
+                                                 "without asking).")
+    images: bool = Field(True, description="Also remove the project's images that no release and no queued or "
+                                           "running run uses.")
+
+    @property
+    def max_age_s(self) -> float | None:
+        return None if self.max_age is None else duration_s(self.max_age)
+
+
+_MIRROR_SCHEMES = ("s3://", "gs://", "sftp://", "file://")
+
+
+def _mirror_url(v: str) -> str:
+    check_text(v)
+    if v.startswith("/") and len(v) > 1 and ".." not in PurePosixPath(v).parts:
+        return v
+    scheme = next((s for s in _MIRROR_SCHEMES if v.startswith(s)), None)
+    rest = v[len(scheme):] if scheme else ""
+    if scheme is None or not rest.strip("/") or any(c.isspace() for c in v):
+        raise ValueError(f"{shown(v)} is not a mirror URL: use s3://bucket/prefix, gs://bucket/prefix, "
+                         "sftp://host/path, file:///path or an absolute path")
+    return v
+
+
+class CheckpointConfig(_Model):
+    """Where checkpoints go besides each node's own disk."""
+
+    mirror: str | None = Field(None, description="An fsspec URL (s3://bucket/prefix, gs://, sftp://host/path, "
+                                                 "file:///path or /path) each node uploads its part of every "
+                                                 "complete checkpoint to, in the background; loads fall back "
+                                                 "to it. Credentials and an S3 endpoint are secrets "
+                                                 "(AWS_ACCESS_KEY_ID, FSSPEC_S3_ENDPOINT_URL...).")
+
+    _mirror = _checked("mirror", check=_mirror_url)
+
+
 class Config(_Model):
     """Everything in ``higgsfield.yml``."""
 
@@ -254,6 +310,10 @@ class Config(_Model):
     docker: DockerConfig = Field(default_factory=DockerConfig)  # type: ignore[arg-type]
     install: InstallConfig = Field(default_factory=InstallConfig)  # type: ignore[arg-type]
     default_branch: str = Field("main", description="Pushes to this branch deploy (GitHub Actions).")
+    retention: RetentionConfig | None = Field(
+        None, description="Remove old finished runs (and unused images) from the nodes; deploy applies it.")
+
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)  # type: ignore[arg-type]
 
     path: Path | None = Field(None, exclude=True, description="Where this config was read from (not a YAML key).")
 

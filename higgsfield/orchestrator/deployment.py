@@ -15,6 +15,8 @@
    by a hash of requirements.txt, with torch added when it is not listed
    (:mod:`higgsfield.invoker.environment`). An unchanged one is kept. Its progress
    streams back as lines prefixed by the node's name.
+5. With ``retention:`` in higgsfield.yml, each node that deployed is then pruned as it says
+   (:mod:`higgsfield.orchestrator.prune`); a prune that fails is a warning line, never a failed deploy.
 
 A ``localhost`` node runs from the working tree itself: nothing is shipped, only the
 image is built (from the project directory).
@@ -41,6 +43,7 @@ from typing import Any
 from higgsfield.config import Config
 from higgsfield.errors import DeployError
 from higgsfield.orchestrator._output import decode, invoke
+from higgsfield.orchestrator.prune import apply_retention
 from higgsfield.remote import Group, Member, Transport, open_group
 from higgsfield.remote.invoker import invoker_argv
 
@@ -65,6 +68,8 @@ class NodeDeploy:
     seconds: float = 0.0
     build_seconds: float = 0.0
     env_seconds: float = 0.0
+    retention: str | None = None
+    """What ``retention:`` removed here after the deploy (or the warning its failure gave)."""
 
 
 @dataclass
@@ -173,6 +178,9 @@ async def deploy_async(cfg: Config, *, dirty: bool = False, console: Any = None)
         if nd.env:
             img = f"environment {nd.env} {'built' if nd.env_built else 'unchanged'}"
         say(f"  {t.node}: {what}, {img} ({nd.seconds:.1f}s)")
+        nd.retention = await apply_retention(t, cfg)   # retention: set: old runs and images go; a failure warns
+        if nd.retention is not None:
+            say(f"  {t.node}: {nd.retention}")
         return nd
 
     async with open_group(cfg) as group:

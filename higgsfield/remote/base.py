@@ -162,6 +162,15 @@ class Transport(abc.ABC):
         with open(local_path, "rb") as f:
             await self.put_bytes(f.read(), path, mode=mode)
 
+    async def get_file(self, path: str, local_path: str, *, offset: int = 0, end: int | None = None,
+                       progress: Callable[[int], None] | None = None) -> None:
+        """Copy bytes ``offset``..``end`` (default: to its end) of ``path`` on the node into ``local_path``.
+
+        ``local_path`` is cut to ``offset`` bytes and the copy appended there, so a download
+        that stopped resumes where it stopped; ``progress`` gets each chunk's byte count.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot copy files from its node")
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Close the connection, if any. Safe to call twice."""

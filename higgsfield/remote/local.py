@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import os
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 from higgsfield.errors import CommandError
@@ -108,6 +108,10 @@ class LocalTransport(Transport):
             Path(tmp).unlink(missing_ok=True)
             raise
 
+    async def get_file(self, path: str, local_path: str, *, offset: int = 0, end: int | None = None,
+                       progress: Callable[[int], None] | None = None) -> None:
+        await asyncio.to_thread(_copy_range, self._path(path), Path(local_path), offset, end, progress)
+
     async def close(self) -> None:
         return None
 
@@ -139,3 +143,21 @@ async def _kill(proc: asyncio.subprocess.Process) -> None:
     with contextlib.suppress(ProcessLookupError):
         proc.kill()
     await proc.wait()
+
+
+def _copy_range(src: Path, dst: Path, offset: int, end: int | None,
+                progress: Callable[[int], None] | None) -> None:
+    """Bytes ``offset``..``end`` of ``src`` appended to ``dst`` cut to ``offset`` (see Transport.get_file)."""
+    with open(src, "rb") as f, open(dst, "r+b" if dst.exists() else "wb") as out:
+        out.truncate(offset)
+        out.seek(offset)
+        f.seek(offset)
+        left = None if end is None else max(end - offset, 0)
+        while left is None or left > 0:
+            chunk = f.read(1 << 20 if left is None else min(1 << 20, left))
+            if not chunk:
+                break
+            out.write(chunk)
+            left = None if left is None else left - len(chunk)
+            if progress is not None:
+                progress(len(chunk))

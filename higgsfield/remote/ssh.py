@@ -306,6 +306,30 @@ class SSHTransport(Transport):
         except (asyncssh.DisconnectError, OSError) as e:
             raise self._lost(["sftp"], e) from None
 
+    async def get_file(self, path: str, local_path: str, *, offset: int = 0, end: int | None = None,
+                       progress: Callable[[int], None] | None = None) -> None:
+        """SFTP on this transport's connection: no new login, the bytes read in chunks from ``offset`` on."""
+        conn = await self._open()
+        try:
+            async with conn.start_sftp_client() as sftp, sftp.open(path, "rb") as f:
+                with open(local_path, "r+b" if os.path.exists(local_path) else "wb") as out:
+                    out.truncate(offset)
+                    out.seek(offset)
+                    pos = offset
+                    while end is None or pos < end:
+                        chunk = await f.read(1 << 20 if end is None else min(1 << 20, end - pos), pos)
+                        if not chunk:
+                            break
+                        assert isinstance(chunk, bytes)  # opened "rb"
+                        out.write(chunk)
+                        pos += len(chunk)
+                        if progress is not None:
+                            progress(len(chunk))
+        except asyncssh.SFTPError as e:
+            raise CommandError(self.node, f"cannot read {path}: {e.reason}") from None
+        except (asyncssh.DisconnectError, ConnectionError) as e:
+            raise self._lost(["sftp"], e) from None
+
 
 class _SSHSession(Session):
     def __init__(self, transport: SSHTransport, argv: tuple[str, ...], proc: asyncssh.SSHClientProcess[Any]) -> None:

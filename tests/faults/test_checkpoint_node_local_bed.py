@@ -15,6 +15,7 @@ import re
 
 import pytest
 from faults_helpers import FaultCluster, kill_run_quietly, name
+from pull_helpers import assert_same_state, load_step
 
 pytestmark = [pytest.mark.slow, pytest.mark.sshd, pytest.mark.docker]
 
@@ -54,3 +55,18 @@ def test_two_nodes_without_a_shared_disk_save_and_resume_from_their_own_parts(fa
         assert f"attempt 0 resumes at step 12 from {c.ckpt_dir(i, 'ckpt_steps', run)}" in log, log[-2000:]
         again = [int(m) for m in re.findall(r"^step (\d+) attempt 0$", log.split("resumes at step 12")[-1], re.M)]
         assert again == list(range(12, 16)), (rank, again)
+
+    # `higgsfield pull` over SSH: both nodes' parts merged into one step that loads on 1 rank, equal to each part
+    dest = c.dir.parent / f"pulled-{run}"
+    pulled = c.hf("pull", run, str(dest), "--logs", timeout=300)
+    assert pulled.returncode == 0, pulled.stdout[-3000:] + pulled.stderr[-3000:]
+    step = dest / "step_00000016"
+    assert {f"__{r}_0.distcp" for r in range(4)} <= {p.name for p in step.iterdir()}
+    merged = load_step(dest, 32, c.dir.parent / f"{run}-merged.pt")
+    assert merged["step"] == 16 and merged["missing"] == [], merged["missing"]
+    for i in (8, 9):  # each node's part alone holds its own copy of every (replicated) item: the same state
+        assert_same_state(merged, load_step(parts[i] / "step_00000016", 32, c.dir.parent / f"{run}-{i}.pt",
+                                            mode="dcp"))
+    assert {p.name for p in (dest / "logs").iterdir()} == {"hfnode8", "hfnode9"}
+    again = c.hf("pull", run, str(dest), timeout=300)
+    assert again.returncode == 0 and "0 file(s) copied" in again.stdout, again.stdout + again.stderr
