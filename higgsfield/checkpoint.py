@@ -57,9 +57,18 @@ last phase (each lead's marker and rename) ends with the ranks agreeing on it,
 and ``load_latest`` loads the newest step every node holds complete (each node
 proposes its complete steps; the newest one in all of them wins). A node that
 lacks it (a node replaced, other nodes) is named in one line, as a
-:class:`CheckpointError` on every rank; a mirror is where such a load will fall
-back (``_unavailable``). Keep-last-k prunes on every node, by the steps complete
-everywhere, and only after a newer save is complete.
+:class:`CheckpointError` on every rank. Keep-last-k prunes on every node, by the
+steps complete everywhere, and only after a newer save is complete.
+
+A **mirror** (``mirror=`` or ``HIGGSFIELD_CHECKPOINT_MIRROR``, any fsspec URL;
+:mod:`higgsfield._ckpt_mirror`) gets each node's part after every complete save:
+the node's lead hands it to an upload thread and training goes on, and the step
+counts there only once every node's part is up. ``load_latest`` asks it (rank 0
+reads, every rank learns the answer) when no step is complete on every node or
+it holds a newer one: each node's lead downloads what its node lacks (its own
+part on the same nodes; every part on other nodes or another world size, since
+every part's metadata is a global one), the ranks agree, and the load is the
+normal one from the local directory.
 
 A save is written to ``.tmp-step_*`` and renamed once every rank has finished
 and the ``COMPLETE`` marker is on disk, so a crash mid-save leaves nothing that
@@ -103,6 +112,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from higgsfield._ckpt_mirror import Part, Uploader, new_token, open_mirror, parts_to_fetch
 from higgsfield.errors import CheckpointError
 
 __all__ = ["Checkpoint", "CheckpointError", "checkpoint_dir", "MARKER"]
@@ -150,12 +160,15 @@ class Checkpoint:
     ``every``: save after each ``every`` steps in :meth:`maybe_save`. ``keep_last``:
     complete checkpoints kept (older ones are deleted; None keeps all).
     ``async_save``: write in the background (own gloo group) while training goes on.
+    ``mirror``: an fsspec URL (``s3://bucket/prefix``, ``gs://``, ``sftp://``, a path) that each node's
+    part is uploaded to after every complete save, in the background; default ``HIGGSFIELD_CHECKPOINT_MIRROR``
+    (``checkpoint.mirror`` in higgsfield.yml), ``""`` for none. See :mod:`higgsfield._ckpt_mirror`.
     """
 
     def __init__(self, model: Any, optimizer: torch.optim.Optimizer, lr_scheduler: Any = None, scaler: Any = None,
                  every: int = 100, keep_last: int | None = 2, directory: str | os.PathLike[str] | None = None,
                  project: str | None = None, experiment: str | None = None, run: str | None = None,
-                 async_save: bool = False) -> None:
+                 async_save: bool = False, mirror: str | None = None) -> None:
         if every < 1:
             raise ValueError(f"Checkpoint: every must be at least 1, got {every}")
         if keep_last is not None and keep_last < 1:
@@ -170,6 +183,8 @@ class Checkpoint:
         self._pending: tuple[Any, Path, Path, Any] | None = None
         self._async_group: Any = None
         self._layout_cache: _Layout | None = None
+        self._mirror = open_mirror(mirror, project, experiment, run)
+        self._uploader: Uploader | None = None
 
     # -- listing ------------------------------------------------------------------------------
 
@@ -302,8 +317,34 @@ class Checkpoint:
         if not layout.shared and getattr(self.model, "engine", "fsdp") != "deepspeed":
             self._spread_metadata(what, tmp, layout, writer)
         self._agree(what, _attempt(lambda: self._finish(tmp, final, layout), tmp) if lead else None, tmp)
+        token = self._mirror_token()
         self._prune(layout)  # only now, with the new checkpoint complete on every node
         dist.barrier()
+        if token is not None and lead:
+            self._upload(final, layout, token)
+
+    def wait_uploads(self, timeout: float | None = None) -> None:
+        """Wait for this node's mirror uploads in flight (the process's exit waits for them anyway)."""
+        if self._uploader is not None:
+            self._uploader.join(timeout)
+
+    def _mirror_token(self) -> str | None:
+        """One random word per save, the same on every rank: a mirror never mixes parts of two saves. Collective."""
+        if self._mirror is None:
+            return None
+        token = [new_token() if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(token, src=0)
+        return token[0]
+
+    def _upload(self, final: Path, layout: _Layout, token: str) -> None:
+        """Hand this node's part to the upload thread (a node's lead only); returns at once."""
+        assert self._mirror is not None
+        node = 0 if layout.shared else layout.node_of[dist.get_rank()]
+        if self._uploader is None:
+            self._uploader = Uploader(self._mirror, "this node" if layout.shared else f"node {layout.names[node]}")
+        self._uploader.submit(Part(step=_step_of(final), local=final, index=node,
+                                   nparts=1 if layout.shared else len(layout.names), token=token,
+                                   keep_last=self.keep_last))
 
     def _spread_metadata(self, what: str, tmp: Path, layout: _Layout, writer: Any) -> None:
         """Send each node's ``.metadata`` (made by rank 0) to that node's lead, which writes it. Collective."""
@@ -415,7 +456,8 @@ class Checkpoint:
     def _prune(self, layout: _Layout) -> None:
         """Keep the newest ``keep_last`` checkpoints complete on every node; only after a save completed.
 
-        Collective. A step complete on some nodes only can never be loaded (no mirror yet), so it goes too.
+        Collective. A step complete on some nodes only goes too (the mirror keeps its own last k). The steps
+        this node is still uploading stay until the upload is done.
         """
         everywhere = set.intersection(*self._agreed_steps(layout).values())
         if not layout.lead(dist.get_rank()):
@@ -423,6 +465,7 @@ class Checkpoint:
         self._remove_partial()
         if self.keep_last is not None:
             keep = set(sorted(everywhere)[-self.keep_last:])
+            keep |= self._uploader.steps() if self._uploader is not None else set()  # the mirror reads them now
             for old in self.complete():
                 if _step_of(old) not in keep:
                     shutil.rmtree(old, ignore_errors=True)
@@ -441,6 +484,11 @@ class Checkpoint:
         everywhere = set.intersection(*per_node.values())
         anywhere = set.union(*per_node.values())
         newest = max(anywhere, default=None)
+        best = max(everywhere, default=None)
+        if self._mirror is not None and (best is None or (newest is not None and newest > best)):
+            resumed = self._from_mirror(layout, per_node, best, loader)  # newer there than here, or none here
+            if resumed is not None:
+                return resumed
         if everywhere:
             step = max(everywhere)
             if newest is not None and newest > step and dist.get_rank() == 0:
@@ -453,10 +501,59 @@ class Checkpoint:
         return self._unavailable(newest, per_node, layout, loader)
 
     def _unavailable(self, step: int, per_node: dict[int, set[int]], layout: _Layout, loader: Any) -> int:
-        """No step is complete on every node. The seam for a mirror (issue 21 item 2): load ``step``
-        from there. Without one, every rank raises the same CheckpointError."""
-        raise CheckpointError(f"{self._missing(step, per_node, layout)}: resume on the same nodes, or from a "
-                              "mirror", {})
+        """No step is complete on every node, and the mirror (if any) held none newer than here (load_latest
+        asked it first): every rank raises the same CheckpointError."""
+        where = f"; the mirror {self._mirror.root} holds no complete step" if self._mirror is not None else \
+            ": resume on the same nodes, or from a mirror"
+        raise CheckpointError(f"{self._missing(step, per_node, layout)}{where}", {})
+
+    def _from_mirror(self, layout: _Layout, per_node: dict[int, set[int]], newer_than: int | None,
+                     loader: Any) -> int | None:
+        """Load the mirror's newest complete step if it is newer than ``newer_than``; None if it holds none.
+
+        Collective. Rank 0 reads the mirror; each node's lead downloads what its node
+        lacks (its own part on the same topology, every part otherwise, since each
+        part's metadata is a valid global one), the ranks agree, then the normal load.
+        """
+        assert self._mirror is not None
+        rank = dist.get_rank()
+        box: list[Any] = [None]
+        if rank == 0:
+            try:
+                box[0] = ("ok", self._mirror.newest())
+            except Exception as e:  # noqa: BLE001 - said on every rank as one line
+                box[0] = ("error", f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
+        dist.broadcast_object_list(box, src=0)
+        kind, found = box[0]
+        if kind == "error":
+            raise CheckpointError(f"cannot read the checkpoint mirror {self._mirror.root}: {found}", {})
+        if found is None or (newer_than is not None and found[0] <= newer_than):
+            return None
+        step, marker = found
+        final = self.directory / f"{_PREFIX}{step:08d}"
+        node = layout.node_of[rank]
+        parts = parts_to_fetch(marker, layout.shared, dist.get_world_size(),
+                               [layout.ranks(n) for n in range(len(layout.names))], node)
+        mirror = self._mirror
+
+        def fetch() -> None:
+            if parts == [0 if layout.shared else node] and step in per_node.get(node, set()):
+                return  # this node's own part is here and complete
+            self.directory.mkdir(parents=True, exist_ok=True)
+            tmp = self.directory / f"{_TMP}mirror-{final.name}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            mirror.download(step, marker, parts, tmp)
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            _fsync_dir(self.directory)
+
+        self._agree(f"download of {final.name} from the mirror {mirror.root}",
+                    _attempt(fetch) if layout.lead(rank) else None)
+        if rank == 0:
+            print(f"higgsfield: resuming from {final.name} on the checkpoint mirror {mirror.root}", file=sys.stderr,
+                  flush=True)
+        return self.load(final, loader)
 
     def _missing(self, step: int, per_node: dict[int, set[int]], layout: _Layout) -> str:
         name = f"{_PREFIX}{step:08d}"

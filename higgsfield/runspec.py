@@ -104,6 +104,9 @@ class RunSpec:
     attempt: str = ""
     """This start's random token (letters and digits): a failed start's clean-up stops only the records it made.
     Sent only when set, so a spec without one reads on a node that predates it."""
+    checkpoint_mirror: str = ""
+    """``checkpoint.mirror`` of higgsfield.yml (an fsspec URL, never a credential): the run's
+    ``HIGGSFIELD_CHECKPOINT_MIRROR``. Sent only when set, like ``attempt``."""
     version: int = SPEC_VERSION
 
     @property
@@ -118,6 +121,8 @@ class RunSpec:
         d["nodes"] = list(self.nodes)
         if not self.attempt:
             del d["attempt"]
+        if not self.checkpoint_mirror:
+            del d["checkpoint_mirror"]
         return d
 
     @classmethod
@@ -158,6 +163,7 @@ class RunSpec:
                 exclusive=_bool(data, "exclusive", default=False),
                 src_dir=_relative(_str(data, "src_dir", default="src")),
                 attempt=_attempt(data.get("attempt")),
+                checkpoint_mirror=_mirror_url(data.get("checkpoint_mirror")),
             )
         except SpecError:
             raise
@@ -239,6 +245,15 @@ def _attempt(v: object) -> str:
         return ""
     if not isinstance(v, str) or len(v) > MAX_NAME or not (v.isascii() and v.isalnum()):
         raise SpecError("run spec: 'attempt' must be a token of at most 64 letters and digits")
+    return v
+
+
+def _mirror_url(v: object) -> str:
+    """A URL that becomes an environment variable on the node: one line of text, bounded."""
+    if v is None or v == "":
+        return ""
+    if not isinstance(v, str) or len(v) > 2000 or has_control(v):
+        raise SpecError("run spec: 'checkpoint_mirror' must be a URL of one line")
     return v
 
 

@@ -65,6 +65,8 @@ def run_vars(run: NodeRun, rd: RunDir) -> dict[str, str]:
     }
     if run.placement.checkpoint_dir:
         env["HIGGSFIELD_CHECKPOINT_DIR"] = run.placement.checkpoint_dir
+    if spec.checkpoint_mirror:  # the URL only: its credentials are secrets, set beside it
+        env["HIGGSFIELD_CHECKPOINT_MIRROR"] = spec.checkpoint_mirror
     return env
 
 

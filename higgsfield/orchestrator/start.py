@@ -118,7 +118,8 @@ async def launch(group: Group, cfg: Config, plan: RunPlan, *,
                 code_dir=_code_dir(cfg, m.node), params=plan.params, node=m.name, node_rank=m.rank,
                 nodes=tuple(names), master_addr=master_addr, submitted_at=submitted_at,
                 nproc=_nproc(cfg, m.node), coordinator=coordinator, max_restarts=plan.max_restarts,
-                runtime=cfg.runtime, exclusive=plan.exclusive, attempt=attempt)
+                runtime=cfg.runtime, exclusive=plan.exclusive, attempt=attempt,
+                checkpoint_mirror=cfg.checkpoint.mirror or "")
             payload = json.dumps({"spec": spec.to_dict(), "secrets": secrets or {}, "token": token})
             try:
                 return dict(await invoke(m.transport, cfg, ["start"], input=payload, keys=("state", "run")))
