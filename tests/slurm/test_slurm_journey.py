@@ -88,19 +88,6 @@ def test_setup_deploy_run_logs_status_kill_and_ci_on_slurm(cluster_project: tupl
     steps = [json.loads(ln)["step"] for ln in user("metrics", "requeued", "--json").stdout.splitlines()]
     assert steps == [1, 2, 3, 4, 5, 6], steps   # the curve goes on where the checkpoint left it
 
-    # -- pull through the login node: a step placed in the run's checkpoint dir (the shared workdir) comes home --
-    placed = workdir / "checkpoints" / "lab" / "requeued" / "step_00000006"
-    placed.mkdir()
-    (placed / "__0_0.distcp").write_bytes(bytes(range(256)) * 40)
-    (placed / "COMPLETE").write_text(json.dumps({"step": 6, "mode": "shared"}))
-    dest = user.cwd / "pulled"
-    assert "pulled step_00000006 of requeued from 1 node(s)" in user("pull", "requeued", str(dest), "--logs").stdout
-    assert (dest / "step_00000006" / "__0_0.distcp").read_bytes() == (placed / "__0_0.distcp").read_bytes()
-    assert json.loads((dest / "step_00000006" / "COMPLETE").read_text())["pulled"]["run"] == "requeued"
-    assert list(dest.glob("logs/*/logs/rank0.log")), sorted(str(x) for x in dest.rglob("*"))
-    bad = user("pull", "requeued", str(dest), "--step", "3", ok=False)
-    assert bad.returncode == 2 and "step_00000003 of run 'requeued' is not complete on" in bad.stderr, bad.stderr
-
     # -- a long run, followed live by logs -f; a workflow's run queues behind it -------------------------
     t0 = time.monotonic()
     user("run", "probe", "-p", "gate=never", "--run-name", "long", "--detach")
