@@ -227,3 +227,27 @@ def test_doctor_shows_usage_and_warns_below_10_percent_free(node: Path) -> None:
     assert not low.ok and "less than 10% free for state (/home/u/.higgsfield: 5.0 of 100 GiB)" in (low.problem or "")
     assert (low.fix or "").startswith("higgsfield prune --dry-run")
     assert not doctor._usage(cfg, cfg.nodes[0], doctor.Facts("n", {})).ok      # an invoker without the verb
+
+
+@pytest.mark.timeout(60)
+def test_the_prune_request_reads_back_as_sent_and_an_unknown_field_is_named() -> None:
+    """One PrunePolicy on both sides: what the control side sends is what the node plans from."""
+    import json
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from higgsfield.prunespec import PruneError, PrunePolicy
+
+    names = st.from_regex(r"[a-z][a-z0-9_-]{0,20}", fullmatch=True)
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.builds(PrunePolicy, older_than_s=st.none() | st.floats(0, 1e9), keep_runs=st.none() | st.integers(0, 10**6),
+                     runs=st.lists(names, max_size=4).map(tuple), checkpoints=st.booleans(), images=st.booleans(),
+                     dry_run=st.booleans()))
+    def round_trip(policy: PrunePolicy) -> None:
+        assert PrunePolicy.from_dict(json.loads(policy.to_json())) == policy
+
+    round_trip()
+    with pytest.raises(PruneError, match=r"unknown field\(s\) 'keep_last'.*higgsfield setup --step invoker"):
+        PrunePolicy.from_dict({"keep_last": 3})

@@ -259,15 +259,16 @@ def prune(ctx: click.Context, project: str, dry_run: bool) -> None:
     """
     from dataclasses import replace
 
-    from higgsfield.invoker.prune import Policy, PruneError
+    from higgsfield.invoker.prune import PruneError
     from higgsfield.invoker.prune import prune as _prune
+    from higgsfield.prunespec import PrunePolicy
 
     raw = sys.stdin.read().strip()
     try:
         data = json.loads(raw) if raw else {}
     except ValueError:
         raise PruneError("the prune request on stdin is not JSON") from None
-    policy = Policy.from_dict(data)
+    policy = PrunePolicy.from_dict(data)
     _emit(_prune(_state(ctx), project, replace(policy, dry_run=policy.dry_run or dry_run)))
 
 

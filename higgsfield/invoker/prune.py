@@ -34,7 +34,7 @@ The dry run is the same plan, not applied: it lists exactly what a real prune re
 
 Use::
 
-    result = prune(state_dir, "my_llama", Policy(older_than_s=30 * 86400, dry_run=True))
+    result = prune(state_dir, "my_llama", PrunePolicy(older_than_s=30 * 86400, dry_run=True))
     result["runs"], result["freed_bytes"]
 """
 
@@ -54,55 +54,13 @@ from pathlib import Path
 from typing import Any
 
 from higgsfield.decode import DecodeError, is_plain_dir
-from higgsfield.errors import RunError
 from higgsfield.invoker.records import RunDir, RunRecord, scan_runs
 from higgsfield.names import NAME_RE, is_run_name
+from higgsfield.prunespec import PruneError, PrunePolicy
 from higgsfield.runspec import ACTIVE
 from higgsfield.text import shown
 
 TRASH = "trash"
-
-
-class PruneError(RunError):
-    """A prune request this node cannot read (a bad field): one line, exit 2, nothing removed."""
-
-    exit_code = 2
-
-
-@dataclass(frozen=True)
-class Policy:
-    """What to remove (see the module's docstring). With ``runs``, exactly those (and only if older
-    than ``older_than_s`` when that is given too); otherwise a run goes when it is older than
-    ``older_than_s`` *or* past the newest ``keep_runs``; with neither, no run goes."""
-
-    older_than_s: float | None = None
-    keep_runs: int | None = None
-    runs: tuple[str, ...] = ()
-    checkpoints: bool = False
-    images: bool = False
-    dry_run: bool = False
-
-    @classmethod
-    def from_dict(cls, d: object) -> Policy:
-        """The policy in ``d`` (parsed JSON), each field checked: PruneError names the bad one."""
-        if not isinstance(d, dict):
-            raise PruneError("the prune request is not a JSON object")
-        unknown = sorted(set(d) - {"older_than_s", "keep_runs", "runs", "checkpoints", "images", "dry_run"})
-        if unknown:
-            raise PruneError(f"the prune request has unknown field(s) {', '.join(map(shown, unknown))}: "
-                             "is the invoker older than the control side? (higgsfield setup --step invoker)")
-        age, keep, runs = d.get("older_than_s"), d.get("keep_runs"), d.get("runs") or []
-        if age is not None and (isinstance(age, bool) or not isinstance(age, (int, float)) or not age >= 0):
-            raise PruneError(f"'older_than_s' {shown(age)} is not a number of seconds")
-        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 0):
-            raise PruneError(f"'keep_runs' {shown(keep)} is not a count")
-        if not isinstance(runs, list) or not all(is_run_name(r) for r in runs):
-            raise PruneError(f"'runs' {shown(runs)} is not a list of run names")
-        flags = {k: d.get(k, False) for k in ("checkpoints", "images", "dry_run")}
-        for k, v in flags.items():
-            if not isinstance(v, bool):
-                raise PruneError(f"{shown(k)} {shown(v)} is not true or false")
-        return cls(older_than_s=None if age is None else float(age), keep_runs=keep, runs=tuple(runs), **flags)
 
 
 @dataclass
@@ -113,7 +71,7 @@ class _Plan:
     missing: list[str] = field(default_factory=list)
 
 
-def prune(state_dir: Path, project: str, policy: Policy, now: float | None = None) -> dict[str, Any]:
+def prune(state_dir: Path, project: str, policy: PrunePolicy, now: float | None = None) -> dict[str, Any]:
     """Remove (``policy.dry_run``: list) what ``policy`` selects on this node; what went, as JSON.
 
     ``{"dry_run", "runs": [{run, experiment, state, ended_at, path, bytes}], "checkpoints": [{run, path,
@@ -152,7 +110,7 @@ def finished_at(record: RunRecord) -> float:
     return record.ended_at or record.started_at or record.created_at
 
 
-def _plan_runs(state_dir: Path, project: str, policy: Policy, now: float) -> _Plan:
+def _plan_runs(state_dir: Path, project: str, policy: PrunePolicy, now: float) -> _Plan:
     """The finished runs that ``policy`` selects, newest first; active ones asked for by name are ``kept``."""
     plan = _Plan()
     dirs, plan.skipped = scan_runs(state_dir, project)

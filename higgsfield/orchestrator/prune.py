@@ -20,7 +20,6 @@ Use::
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -29,6 +28,7 @@ from higgsfield.config.schema import RetentionConfig
 from higgsfield.errors import NoSuchRun, RunError
 from higgsfield.orchestrator._output import invoke
 from higgsfield.orchestrator.timeouts import step_timeout
+from higgsfield.prunespec import PrunePolicy
 from higgsfield.remote import Group, Member, NodeResult, Transport, open_group
 from higgsfield.units import human_bytes
 
@@ -40,22 +40,6 @@ class PruneRefused(RunError):
     """A prune that would touch what it must not (an active run named by ``--run``), or selects nothing: exit 2."""
 
     exit_code = 2
-
-
-@dataclass(frozen=True)
-class PrunePolicy:
-    """The request sent to every node (the node side's :class:`~higgsfield.invoker.prune.Policy`)."""
-
-    older_than_s: float | None = None
-    keep_runs: int | None = None
-    runs: tuple[str, ...] = ()
-    checkpoints: bool = False
-    images: bool = False
-    dry_run: bool = False
-
-    def to_json(self) -> str:
-        return json.dumps({"older_than_s": self.older_than_s, "keep_runs": self.keep_runs, "runs": list(self.runs),
-                           "checkpoints": self.checkpoints, "images": self.images, "dry_run": self.dry_run})
 
 
 @dataclass
