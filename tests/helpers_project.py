@@ -127,3 +127,19 @@ IMPORT_STYLES = {
 
 
 IMPORT_STYLES = {k: textwrap.dedent(v) for k, v in IMPORT_STYLES.items()}
+
+
+def local_project(base: Path, name: str, sources: dict[str, str], *, nproc: int = 1, extra: str = "") -> Path:
+    """A project on ``localhost`` (process runtime, its state dir under ``base``): ``base/proj``.
+
+    ``sources`` maps a file name under ``src/`` to its text; ``extra`` is appended to
+    ``higgsfield.yml`` (``secrets:``, ``retention:`` ...).
+    """
+    proj = base / "proj"
+    (proj / "src").mkdir(parents=True)
+    for file, text in sources.items():
+        (proj / "src" / file).write_text(text)
+    (proj / "higgsfield.yml").write_text(
+        f"name: {name}\nnodes:\n  - host: localhost\nnproc_per_node: {nproc}\nruntime: process\n"
+        f"state_dir: {base / 'state'}\n{extra}")
+    return proj

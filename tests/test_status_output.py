@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers_project import local_project
 
 from higgsfield.cli._status_table import layout
 from higgsfield.runspec import RunStatus
@@ -30,11 +31,8 @@ RUNS = [  # (run, experiment, state, failed rank): long names, as generated and 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("status")
-    proj = root / "proj"
-    (proj / "src").mkdir(parents=True)
+    proj = local_project(root, "localproj", {})
     state = root / "state"
-    (proj / "higgsfield.yml").write_text(f"name: localproj\nnodes:\n  - host: localhost\nruntime: process\n"
-                                         f"state_dir: {state}\n")
     now = time.time()
     for i, (run, exp, st, rank) in enumerate(RUNS):
         rd = state / "runs" / "localproj" / run

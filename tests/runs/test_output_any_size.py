@@ -19,6 +19,7 @@ import tty
 from pathlib import Path
 
 import pytest
+from helpers_project import local_project
 
 from higgsfield.cli.runs import clean
 from higgsfield.text import MAX_LINE, inert
@@ -51,13 +52,7 @@ TAG = re.compile(r"^(?:\x1b\[\d+m)?localhost/0(?:\x1b\[0m)? \| ", re.M)
 
 @pytest.fixture()
 def project(tmp_path: Path) -> Path:
-    proj = tmp_path / "proj"
-    (proj / "src").mkdir(parents=True)
-    (proj / "src" / "loud.py").write_text(LOUD)
-    (proj / "higgsfield.yml").write_text(
-        "name: localproj\nnodes:\n  - host: localhost\nnproc_per_node: 1\nruntime: process\n"
-        f"state_dir: {tmp_path / 'state'}\n")
-    return proj
+    return local_project(tmp_path, "localproj", {"loud.py": LOUD})
 
 
 def _env() -> dict[str, str]:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers_project import local_project
 
 SLEEPER = '''\
 import time
@@ -42,13 +43,7 @@ REFUSAL = re.compile(r"error: run '(?P<run>[^']+)' is already (?P<state>queued|s
 
 @pytest.fixture()
 def project(tmp_path: Path) -> Path:
-    proj = tmp_path / "proj"
-    (proj / "src").mkdir(parents=True)
-    (proj / "src" / "sleeper.py").write_text(SLEEPER)
-    (proj / "higgsfield.yml").write_text(
-        "name: nameproj\nnodes:\n  - host: localhost\nnproc_per_node: 1\nruntime: process\n"
-        f"state_dir: {tmp_path / 'state'}\n")
-    return proj
+    return local_project(tmp_path, "nameproj", {"sleeper.py": SLEEPER})
 
 
 def hf(cwd: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
