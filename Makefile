@@ -58,7 +58,7 @@ testbed-down:
 	$(PYTHON) scripts/testbed/testbed.py down
 
 test: lint testbed slurm-testbed
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --durations=40 $(PYTEST_ARGS)
 
 test-fast: lint tools
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
