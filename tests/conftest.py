@@ -10,6 +10,7 @@ Tests using them are marked ``@pytest.mark.slow`` plus ``sshd`` and/or ``docker`
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -23,6 +24,17 @@ except ImportError:  # pragma: no cover - if tests/ ever becomes a package
 # the torch layer (5-10 min on 2 cores); give the first test of each bed fixture more than
 # the default timeout (`make test` runs `testbed.py up` first, so there it is quick anyway).
 _FIRST_SETUP_TIMEOUT_S = 1800
+
+
+@pytest.fixture(autouse=True)
+def _keep_the_umask() -> Iterator[None]:
+    """Give back the umask a test found: an in-process ``start_run`` sets 0077 for the whole
+    process (the node's invoker wants it), and a later test writing files another user must
+    read (the Slurm journey's placed checkpoint) then failed only in the full suite."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    yield
+    os.umask(mask)
 
 
 @pytest.hookimpl(trylast=True)  # after -k/-m deselection

@@ -20,6 +20,7 @@ its home (which the bed's compute nodes n1..n3 see)::
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -87,6 +88,25 @@ def test_setup_deploy_run_logs_status_kill_and_ci_on_slurm(cluster_project: tupl
     assert (workdir / "checkpoints" / "lab" / "requeued" / "step").read_text() == "6"
     steps = [json.loads(ln)["step"] for ln in user("metrics", "requeued", "--json").stdout.splitlines()]
     assert steps == [1, 2, 3, 4, 5, 6], steps   # the curve goes on where the checkpoint left it
+
+    # -- pull through the login node: a step placed in the run's checkpoint dir (the shared workdir) comes home --
+    # The step is made the login user's, as a job's save leaves it: placed by this (root) process under the
+    # suite's umask, it would not be readable by hfnode20's invoker once an earlier test in the same process
+    # left the umask at 0077 (invoker.start.start_run sets it), and the listing would find no step.
+    placed = workdir / "checkpoints" / "lab" / "requeued" / "step_00000006"
+    placed.mkdir()
+    (placed / "__0_0.distcp").write_bytes(bytes(range(256)) * 40)
+    (placed / "COMPLETE").write_text(json.dumps({"step": 6, "mode": "shared"}))
+    owner = workdir.stat()
+    for p in (placed, *placed.iterdir()):
+        os.lchown(p, owner.st_uid, owner.st_gid)
+    dest = user.cwd / "pulled"
+    assert "pulled step_00000006 of requeued from 1 node(s)" in user("pull", "requeued", str(dest), "--logs").stdout
+    assert (dest / "step_00000006" / "__0_0.distcp").read_bytes() == (placed / "__0_0.distcp").read_bytes()
+    assert json.loads((dest / "step_00000006" / "COMPLETE").read_text())["pulled"]["run"] == "requeued"
+    assert list(dest.glob("logs/*/logs/rank0.log")), sorted(str(x) for x in dest.rglob("*"))
+    bad = user("pull", "requeued", str(dest), "--step", "3", ok=False)
+    assert bad.returncode == 2 and "step_00000003 of run 'requeued' is not complete on" in bad.stderr, bad.stderr
 
     # -- a long run, followed live by logs -f; a workflow's run queues behind it -------------------------
     t0 = time.monotonic()
