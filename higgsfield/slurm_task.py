@@ -296,6 +296,8 @@ def node_env(spec: dict[str, Any], rd: RunDir, host: str, base: dict[str, str]) 
     })
     if spec.get("checkpoint_dir"):
         env["HIGGSFIELD_CHECKPOINT_DIR"] = str(spec["checkpoint_dir"])
+    if spec.get("checkpoint_mirror"):  # the URL only: its credentials are secrets, set above from secrets.json
+        env["HIGGSFIELD_CHECKPOINT_MIRROR"] = str(spec["checkpoint_mirror"])
     return env
 
 

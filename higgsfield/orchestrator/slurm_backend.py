@@ -98,7 +98,7 @@ class SlurmSession:
         nproc = self.cfg.nproc_per_node
         spec = template_spec(project=self.cfg.name, experiment=plan.experiment, run=plan.run, module=plan.module,
                              code_dir=code, params=plan.params, nproc=None if nproc == "auto" else int(nproc),
-                             max_restarts=plan.max_restarts)
+                             max_restarts=plan.max_restarts, checkpoint_mirror=self.cfg.checkpoint.mirror or "")
         settings = plan.settings if python is None else replace(plan.settings, python=python)
         submitted = await SlurmCluster(self.transport, settings).submit(spec, dict(secrets or {}))
         return RunHandle(self.cfg.name, plan.experiment, plan.run, [], job_id=submitted.job_id)

@@ -78,12 +78,14 @@ class Submitted:
 
 def template_spec(*, project: str, experiment: str, run: str, module: str, code_dir: str,
                   params: Mapping[str, Any], nproc: int | None = None, max_restarts: int = 0,
-                  src_dir: str = "src", submitted_at: float | None = None) -> RunSpec:
-    """A RunSpec for a Slurm run: the node fields say ``pending`` until the job pins them to its allocation."""
+                  src_dir: str = "src", submitted_at: float | None = None, checkpoint_mirror: str = "") -> RunSpec:
+    """A RunSpec for a Slurm run: the node fields say ``pending`` until the job pins them to its allocation.
+    ``checkpoint_mirror`` (higgsfield.yml's URL, never its credentials: those are secrets) reaches the ranks."""
     return RunSpec(project=project, experiment=experiment, run=run, module=module, code_dir=code_dir,
                    params=dict(params), node=PENDING_NODE, node_rank=0, nodes=(PENDING_NODE,),
                    master_addr=PENDING_NODE, submitted_at=time.time() if submitted_at is None else submitted_at,
-                   nproc=nproc, max_restarts=max_restarts, runtime="process", src_dir=src_dir)
+                   nproc=nproc, max_restarts=max_restarts, runtime="process", src_dir=src_dir,
+                   checkpoint_mirror=checkpoint_mirror)
 
 
 class SlurmCluster:

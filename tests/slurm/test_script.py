@@ -21,7 +21,15 @@ from higgsfield import slurm_task
 from higgsfield.errors import ConfigError
 from higgsfield.names import MAX_RUN_NAME
 from higgsfield.slurm import layout
-from higgsfield.slurm.jobs import exit_code, expand_nodelist, merge, parse_sacct, parse_squeue, sbatch_error
+from higgsfield.slurm.jobs import (
+    exit_code,
+    expand_nodelist,
+    merge,
+    parse_sacct,
+    parse_squeue,
+    sbatch_error,
+    template_spec,
+)
 from higgsfield.slurm.layout import RunPaths
 from higgsfield.slurm.script import BatchJob, render
 from higgsfield.slurm.settings import SlurmSettings, check_time, seconds
@@ -141,6 +149,21 @@ def test_the_node_environment_is_minimal_with_the_named_secrets() -> None:
     assert env["A_KEY"] == "v" and env["HIGGSFIELD_NODE"] == "n2" and env["HIGGSFIELD_RUN_DIR"] == "/w/runs/p/r"
     assert env["HIGGSFIELD_CHECKPOINT_DIR"] == "/w/checkpoints/p/r"
     assert "OTHER" not in env and "SSH_AUTH_SOCK" not in env and "SLURM_JOB_ID" not in env
+
+
+@pytest.mark.parametrize("mirror", ["s3://bucket/ckpt", ""])
+def test_the_checkpoint_mirror_reaches_the_ranks_as_on_ssh_nodes(mirror: str) -> None:
+    """higgsfield.yml's checkpoint.mirror goes the Slurm way (template spec -> request.json -> the job's pinned
+    spec.json -> a node's env) and arrives as HIGGSFIELD_CHECKPOINT_MIRROR; its credentials only as secrets."""
+    spec = template_spec(project="p", experiment="e", run="r", module="src.e", code_dir="/w/code", params={},
+                         checkpoint_mirror=mirror)
+    req = json.loads(json.dumps({"spec": spec.to_dict(), "gpus_per_node": 0}))  # as request.json carries it
+    pinned = slurm_task.pin_spec(req, ["n1", "n2"], "n1")
+    written = json.loads(json.dumps({**pinned.to_dict(), "checkpoint_dir": "/w/checkpoints/p/r"}))  # spec.json
+    base = {"PATH": "/usr/bin", "AWS_SECRET_ACCESS_KEY": "s3cr3t-7f2e", slurm_task.SECRET_NAMES_VAR: "AWS_SECRET_ACCESS_KEY"}
+    env = slurm_task.node_env(written, slurm_task.run_dir("/w/runs/p/r"), "n2", base)
+    assert env.get("HIGGSFIELD_CHECKPOINT_MIRROR") == (mirror or None), env
+    assert env["AWS_SECRET_ACCESS_KEY"] == "s3cr3t-7f2e" and "s3cr3t-7f2e" not in json.dumps(written)
 
 
 # -- states -----------------------------------------------------------------------------------
