@@ -32,6 +32,7 @@ Layout and why::
 
     <run dir>/step_00000100/          model + optimizer shards (torch.distributed.checkpoint),
         .metadata  __0_0.distcp ...   trainer.pt (scheduler, scaler, step, loader), rng_rank<r>.pt,
+        hf/                           config.json + tokenizer, by rank 0 (:mod:`higgsfield._hf_meta`)
         COMPLETE                      written last
     <run dir>/.tmp-step_00000200/     a save in progress (or a crashed one): never loaded
 
@@ -113,6 +114,7 @@ import torch
 import torch.distributed as dist
 
 from higgsfield._ckpt_mirror import Part, Uploader, new_token, open_mirror, parts_to_fetch
+from higgsfield._hf_meta import HF_DIR, write_hf_meta
 from higgsfield.errors import CheckpointError
 
 __all__ = ["Checkpoint", "CheckpointError", "checkpoint_dir", "MARKER"]
@@ -163,12 +165,13 @@ class Checkpoint:
     ``mirror``: an fsspec URL (``s3://bucket/prefix``, ``gs://``, ``sftp://``, a path) that each node's
     part is uploaded to after every complete save, in the background; default ``HIGGSFIELD_CHECKPOINT_MIRROR``
     (``checkpoint.mirror`` in higgsfield.yml), ``""`` for none. See :mod:`higgsfield._ckpt_mirror`.
+    ``tokenizer``: saved into each step's ``hf/`` with the model's config (default: the loader's ``tokenizer``).
     """
 
     def __init__(self, model: Any, optimizer: torch.optim.Optimizer, lr_scheduler: Any = None, scaler: Any = None,
                  every: int = 100, keep_last: int | None = 2, directory: str | os.PathLike[str] | None = None,
                  project: str | None = None, experiment: str | None = None, run: str | None = None,
-                 async_save: bool = False, mirror: str | None = None) -> None:
+                 async_save: bool = False, mirror: str | None = None, tokenizer: Any = None) -> None:
         if every < 1:
             raise ValueError(f"Checkpoint: every must be at least 1, got {every}")
         if keep_last is not None and keep_last < 1:
@@ -178,7 +181,7 @@ class Checkpoint:
             raise ValueError("Checkpoint: precision='fp16' trains with a loss scaler; pass scaler= so its "
                              "scale is saved and restored")
         self.model, self.optimizer, self.lr_scheduler, self.scaler = model, optimizer, lr_scheduler, scaler
-        self.every, self.keep_last, self.async_save = every, keep_last, async_save
+        self.every, self.keep_last, self.async_save, self.tokenizer = every, keep_last, async_save, tokenizer
         self.directory = Path(directory).expanduser() if directory else checkpoint_dir(project, experiment, run)
         self._pending: tuple[Any, Path, Path, Any] | None = None
         self._async_group: Any = None
@@ -285,6 +288,8 @@ class Checkpoint:
             _write_small(_rng_state(), tmp / f"rng_rank{rank}.pt")
             if lead:
                 _write_small(self._trainer_state(next_step, loader), tmp / "trainer.pt")
+            if rank == 0:
+                write_hf_meta(self.model, self.tokenizer or getattr(loader, "tokenizer", None), tmp / HF_DIR)
 
         self._agree(what, _attempt(write_local, tmp), tmp)
         future: Any = None

@@ -56,6 +56,7 @@ class LlamaLoader:
             raise ValueError(f"max_sequence_length must be at least 2, got {max_sequence_length}")
         if batch_size_per_gpu < 1:
             raise ValueError(f"batch_size_per_gpu must be at least 1, got {batch_size_per_gpu}")
+        self.tokenizer = tokenizer   # as given: a Checkpoint saves it with each step (its hf/ directory)
         self.tok = view(tokenizer)
         self.max_sequence_length = max_sequence_length
         self.batch_size_per_gpu = batch_size_per_gpu

@@ -81,6 +81,18 @@ def exact_match(model: Llama, loader: LlamaLoader) -> float:
     return float(stats[0] / stats[1])
 
 
+def save_logits(model: Llama, loader: LlamaLoader, path: Path, rank0: bool) -> None:
+    """Rank 0's first held-out batch and the model's logits on it (every rank runs the forward: a collective)."""
+    model.eval()
+    batch = next(iter(loader))
+    with torch.no_grad():
+        logits = model.logits(batch["input_ids"], batch["attention_mask"]).cpu()
+    if rank0:
+        torch.save({"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "logits": logits},
+                   path)
+    model.train()
+
+
 @experiment("tiny_llama", seed=0)
 @param("steps", default=300, description="optimizer steps")
 @param("global_batch", default=64, description="sequences per step over all ranks")
@@ -97,6 +109,8 @@ def exact_match(model: Llama, loader: LlamaLoader) -> float:
 @param("stop_after", default=-1, description="testing: stop after this step, as if interrupted")
 @param("crash_at", default=-1, description="testing: the last rank exits at this step on the first attempt")
 @param("activation_checkpointing", default=False)
+@param("logits_file", default="", description="testing: rank 0 saves the trained model's logits on its "
+       "first held-out batch here (torch.save), to compare an export with")
 def train(params) -> None:
     world = params.world_size
     if params.global_batch % world:
@@ -147,3 +161,5 @@ def train(params) -> None:
         if step == params.stop_after:
             break
     ckpt.wait()
+    if params.logits_file:
+        save_logits(model, eval_loader, Path(params.logits_file), rank0)

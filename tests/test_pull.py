@@ -4,7 +4,8 @@ The run (2 ranks, process runtime, its own HOME so its checkpoints land in this 
 directory) saves every 4 steps and, at its end, rank 0 writes its own state (``final.pt``):
 what the pulled step must equal. Then the pull's promises one by one: a re-run copies
 nothing, a cut file is completed, a damaged one fetched again, ``--logs`` brings the logs
-and the record, and a bad ``--step`` is one line, exit 2.
+and the record, a bad ``--step`` is one line, exit 2, and so is ``--hf`` of a model with no Hugging Face config
+(the positive ``--hf`` is tests/training/test_checkpoint_node_local.py's, on FSDP and ZeRO-3).
 
     pytest tests/test_pull.py
 """
@@ -153,6 +154,13 @@ def test_pull_logs_and_bad_steps(trained: tuple[Path, str]) -> None:
         ["step_00000004", "step_00000008"]
     older = hf(proj, "pull", run, str(dest), "--step", "4")
     assert older.returncode == 0 and (dest / "step_00000004" / "COMPLETE").is_file(), older.stdout + older.stderr
+    # --hf of a model that is not a higgsfield Llama (a plain Linear: no config): the step is pulled, the
+    # conversion refused in one line, exit 2, and no half-written Hugging Face directory is left
+    plain = hf(proj, "pull", run, str(dest), "--step", "4", "--hf")
+    assert plain.returncode == 2, plain.stdout + plain.stderr
+    assert "step_00000004 has no Hugging Face config (hf/config.json)" in plain.stderr, plain.stderr
+    assert plain.stderr.count("\n") == 1 and "pulled step_00000004" in plain.stdout, plain.stdout + plain.stderr
+    assert (dest / "step_00000004" / "COMPLETE").is_file() and not (dest / "hf").exists()
 
 
 @pytest.mark.timeout(10)

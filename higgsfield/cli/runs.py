@@ -317,13 +317,15 @@ def deploy(ctx: click.Context, dirty: bool) -> None:
               help="The checkpoint step to bring (it must be complete on every node).")
 @click.option("--logs", "with_logs", is_flag=True, help="Also every rank's logs and the run record, "
               "into DEST/logs/<node>/.")
+@click.option("--hf", "to_hf", is_flag=True, help="Also convert the step to a Hugging Face directory "
+              "(safetensors, config, tokenizer) in DEST/hf/step_XXXXXXXX; needs torch and transformers here.")
 @click.pass_context
-def pull(ctx: click.Context, target: str, dest: Path | None, step: str, with_logs: bool) -> None:
+def pull(ctx: click.Context, target: str, dest: Path | None, step: str, with_logs: bool, to_hf: bool) -> None:
     """Bring a run's checkpoint home: every node's part merged into DEST/step_XXXXXXXX (default ./pulled/RUN).
 
     Resumable and checksummed: a re-run skips what is here whole and continues what is not.
     """
-    from higgsfield.orchestrator.pull import step_name
+    from higgsfield.orchestrator.pull import export_hf, step_name
 
     if step != "latest":
         step = step_name(step)  # a bad --step is one line, exit 2, before any node is asked
@@ -334,6 +336,10 @@ def pull(ctx: click.Context, target: str, dest: Path | None, step: str, with_log
                f"{len(result.fetched)} file(s) copied ({result.bytes / 1e6:.1f} MB), "
                f"{len(result.skipped)} already here"
                + (f"; logs in {clean(str(result.dest / 'logs'))}" if with_logs else ""))
+    if to_hf:
+        out = export_hf(result.dest / result.step, result.dest / "hf" / result.step)
+        click.echo(f"converted {result.step} to a Hugging Face directory: {clean(str(out))} "
+                   "(AutoModelForCausalLM.from_pretrained loads it)")
 
 
 async def _pull(cfg: Config, target: str, dest: Path | None, step: str, with_logs: bool) -> Any:

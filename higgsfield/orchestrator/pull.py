@@ -28,6 +28,11 @@ checkpoint lives in the shared workdir, written in ``shared`` mode.
 A step must be complete on every node of the run: ``--step N`` that some node lacks
 is a :class:`PullError` naming the nodes (exit 2), and the default is the newest step
 complete on all of them.
+
+``--hf`` then makes the merged step a Hugging Face directory, ``DEST/hf/step_XXXXXXXX``
+(:func:`export_hf`): the conversion needs the whole step, which after the merge only
+this machine holds (no node has another node's shards), so it runs here, in a process
+of its own (:mod:`higgsfield._hf_export`: the control side never imports torch).
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ import asyncio
 import hashlib
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +61,7 @@ STEP_RE = re.compile(r"step_\d{8}")
 SHA_RE = re.compile(r"[0-9a-f]{64}")
 LIST_S = 600.0         # ``invoker files`` hashes every file of a step on the node: a large step takes a while
 PARALLEL = 4           # files copied at once (over each node's one connection: SFTP channels side by side)
+EXPORT_S = 3600.0      # converting a step to safetensors reads and writes the whole model once
 
 
 class PullError(RunError):
@@ -273,3 +281,22 @@ def write_marker(step_dir: Path, node0: dict[str, Any], run: str, nodes: list[st
     tmp = step_dir / f".{MARKER}.tmp"
     tmp.write_text(json.dumps(marker, sort_keys=True) + "\n")
     tmp.replace(step_dir / MARKER)
+
+
+def export_hf(step_dir: Path, out: Path) -> Path:
+    """Convert a pulled (merged) step to a ``transformers`` directory at ``out``, in a process of its own.
+
+    The converter's one-line errors (no Hugging Face config, torch missing here) come back as
+    a :class:`PullError`, exit 2: the step itself stays pulled, whole, beside it.
+    """
+    try:
+        r = subprocess.run([sys.executable, "-m", "higgsfield._hf_export", str(step_dir), str(out)],  # noqa: S603
+                           capture_output=True, text=True, timeout=EXPORT_S)
+    except subprocess.TimeoutExpired:
+        raise PullError(f"converting {step_dir} to Hugging Face took over {EXPORT_S:.0f}s; the step is pulled, "
+                        f"run 'python -m higgsfield._hf_export {step_dir} {out}' to try again") from None
+    if r.returncode != 0:
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        said = lines[-1].removeprefix("higgsfield: ") if lines else f"exit {r.returncode}"
+        raise PullError(f"{said} (the step itself is pulled: {step_dir})")
+    return out

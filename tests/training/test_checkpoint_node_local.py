@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hf_check import export_and_compare
 from trainutil import LAUNCH, ROOT, TINY, losses
 
 pytestmark = pytest.mark.slow
@@ -83,10 +84,15 @@ def _close(a: dict[int, float], b: dict[int, float], steps: range) -> None:
 
 @pytest.mark.timeout(900)
 def test_fsdp_node_local_saves_resume_fall_back_and_prune(tmp_path):
-    procs, full = two_nodes(tmp_path, {**BASE, "engine": "fsdp"}, run="full")
+    saved = tmp_path / "logits.pt"
+    procs, full = two_nodes(tmp_path, {**BASE, "engine": "fsdp", "logits_file": saved}, run="full")
     _ok(procs)
     ref = losses(full)
     assert sorted(ref) == list(range(STEPS))
+    # `pull --hf` of the last step (both nodes' parts merged): transformers loads it, with the trained logits
+    last = [tmp_path / f"node{n}" / "full" / f"step_{STEPS:08d}" for n in (0, 1)]
+    check = export_and_compare(last, tmp_path, saved)
+    assert check["max_diff"] < 1e-4 and check["sum"] == "12+34=", check
 
     # Cut after step 9 (saves after steps 3 and 7): each node holds its own part.
     procs, first = two_nodes(tmp_path, {**BASE, "engine": "fsdp", "stop_after": 9}, run="cut")
@@ -133,8 +139,13 @@ def test_fsdp_node_local_saves_resume_fall_back_and_prune(tmp_path):
 def test_deepspeed_zero3_node_local_resumes_from_each_nodes_own_files(tmp_path):
     """ZeRO-3 writes every rank's model and optimizer partition itself; a node's lead adds trainer state."""
     params = {**BASE, "engine": "deepspeed", "zero_stage": 3}
-    procs, full = two_nodes(tmp_path, params, run="full")
+    saved = tmp_path / "logits.pt"
+    procs, full = two_nodes(tmp_path, {**params, "logits_file": saved}, run="full")
     _ok(procs)
+    # `pull --hf` of ZeRO-3 partitions (each node wrote its ranks' own): consolidated, the trained logits
+    last = [tmp_path / f"node{n}" / "full" / f"step_{STEPS:08d}" for n in (0, 1)]
+    check = export_and_compare(last, tmp_path, saved)
+    assert check["max_diff"] < 1e-4 and check["sum"] == "12+34=", check
     procs, _ = two_nodes(tmp_path, {**params, "stop_after": 9}, run="cut")
     _ok(procs)
     node0, node1 = tmp_path / "node0" / "cut", tmp_path / "node1" / "cut"
