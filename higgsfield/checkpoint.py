@@ -66,7 +66,8 @@ A **mirror** (``mirror=`` or ``HIGGSFIELD_CHECKPOINT_MIRROR``, any fsspec URL;
 the node's lead hands it to an upload thread and training goes on, and the step
 counts there only once every node's part is up. ``load_latest`` asks it (rank 0
 reads, every rank learns the answer) when no step is complete on every node or
-it holds a newer one: each node's lead downloads what its node lacks (its own
+it holds a newer one (a node's part saved on other nodes or another world size
+does not count as here: it cannot load on this topology): each node's lead downloads what its node lacks (its own
 part on the same nodes; every part on other nodes or another world size, since
 every part's metadata is a global one), the ranks agree, and the load is the
 normal one from the local directory.
@@ -242,13 +243,19 @@ class Checkpoint:
                                      dirs=tuple(infos[r][3] for r in first))
         return self._layout_cache
 
-    def _agreed_steps(self, layout: _Layout) -> dict[int, set[int]]:
-        """node -> its complete steps, as each node's lead sees them. Collective."""
+    def _agreed_steps(self, layout: _Layout) -> tuple[dict[int, set[int]], dict[int, set[int]]]:
+        """node -> its complete steps, and node -> those of them saved on another topology (a node-local
+        part whose ranks are not this node's now), as each node's lead sees them. Collective."""
         rank = dist.get_rank()
-        mine = [_step_of(p) for p in self.complete()] if layout.lead(rank) else None
+        mine = None
+        if layout.lead(rank):
+            done = self.complete()
+            mine = ([_step_of(p) for p in done], [_step_of(p) for p in done if _misfit(p, layout) is not None])
         props: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(props, mine)
-        return {layout.node_of[r]: set(p) for r, p in enumerate(props) if p is not None}
+        held = {layout.node_of[r]: set(p[0]) for r, p in enumerate(props) if p is not None}
+        foreign = {layout.node_of[r]: set(p[1]) for r, p in enumerate(props) if p is not None}
+        return held, foreign
 
     # -- save ---------------------------------------------------------------------------------
 
@@ -464,7 +471,7 @@ class Checkpoint:
         Collective. A step complete on some nodes only goes too (the mirror keeps its own last k). The steps
         this node is still uploading stay until the upload is done.
         """
-        everywhere = set.intersection(*self._agreed_steps(layout).values())
+        everywhere = set.intersection(*self._agreed_steps(layout)[0].values())
         if not layout.lead(dist.get_rank()):
             return
         self._remove_partial()
@@ -485,15 +492,18 @@ class Checkpoint:
         :class:`CheckpointError` naming it.
         """
         layout = self._layout()
-        per_node = self._agreed_steps(layout)
+        per_node, foreign = self._agreed_steps(layout)
+        if self._mirror is not None:
+            # Parts saved on other nodes or another world size cannot load here; the mirror's whole step can.
+            usable = {n: steps - foreign[n] for n, steps in per_node.items()}
+            best = max(set.intersection(*usable.values()), default=None)
+            newest = max(set.union(*usable.values()), default=None)
+            if best is None or (newest is not None and newest > best):
+                resumed = self._from_mirror(layout, usable, best, loader)  # newer there than here, or none here
+                if resumed is not None:
+                    return resumed
         everywhere = set.intersection(*per_node.values())
-        anywhere = set.union(*per_node.values())
-        newest = max(anywhere, default=None)
-        best = max(everywhere, default=None)
-        if self._mirror is not None and (best is None or (newest is not None and newest > best)):
-            resumed = self._from_mirror(layout, per_node, best, loader)  # newer there than here, or none here
-            if resumed is not None:
-                return resumed
+        newest = max(set.union(*per_node.values()), default=None)
         if everywhere:
             step = max(everywhere)
             if newest is not None and newest > step and dist.get_rank() == 0:
@@ -616,20 +626,29 @@ def _step_of(path: Path) -> int:
 
 def _check_topology(path: Path, layout: _Layout) -> None:
     """A node-local part loads only on the ranks that wrote it (the other nodes' files are elsewhere)."""
+    misfit = _misfit(path, layout)
+    if misfit is not None:
+        raise ValueError(misfit)
+
+
+def _misfit(path: Path, layout: _Layout) -> str | None:
+    """Why the step at ``path`` cannot load on this rank's node as it is (a node-local part written by other
+    ranks), or None when it can; called by the node's lead for its load_latest, by every rank for its load."""
     try:
         marker = json.loads((path / MARKER).read_text())
-    except ValueError:  # an older or damaged marker: the checkpoint is judged by its files, as before
+    except (OSError, ValueError):  # an older or damaged marker: the checkpoint is judged by its files, as before
         marker = {}
     if not isinstance(marker, dict) or marker.get("mode") != "node-local":
-        return
+        return None
     node = layout.node_of[dist.get_rank()]
     now = {"world_size": dist.get_world_size(), "nodes": len(layout.names), "ranks": layout.ranks(node)}
     then = {k: marker.get(k) for k in now}
-    if then != now:
-        raise ValueError(f"{path} on node {layout.names[node]} is node {marker.get('node')}'s part of a checkpoint "
-                         f"saved on {then['nodes']} nodes ({then['world_size']} ranks, its ranks {then['ranks']}), "
-                         f"and this run has {now['nodes']} nodes ({now['world_size']} ranks, here {now['ranks']}): "
-                         "resume on the same nodes, or from a mirror")
+    if then == now:
+        return None
+    return (f"{path} on node {layout.names[node]} is node {marker.get('node')}'s part of a checkpoint "
+            f"saved on {then['nodes']} nodes ({then['world_size']} ranks, its ranks {then['ranks']}), "
+            f"and this run has {now['nodes']} nodes ({now['world_size']} ranks, here {now['ranks']}): "
+            "resume on the same nodes, or from a mirror")
 
 
 def _node_local_planner(node_of: tuple[int, ...]) -> Any:

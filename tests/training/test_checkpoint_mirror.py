@@ -195,10 +195,13 @@ def test_path_mirror_holds_every_part_resumes_a_lost_node_and_loads_on_another_w
     run_root = f"{tmp_path / 'mirror'}/test/tiny_llama/cut"
     assert _assert_whole(fs, run_root) == [4, 8]
 
-    # Another world size (1 node x 2 ranks, fresh disk): the whole step 8 from the mirror; no saves here.
+    # Another world size (1 node x 2 ranks) on a disk that holds node 0's own part of steps 4 and 8: a
+    # part saved by 2 nodes cannot load on 1, so the whole step 8 comes from the mirror; no saves here.
+    shutil.copytree(tmp_path / "node0" / "cut", tmp_path / "ckpt" / "cut")
     proc, lines = torchrun(2, tmp_path, {**BASE, "checkpoint_every": 1000}, run="cut", env=mirror)
     ok(proc)
     assert "resuming from step_00000008 on the checkpoint mirror" in proc.stderr
+    assert len(list((tmp_path / "ckpt" / "cut" / "step_00000008").glob("__*.distcp"))) == 4  # every part now
     assert sorted(losses(lines)) == list(range(8, STEPS))
     _close(ref, losses(lines), range(8, STEPS), rel=1e-4)
 
