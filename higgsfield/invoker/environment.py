@@ -13,7 +13,9 @@ Python (major.minor), the way the image tag hashes the Dockerfile and requiremen
 an unchanged environment is never rebuilt, and a changed one is built beside the old
 one, which a running run keeps using until it ends.
 
-- **torch**: when requirements.txt names no ``torch``, :data:`DEFAULT_TORCH` is added.
+- **torch**: when requirements.txt names no ``torch``, :data:`DEFAULT_TORCH` is added;
+  so is ``numpy`` (:data:`LIBRARY_NEEDS`: the training library needs it, torch's wheel
+  does not bring it).
   A line of the project's own picks the build: ``torch==2.6.0`` (a version), a
   ``--extra-index-url https://download.pytorch.org/whl/cu124`` line (a CUDA flavour),
   or ``torch @ https://...whl`` (a file).
@@ -58,6 +60,10 @@ from higgsfield.invoker.locks import exclusive
 
 DEFAULT_TORCH = "torch"
 """Added when requirements.txt names no torch (pip then picks the newest build for the node)."""
+LIBRARY_NEEDS = ("numpy",)
+"""What higgsfield's training library needs that torch's wheel does not bring, added when requirements.txt
+names none: numpy, for torch.distributed's object collectives (``Checkpoint`` agrees on its layout with
+``broadcast_object_list``, which fails with "Numpy is not available" on a rank without it)."""
 FORMAT = "1"  # bump when the layout of an environment changes: every node rebuilds
 BUILD_TIMEOUT_S = 3600.0
 LINK_DIR = "higgsfield-invoker"
@@ -75,20 +81,24 @@ def _canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def lists_torch(requirements: str) -> bool:
-    """Whether requirements.txt names torch itself (any spec: ``torch``, ``torch==2.6``, ``torch @ URL``).
+def lists(requirements: str, name: str) -> bool:
+    """Whether requirements.txt names ``name`` itself (any spec: ``torch``, ``torch==2.6``, ``torch @ URL``).
 
     Option lines (``-r``, ``--index-url``...) and comments are not requirements; a
-    torch pulled in only through ``-r other.txt`` is not seen (list it here).
+    package pulled in only through ``-r other.txt`` is not seen (list it here).
     """
     for raw in requirements.splitlines():
         line = raw.split(" #", 1)[0].strip()
         if not line or line.startswith(("#", "-")):
             continue
         m = _NAME.match(line)
-        if m and _canonical(m.group(1)) == "torch":
+        if m and _canonical(m.group(1)) == _canonical(name):
             return True
     return False
+
+
+def lists_torch(requirements: str) -> bool:
+    return lists(requirements, "torch")
 
 
 def torch_added(requirements: str) -> str | None:
@@ -96,11 +106,18 @@ def torch_added(requirements: str) -> str | None:
     return None if lists_torch(requirements) else DEFAULT_TORCH
 
 
+def added(requirements: str) -> list[str]:
+    """Everything deploy adds to requirements.txt: torch (:func:`torch_added`) and :data:`LIBRARY_NEEDS`
+    that the file does not name (its own line, with its own pin, wins)."""
+    torch = torch_added(requirements)
+    return [*([torch] if torch else []), *(n for n in LIBRARY_NEEDS if not lists(requirements, n))]
+
+
 def env_key(requirements: str, python: tuple[int, int] | None = None) -> str:
-    """``<12 hex>-py<MAJ><MIN>``: hash of requirements.txt + the added torch + the format."""
+    """``<12 hex>-py<MAJ><MIN>``: hash of requirements.txt + what deploy adds to it + the format."""
     py = python or sys.version_info[:2]
     h = hashlib.sha256()
-    for part in (FORMAT, requirements, torch_added(requirements) or ""):
+    for part in (FORMAT, requirements, " ".join(added(requirements))):
         h.update(part.encode() + b"\0")
     return f"{h.hexdigest()[:12]}-py{py[0]}{py[1]}"
 
@@ -322,12 +339,12 @@ def _create(env_dir: Path, code: Path, requirements: str, log_file: Path, progre
             if pip[0] != sys.executable:  # no usable pip here: the venv brings its own
                 venv.remove("--without-pip")
             _run_logged(venv, log, progress, deadline=deadline, what="creating the venv")
-            extra = torch_added(requirements)
+            extra = added(requirements)
             reqs = ["-r", str(code / "requirements.txt")] if (code / "requirements.txt").is_file() else []
             n = sum(1 for ln in requirements.splitlines() if ln.strip() and not ln.strip().startswith(("#", "-")))
             progress(f"installing {n} requirement(s) from requirements.txt"
-                     + (f" + {extra} (requirements.txt names no torch)" if extra else ""))
-            _run_logged([*pip, "install", "--no-compile", "--no-input", *reqs, *([extra] if extra else [])],
+                     + (f" + {' '.join(extra)} (not in requirements.txt)" if extra else ""))
+            _run_logged([*pip, "install", "--no-compile", "--no-input", *reqs, *extra],
                         log, progress, deadline=deadline, what="pip install of the project environment")
             progress("compiling")
             # best effort, as pip's own compile step: some packages ship files for other Pythons

@@ -38,6 +38,17 @@ def test_what_counts_as_listing_torch(text: str, listed: bool) -> None:
     assert envmod.torch_added(text) == (None if listed else envmod.DEFAULT_TORCH)
 
 
+@pytest.mark.parametrize(("text", "extra"), [
+    ("", ["torch", "numpy"]),
+    ("torch==2.13.0\n", ["numpy"]),
+    ("numpy==2.1.3\ntorch==2.13.0\n", []),
+    ("NumPy>=2\n", ["torch"]),
+])
+def test_deploy_adds_torch_and_numpy_unless_named(text: str, extra: list[str]) -> None:
+    """numpy: torch.distributed's object collectives (Checkpoint's layout) need it, torch's wheel lacks it."""
+    assert envmod.added(text) == extra
+
+
 def test_the_key_follows_requirements_and_python() -> None:
     a = envmod.env_key("numpy==2.1\n", (3, 11))
     assert a == envmod.env_key("numpy==2.1\n", (3, 11))
