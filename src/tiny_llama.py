@@ -104,6 +104,7 @@ def save_logits(model: Llama, loader: LlamaLoader, path: Path, rank0: bool) -> N
 @param("layers", default=4, description="decoder layers")
 @param("packing", default=False, description="pack several sums per row")
 @param("checkpoint_every", default=100, description="steps between checkpoints")
+@param("async_save", default=False, description="write checkpoints in the background while training goes on")
 @param("eval_every", default=100, description="steps between evaluations (0: only at the end)")
 @param("metrics_file", default="", description="append one JSON line per step here (rank 0)")
 @param("stop_after", default=-1, description="testing: stop after this step, as if interrupted")
@@ -130,7 +131,8 @@ def train(params) -> None:
                          seed=params.get("seed", 0) or 0)
     eval_loader = LlamaLoader(PromptCompletionDataset(eval_rows), tokenizer, max_sequence_length=16,
                               batch_size_per_gpu=len(eval_rows) // world, shuffle=False)
-    ckpt = Checkpoint(model, optimizer, scheduler, scaler, every=params.checkpoint_every, keep_last=2)
+    ckpt = Checkpoint(model, optimizer, scheduler, scaler, every=params.checkpoint_every, keep_last=2,
+                      async_save=params.async_save)
     start = ckpt.load_latest(loader)
     rank0 = params.rank == 0
     if rank0:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -40,3 +42,57 @@ def ok(proc: subprocess.CompletedProcess[str]) -> None:
 def losses(lines: list[dict[str, Any]]) -> dict[int, float]:
     """step -> loss, the last attempt winning (a restarted run replays steps after its checkpoint)."""
     return {m["step"]: m["loss"] for m in lines}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_two_nodes(tmp: Path, params: dict[str, Any], run: str,
+                    env: dict[str, str] | None = None) -> tuple[list[subprocess.Popen[str]], Path]:
+    """tiny_llama on 2 torchrun agents x 2 ranks (``--nnodes 2`` on 127.0.0.1), node N's checkpoints in
+    ``tmp/nodeN/<run>``: two "nodes" that share no disk. Each agent in its own session, so a kill takes
+    its workers too; returns the agents and the file rank 0 appends its metrics to."""
+    metrics = tmp / f"metrics-{run}-{len(list(tmp.glob('metrics-*')))}.jsonl"
+    args = [f"{k}={v}" for k, v in {**TINY, **params, "metrics_file": str(metrics)}.items()]
+    port = free_port()
+    procs = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node),
+               "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port),
+               str(LAUNCH), "tiny_llama", *args]
+        full = {**os.environ, "OMP_NUM_THREADS": "1", "PROJECT_NAME": "test", "EXPERIMENT_NAME": "tiny_llama",
+                "RUN_NAME": run, "HIGGSFIELD_CHECKPOINT_DIR": str(tmp / f"node{node}" / run),
+                "HIGGSFIELD_NODE": f"fake{node}", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+                "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT), **(env or {})}
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=full, stdout=subprocess.PIPE,  # noqa: S603
+                                      stderr=subprocess.PIPE, text=True, start_new_session=True))
+    return procs, metrics
+
+
+def kill_sessions(procs: list[subprocess.Popen[str]]) -> None:
+    """SIGKILL each agent's whole session (the agent and its workers), as a lost machine would."""
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        p.communicate(timeout=60)
+
+
+def finish_two_nodes(procs: list[subprocess.Popen[str]], metrics: Path, timeout: float = 400
+                     ) -> tuple[list[subprocess.CompletedProcess[str]], list[dict[str, Any]]]:
+    """Wait for both agents (both killed if one outlasts ``timeout``); their outcomes and rank 0's metrics."""
+    done = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_sessions(procs)
+            raise
+        done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    lines = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+    return done, lines
