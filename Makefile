@@ -72,6 +72,9 @@ bench: install
 	-$(BIN)/python bench/launch_latency.py
 	-$(BIN)/python bench/log_stream.py
 	-$(BIN)/python bench/ui_dashboard.py
+	-$(BIN)/python bench/checkpoint_mirror.py
+	-$(BIN)/python bench/pull_throughput.py
+	-$(BIN)/python bench/soak.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -134,8 +134,9 @@ class Project:
 
     def __init__(self, name: str, hosts: Sequence, *, runtime: str = "docker", nproc: int = 1,
                  sources: dict[str, str] | None = None, base_image: str | None = None,
-                 requirements: str = "# nothing beyond the base image\n") -> None:
+                 requirements: str = "# nothing beyond the base image\n", extra_yaml: str = "") -> None:
         self.name = name
+        self.extra_yaml = extra_yaml  # more top-level higgsfield.yml keys (checkpoint:, retention:), as YAML
         self.dir = Path(tempfile.mkdtemp(prefix=f"hf-{name}-"))
         self.runtime = runtime
         self.nproc = nproc
@@ -173,7 +174,8 @@ class Project:
             f"nproc_per_node: {self.nproc}\n"
             f"runtime: {self.runtime}\n"
             "docker:\n"
-            f"  base_image: {self.base_image}\n")
+            f"  base_image: {self.base_image}\n"
+            + self.extra_yaml)
         self.hosts = list(hosts)
 
     def env(self) -> dict[str, str]:
