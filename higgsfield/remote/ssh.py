@@ -308,27 +308,49 @@ class SSHTransport(Transport):
 
     async def get_file(self, path: str, local_path: str, *, offset: int = 0, end: int | None = None,
                        progress: Callable[[int], None] | None = None) -> None:
-        """SFTP on this transport's connection: no new login, the bytes read in chunks from ``offset`` on."""
+        """SFTP on this transport's connection: no new login, the bytes from ``offset`` on.
+
+        asyncssh's ``read_parallel`` keeps a window of read requests in flight (what its
+        own ``get`` does), where one read awaited at a time left the link idle between
+        reads: ``bench/pull_throughput.py`` measured that loop at 0.44 of a plain SFTP
+        get's throughput. Blocks arrive in any order and are written at their offsets;
+        if the copy stops, the file is cut back to the end of its gapless prefix, so a
+        resume from its size continues from bytes that are all there.
+        """
         conn = await self._open()
         try:
             async with conn.start_sftp_client() as sftp, sftp.open(path, "rb") as f:
                 with open(local_path, "r+b" if os.path.exists(local_path) else "wb") as out:
                     out.truncate(offset)
-                    out.seek(offset)
-                    pos = offset
-                    while end is None or pos < end:
-                        chunk = await f.read(1 << 20 if end is None else min(1 << 20, end - pos), pos)
-                        if not chunk:
-                            break
-                        assert isinstance(chunk, bytes)  # opened "rb"
-                        out.write(chunk)
-                        pos += len(chunk)
-                        if progress is not None:
-                            progress(len(chunk))
+                    prefix = _Prefix(offset)
+                    try:
+                        async for pos, chunk in await f.read_parallel(-1 if end is None else end - offset, offset):
+                            assert isinstance(chunk, bytes)  # opened "rb"
+                            out.seek(pos)
+                            out.write(chunk)
+                            prefix.add(pos, len(chunk))
+                            if progress is not None:
+                                progress(len(chunk))
+                    except BaseException:
+                        out.truncate(prefix.end)
+                        raise
         except asyncssh.SFTPError as e:
             raise CommandError(self.node, f"cannot read {path}: {e.reason}") from None
         except (asyncssh.DisconnectError, ConnectionError) as e:
             raise self._lost(["sftp"], e) from None
+
+
+class _Prefix:
+    """Where the bytes received without a gap from ``start`` end, as blocks arrive in any order."""
+
+    def __init__(self, start: int) -> None:
+        self.end = start
+        self._ahead: dict[int, int] = {}   # a block's start -> its end, for blocks past a gap
+
+    def add(self, pos: int, size: int) -> None:
+        self._ahead[pos] = pos + size
+        while self.end in self._ahead:
+            self.end = self._ahead.pop(self.end)
 
 
 class _SSHSession(Session):

@@ -216,6 +216,60 @@ def test_put_bytes_is_atomic_with_mode(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_get_file_copies_in_parallel_resumes_from_an_offset_and_stops_at_end(tmp_path: Path) -> None:
+    """pull's copy: many blocks in flight (asyncssh's read_parallel), written at their offsets."""
+    data = bytes(range(256)) * 40_000   # 10 MB: many blocks, in any order
+    seen: list[int] = []
+
+    async def main() -> None:
+        async with fake_server(tmp_path) as srv:
+            (srv.root / "big.bin").write_bytes(data)
+            t = _transport(srv.port, srv.client_key_path, _pinned(tmp_path / "kh", srv))
+            whole = tmp_path / "whole.bin"
+            await t.get_file("big.bin", str(whole), progress=seen.append)
+            assert whole.read_bytes() == data and sum(seen) == len(data)
+            cut = tmp_path / "cut.bin"
+            cut.write_bytes(data[:3_000_001] + b"junk past the offset")
+            await t.get_file("big.bin", str(cut), offset=3_000_001)
+            assert cut.read_bytes() == data
+            part = tmp_path / "part.bin"
+            await t.get_file("big.bin", str(part), offset=0, end=5_000_000)
+            assert part.read_bytes() == data[:5_000_000]
+            # stopped midway (here: by its progress callback): cut back to bytes all there, then resumed
+            stopped = tmp_path / "stopped.bin"
+            calls: list[int] = []
+
+            assert len(seen) >= 2, seen   # blocks (asyncssh hands them on in runs of up to 4 MiB), not one read
+
+            def stop_halfway(n: int) -> None:
+                calls.append(n)
+                if len(calls) == len(seen) // 2:
+                    raise KeyboardInterrupt
+
+            with pytest.raises(KeyboardInterrupt):
+                await t.get_file("big.bin", str(stopped), progress=stop_halfway)
+            size = stopped.stat().st_size
+            assert size < len(data) and stopped.read_bytes() == data[:size]
+            await t.get_file("big.bin", str(stopped), offset=size)
+            assert stopped.read_bytes() == data
+            with pytest.raises(CommandError, match="cannot read missing.bin"):
+                await t.get_file("missing.bin", str(tmp_path / "none.bin"))
+            await t.close()
+
+    asyncio.run(main())
+
+
+def test_an_interrupted_copy_keeps_only_its_gapless_prefix() -> None:
+    from higgsfield.remote.ssh import _Prefix
+
+    p = _Prefix(100)
+    for pos, size in ((150, 50), (300, 10), (100, 50)):   # out of order: 100..200 whole, 300..310 past a gap
+        p.add(pos, size)
+    assert p.end == 200
+    p.add(200, 100)
+    assert p.end == 310
+
+
 def test_connect_timeout_names_node_and_is_bounded(tmp_path: Path) -> None:
     async def main() -> None:
         async with silent_listener() as port:
