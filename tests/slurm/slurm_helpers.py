@@ -51,6 +51,7 @@ def probe(params):
     dist.all_reduce(t)
     assert t.item() == world * (world + 1) / 2, t.item()
     print(f"all_reduce ok sum={t.item():.0f}", flush=True)
+    print(f"mirror={os.environ.get('HIGGSFIELD_CHECKPOINT_MIRROR', '')}", flush=True)
     if params.fail_rank == rank:
         time.sleep(0.5)
         raise RuntimeError(f"boom on rank {rank}")
@@ -177,7 +178,8 @@ def make_project(login: Any, root: Path, label: str) -> Iterator[tuple[User, Pat
     config = {"name": "lab", "secrets": ["HF_SLURM_SECRET"], "nproc_per_node": 2,
               "ssh": {"identity_file": str(bed.client_key), "known_hosts": ".higgsfield/known_hosts"},
               "slurm": {"login": {"host": h.address, "user": h.user, "port": h.port}, "workdir": str(workdir),
-                        "partition": "debug", "account": "testlab", "nodes": 2, "time": "5"}}
+                        "partition": "debug", "account": "testlab", "nodes": 2, "time": "5"},
+              "checkpoint": {"mirror": f"{workdir}/mirror"}}
     (proj / "higgsfield.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     env = cli_env(root / "home", PYTHONUNBUFFERED="1", COLUMNS="200", GIT_AUTHOR_NAME="u",
                   GIT_AUTHOR_EMAIL="u@example.com", GIT_COMMITTER_NAME="u", GIT_COMMITTER_EMAIL="u@example.com")

@@ -74,6 +74,7 @@ def test_setup_deploy_run_logs_status_kill_and_ci_on_slurm(cluster_project: tupl
     assert {ranks[i][0] for i in ranks} == {"n1", "n2"} and ranks[0][0] == ranks[1][0] != ranks[2][0]
     for node, lines in ranks.values():
         assert "all_reduce ok sum=10" in lines and any(f"node={node} secret_len={len(SECRET)}" in t for t in lines)
+        assert f"mirror={workdir}/mirror" in lines, lines   # checkpoint.mirror reaches every rank, as on SSH nodes
     st = user.status()["first"]
     assert (st["state"], st["exit_code"], sorted(st["nodes"])) == ("succeeded", 0, ["n1", "n2"])
     assert by_rank(user("logs", "first").stdout) == ranks
