@@ -42,7 +42,7 @@ run to end. The record:
   (``~/.cache/higgsfield/<project>``) size, and the mirror's, at the start and the end.
 
 No time is asserted. Exit status 1 when a run was lost or a process orphaned, 2 when the
-bench could not run. Figures go to stdout and, as a Markdown section, to ``--out``.
+bench could not run. Figures go to stdout as a Markdown section, and to ``--out FILE`` if given.
 
 Needs root and the test bed (``make testbed``); uses bench hosts hfnode30..32 (stopped at
 the end). The first run on this machine builds each node's project venv (torch from the
@@ -674,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=4, help="client threads (default 4)")
     ap.add_argument("--seed", type=int, default=1, help="seed of the clients' draws (default 1)")
     ap.add_argument("--drain", type=float, default=600.0, help="seconds the drain waits for every run to end")
-    ap.add_argument("--out", type=Path, default=Path("/tmp/hf/bench-soak.md"), help="the Markdown section")
+    ap.add_argument("--out", type=Path, default=None, help="also write the Markdown section to this file")
     args = ap.parse_args(argv)
     try:
         res = soak(args)
@@ -683,8 +683,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     text, ok = report(args, res)
     print("\n" + text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
     return 0 if ok else 1
 
 
