@@ -67,10 +67,10 @@ the node's lead hands it to an upload thread and training goes on, and the step
 counts there only once every node's part is up. ``load_latest`` asks it (rank 0
 reads, every rank learns the answer) when no step is complete on every node or
 it holds a newer one (a node's part saved on other nodes or another world size
-does not count as here: it cannot load on this topology): each node's lead downloads what its node lacks (its own
-part on the same nodes; every part on other nodes or another world size, since
-every part's metadata is a global one), the ranks agree, and the load is the
-normal one from the local directory.
+does not count as here: it cannot load on this topology): each node's lead
+downloads what its node lacks (its own part on the same nodes; every part on
+other nodes or another world size, since every part's metadata is a global one),
+the ranks agree, and the load is the normal one from the local directory.
 
 A save is written to ``.tmp-step_*`` and renamed once every rank has finished
 and the ``COMPLETE`` marker is on disk, so a crash mid-save leaves nothing that
