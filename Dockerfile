@@ -20,7 +20,7 @@ RUN if [ "$INSTALL_REQUIREMENTS" = "true" ]; then python3 -m pip install --no-ca
 
 # The higgsfield package itself, from this checkout, so the image also runs on
 # its own (`docker run IMAGE python -m torch.distributed.run ... -m
-# higgsfield.entrypoint RUN_DIR`, as tests/test_dockerfile.py does). Under
+# higgsfield.node.entrypoint RUN_DIR`, as tests/test_dockerfile.py does). Under
 # `higgsfield run` this copy is shadowed: every run mounts the node's invoker
 # package (the exact build `higgsfield setup` installed) read-only at
 # /opt/higgsfield-invoker, first on PYTHONPATH. A project from `higgsfield init`

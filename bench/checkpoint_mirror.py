@@ -70,7 +70,7 @@ def worker(args: argparse.Namespace) -> None:
     drain = time.perf_counter() - t0
     if dist.get_rank() == 0:
         Path(args.out).write_text(json.dumps({"plain": plain, "saving": saving, "drain": drain}))
-    from higgsfield.entrypoint import leave
+    from higgsfield.node.entrypoint import leave
 
     leave(0)  # as a rank under higgsfield ends (no finalization, where gloo threads can abort it)
 

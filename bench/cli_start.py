@@ -11,7 +11,7 @@ figure can be read as a ratio on any machine. Target: best <= 0.15 s.
 
 When it is slow, see what is imported and what it costs:
 
-    .venv/bin/python -X importtime -c "from higgsfield.cli import main; main(['--help'])" 2>&1 | sort -t'|' -k2 -n | tail
+    .venv/bin/python -X importtime -c "from higgsfield.control.cli import main; main(['--help'])" 2>&1 | sort -t'|' -k2 -n | tail
 """
 
 from __future__ import annotations

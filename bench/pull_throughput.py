@@ -20,7 +20,7 @@ rounds so drift hits all alike:
   nodes at once, ``SFTPClient.get`` of each file in turn (asyncssh's own pipelining of
   read requests within a file): the plain-tool baseline, and the ratio's denominator;
 - ``sftp get (asyncssh), 4 at once``: the same with 4 files in flight over both nodes,
-  the parallelism pull uses (``PARALLEL`` in higgsfield/orchestrator/pull.py);
+  the parallelism pull uses (``PARALLEL`` in higgsfield/control/backends/nodes/pull.py);
 - ``sftp -b (OpenSSH)``: the ``sftp`` client in batch mode, one process per node (if installed);
 - ``Transport.get_file, 4 at once``: higgsfield's own SFTP copy (a connection per node
   opened, as in the rows above; no listing, no hashing): the copy pull does, alone;
@@ -75,7 +75,7 @@ PROJECT = "bench_pull"
 EXPERIMENT = "pull_bench"
 NODES = 2
 NPROC = 2
-PARALLEL = 4  # as higgsfield/orchestrator/pull.py
+PARALLEL = 4  # as higgsfield/control/backends/nodes/pull.py
 BASELINE = "sftp get (asyncssh), 1 file at a time"
 TRAIN = '''\
 """One step of an FSDP2-sharded linear layer with AdamW, saved once: a checkpoint of a chosen size per rank."""
@@ -246,7 +246,7 @@ def openssh_get(project: _bed.Project, files: Sequence[NodeFile], dest: Path) ->
 
 
 def _config(project: _bed.Project) -> Any:
-    from higgsfield.config.loader import load_config
+    from higgsfield.control.config.loader import load_config
 
     os.environ.update({k: v for k, v in project.env().items() if k.startswith("HIGGSFIELD_")})
     return load_config(project.dir / "higgsfield.yml")
@@ -255,7 +255,7 @@ def _config(project: _bed.Project) -> Any:
 async def transport_get(project: _bed.Project, files: Sequence[NodeFile], dest: Path) -> None:
     """higgsfield's ``Transport.get_file`` of each file, ``PARALLEL`` at once, as pull does (connections opened
     first; no listing, no hash)."""
-    from higgsfield.remote import open_group
+    from higgsfield.control.remote import open_group
 
     async with open_group(_config(project)) as group:
         by_name = {m.name: m.transport for m in group.members}
@@ -300,8 +300,8 @@ class Phases:
 async def profiled_pull(project: _bed.Project, run: str, step: str, dest: Path) -> Phases:
     """One pull in this process with timers wrapped around pull.py's ``_list``, ``fetch``, ``_sha256`` and the
     transport's ``get_file``: where its time goes."""
-    from higgsfield.orchestrator import pull as pull_mod
-    from higgsfield.remote.ssh import SSHTransport
+    from higgsfield.control.backends.nodes import pull as pull_mod
+    from higgsfield.control.remote.ssh import SSHTransport
 
     ph = Phases()
     saved = (pull_mod._list, pull_mod.fetch, pull_mod._sha256, SSHTransport.get_file)

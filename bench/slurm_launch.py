@@ -5,9 +5,9 @@ rendezvous on the allocation's first node, 2 ranks per node, each rank printing
 ``rank-started <time.time()>`` as its first act (no torch work: the time is what launching
 costs). Both are submitted through the login node (test-bed host hfnode21) over SSH:
 
-- higgsfield: a fresh :class:`~higgsfield.slurm.SlurmCluster` (its SSH connection included)
+- higgsfield: a fresh :class:`~higgsfield.control.backends.slurm.SlurmCluster` (its SSH connection included)
   ``submit()``: mkdir, request/secrets/script via SFTP, ``sbatch``; then the job's batch
-  step and node tasks (python) around torchrun, the ranks through ``higgsfield.entrypoint``
+  step and node tasks (python) around torchrun, the ranks through ``higgsfield.node.entrypoint``
   (its tee, the experiment's import);
 - by hand: ``ssh login sbatch hand.sh``, a script already on the login node whose body is
   the ``srun ... torchrun ... probe.py`` line a user would write.
@@ -119,9 +119,9 @@ def setup() -> tuple[object, Path, Path]:
 
 
 def engine(host: object, work: Path, known: Path) -> object:
-    from higgsfield.remote.hostkeys import PinnedHosts
-    from higgsfield.remote.ssh import SSHTransport
-    from higgsfield.slurm import SlurmCluster, SlurmSettings
+    from higgsfield.control.backends.slurm import SlurmCluster, SlurmSettings
+    from higgsfield.control.remote.hostkeys import PinnedHosts
+    from higgsfield.control.remote.ssh import SSHTransport
 
     tb = _bed.load_testbed()
     settings = SlurmSettings.from_mapping({"login": {"host": host.address, "user": host.user,  # type: ignore[attr-defined]
@@ -153,7 +153,7 @@ def wait_idle(timeout: float = 60) -> None:
 
 
 async def ours(host: object, work: Path, known: Path, run: str) -> float:
-    from higgsfield.slurm import template_spec
+    from higgsfield.control.backends.slurm import template_spec
 
     eng = engine(host, work, known)
     spec = template_spec(project="bench", experiment="launch_probe", run=run, module="benchprobe",
@@ -182,7 +182,7 @@ def by_hand(host: object, work: Path, known: Path, i: int) -> float:
 
 
 async def log_delays(host: object, work: Path, known: Path) -> list[float]:
-    from higgsfield.slurm import template_spec
+    from higgsfield.control.backends.slurm import template_spec
 
     eng = engine(host, work, known)
     spec = template_spec(project="bench", experiment="chatty", run=f"chatty-{uuid.uuid4().hex[:6]}",

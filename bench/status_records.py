@@ -49,7 +49,7 @@ DAMAGED = 10
 
 
 def _record(run: str, i: int) -> dict[str, object]:
-    from higgsfield.invoker.records import RunRecord
+    from higgsfield.node.state.records import RunRecord
 
     failed = i % 7 == 0
     rec = RunRecord(project=PROJECT, experiment="train", run=run, node="localhost", node_rank=0, nnodes=1,
@@ -62,7 +62,7 @@ def _record(run: str, i: int) -> dict[str, object]:
 
 
 def _spec(run: str, state: Path) -> dict[str, object]:
-    from higgsfield.runspec import RunSpec
+    from higgsfield.contract.runspec import RunSpec
 
     spec = RunSpec(project=PROJECT, experiment="train", run=run, module="train", code_dir=str(state / "code"),
                    params={"steps": 100, "lr": 0.001, "model": "tiny"}, node="localhost", node_rank=0,

@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO / "tests" / "ui"))
 
 from ui_helpers import dashboard, open_page  # noqa: E402
 
-from higgsfield.invoker.records import RunDir, RunRecord  # noqa: E402
+from higgsfield.node.state.records import RunDir, RunRecord  # noqa: E402
 
 PROJECT = "uibench"
 CHROMIUM = "/usr/lib/chromium/chromium"

@@ -1,5 +1,5 @@
 """``python -m higgsfield`` is the ``higgsfield`` command."""
 
-from higgsfield.cli import main
+from higgsfield.control.cli import main
 
 main()

@@ -32,7 +32,7 @@ Layout and why::
 
     <run dir>/step_00000100/          model + optimizer shards (torch.distributed.checkpoint),
         .metadata  __0_0.distcp ...   trainer.pt (scheduler, scaler, step, loader), rng_rank<r>.pt,
-        hf/                           config.json + tokenizer, by rank 0 (:mod:`higgsfield._hf_meta`)
+        hf/                           config.json + tokenizer, by rank 0 (:mod:`higgsfield._lib.hf_meta`)
         COMPLETE                      written last
     <run dir>/.tmp-step_00000200/     a save in progress (or a crashed one): never loaded
 
@@ -62,7 +62,7 @@ lacks it (a node replaced, other nodes) is named in one line, as a
 steps complete everywhere, and only after a newer save is complete.
 
 A **mirror** (``mirror=`` or ``HIGGSFIELD_CHECKPOINT_MIRROR``, any fsspec URL;
-:mod:`higgsfield._ckpt_mirror`) gets each node's part after every complete save:
+:mod:`higgsfield._lib.ckpt_mirror`) gets each node's part after every complete save:
 the node's lead hands it to an upload thread and training goes on, and the step
 counts there only once every node's part is up. ``load_latest`` asks it (rank 0
 reads, every rank learns the answer) when no step is complete on every node or
@@ -114,9 +114,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from higgsfield._ckpt_mirror import Part, Uploader, new_token, open_mirror, parts_to_fetch
-from higgsfield._hf_meta import HF_DIR, write_hf_meta
-from higgsfield.errors import CheckpointError
+from higgsfield._lib.ckpt_mirror import Part, Uploader, new_token, open_mirror, parts_to_fetch
+from higgsfield._lib.hf_meta import HF_DIR, write_hf_meta
+from higgsfield.contract.errors import CheckpointError
 
 __all__ = ["Checkpoint", "CheckpointError", "checkpoint_dir", "MARKER"]
 
@@ -165,7 +165,7 @@ class Checkpoint:
     ``async_save``: write in the background (own gloo group) while training goes on.
     ``mirror``: an fsspec URL (``s3://bucket/prefix``, ``gs://``, ``sftp://``, a path) that each node's
     part is uploaded to after every complete save, in the background; default ``HIGGSFIELD_CHECKPOINT_MIRROR``
-    (``checkpoint.mirror`` in higgsfield.yml), ``""`` for none. See :mod:`higgsfield._ckpt_mirror`.
+    (``checkpoint.mirror`` in higgsfield.yml), ``""`` for none. See :mod:`higgsfield._lib.ckpt_mirror`.
     ``tokenizer``: saved into each step's ``hf/`` with the model's config (default: the loader's ``tokenizer``).
     """
 

@@ -13,7 +13,7 @@
 
 The decorators stack in any order and return the function unchanged (it stays
 callable). ``higgsfield build-experiments`` and ``higgsfield run`` find experiments
-by parsing the source (:mod:`higgsfield.discovery`), never by importing it; this
+by parsing the source (:mod:`higgsfield.control.project.discovery`), never by importing it; this
 module is what runs inside the training processes. It does not import torch.
 """
 
@@ -25,8 +25,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from higgsfield.errors import ExperimentError
-from higgsfield.params import ParamSpec, check_name, resolve
+from higgsfield.contract.errors import ExperimentError
+from higgsfield.contract.params import ParamSpec, check_name, resolve
 
 __all__ = ["experiment", "param", "Params", "Experiment", "registry"]
 

@@ -56,7 +56,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from higgsfield._hf_model import enable_activation_checkpointing, load_pretrained
+from higgsfield._lib.hf_model import enable_activation_checkpointing, load_pretrained
 from higgsfield.training import GradScaler, device, init_distributed
 
 __all__ = ["Llama", "Llama7b", "Llama13b", "Llama70b", "PRECISIONS", "ENGINES"]
@@ -110,7 +110,7 @@ class Llama(nn.Module):
         if engine == "fsdp":
             self.module = self._build_fsdp(weights, activation_checkpointing, cpu_init_rank0, cpu_offload, seed)
         else:
-            from higgsfield import _deepspeed
+            from higgsfield._lib import deepspeed as _deepspeed
             self.ds_config = _deepspeed.make_config(zero_stage, precision, cpu_offload, deepspeed_config)
             self.module, self._ds_keepalive = _deepspeed.build_module(
                 self.config, weights, self.ds_config, activation_checkpointing, seed)
@@ -180,7 +180,7 @@ class Llama(nn.Module):
         if self.engine == "deepspeed":
             if self.ds_engine is not None:
                 raise ValueError("make_optimizer was already called: DeepSpeed holds one optimizer per model")
-            from higgsfield import _deepspeed
+            from higgsfield._lib import deepspeed as _deepspeed
             # Not a registered submodule: the engine wraps self.module, which is already one.
             object.__setattr__(self, "ds_engine", _deepspeed.initialize(self.module, optimizer, self.ds_config))
         return optimizer
@@ -286,7 +286,7 @@ class Llama(nn.Module):
             sd = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True,
                                                                              cpu_offload=True))
             return sd if dist.get_rank() == 0 else {}
-        from higgsfield import _deepspeed
+        from higgsfield._lib import deepspeed as _deepspeed
         return _deepspeed.full_state_dict(self)
 
     def save_huggingface_model(self, path: str | os.PathLike[str], tokenizer: Any = None,

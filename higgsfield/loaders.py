@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from higgsfield._tokenizer import view
+from higgsfield._lib.tokenizer import view
 from higgsfield.dataset import Example
 
 __all__ = ["LlamaLoader", "IGNORE_INDEX"]

@@ -4,7 +4,7 @@ Rank 0 appends one :class:`StepMetrics` per optimizer step to ``RUN_DIR/metrics.
 (:data:`METRICS_FILE`; ``RUN_DIR`` is the run's directory on node 0, which every
 rank finds in ``HIGGSFIELD_RUN_DIR``). The node's ``higgsfield invoker metrics``
 reads the file, ``higgsfield metrics RUN`` prints it and the dashboard plots it.
-Like :mod:`higgsfield.runspec` this module is stdlib-only and neutral: the training
+Like :mod:`higgsfield.contract.runspec` this module is stdlib-only and neutral: the training
 library (torch), the node agent and the control side all import it.
 
 A restarted worker appends again from its checkpoint's step, so a step can appear

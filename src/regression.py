@@ -5,7 +5,7 @@ averaged with an all-reduce (gloo on CPU, nccl on GPU). The loss printed on rank
 falls from ~10 to ~0 in a few dozen steps. It destroys the process group it made;
 higgsfield's entrypoint then leaves without interpreter finalization, where a gloo
 thread releasing the last all-reduce could abort a rank that finished (see
-``higgsfield.entrypoint.leave``).
+``higgsfield.node.entrypoint.leave``).
 
     higgsfield run regression -p steps=50
 """

@@ -26,14 +26,19 @@ CONFIG = ROOT / ".importlinter"
 
 #: One line per contract: relative file -> code appended to it, that breaks exactly that contract.
 PLANTED = {
-    "layers": ("higgsfield/remote/base.py", "def _planted() -> None:\n    from higgsfield import orchestrator\n"),
-    "cli-on-top": ("higgsfield/ports.py", "def _planted() -> None:\n    import higgsfield.cli\n"),
-    "ui-on-top": ("higgsfield/invoker/stats.py", "def _planted() -> None:\n    import starlette\n"),
-    "node-side": ("higgsfield/training.py", "def _planted() -> None:\n    from higgsfield.remote import base\n"),
-    "no-torch-on-the-control-side": ("higgsfield/config/schema.py", "def _planted() -> None:\n    import torch\n"),
-    "control-side-apart-from-node-side": ("higgsfield/doctor.py",
-                                          "def _planted() -> None:\n    from higgsfield.invoker import queue\n"),
-    "run-contract-neutral": ("higgsfield/runspec.py", "def _planted() -> None:\n    import yaml\n"),
+    "layers": ("higgsfield/control/remote/base.py", "def _planted() -> None:\n    from higgsfield.control import backends\n"),
+    "cli-on-top": ("higgsfield/control/ui/app.py", "def _planted() -> None:\n    import higgsfield.control.cli\n"),
+    "ui-on-top": ("higgsfield/node/observe/stats.py", "def _planted() -> None:\n    import starlette\n"),
+    "ui-through-the-seam": ("higgsfield/control/ui/app.py",
+                            "def _planted() -> None:\n    from higgsfield.control.backends.nodes import status\n"),
+    "node-side": ("higgsfield/node/observe/stats.py",
+                  "def _planted() -> None:\n    from higgsfield.control.remote import base\n"),
+    "training-library": ("higgsfield/training.py",
+                         "def _planted() -> None:\n    from higgsfield.control.remote import base\n"),
+    "no-torch-on-the-control-side": ("higgsfield/control/config/schema.py", "def _planted() -> None:\n    import torch\n"),
+    "control-side-apart-from-node-side": ("higgsfield/control/doctor.py",
+                                          "def _planted() -> None:\n    from higgsfield.node.gang import queue\n"),
+    "contract-stdlib-only": ("higgsfield/contract/runspec.py", "def _planted() -> None:\n    import yaml\n"),
     "acyclic": ("higgsfield/training.py",  # llama imports training: a circle
                 "def _planted() -> None:\n    from higgsfield import llama\n"),
 }

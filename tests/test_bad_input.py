@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from helpers_project import run_cli
 
-import higgsfield.orchestrator as orchestrator
-from higgsfield.cli import main
-from higgsfield.cli.runs import parse_since
+import higgsfield.control.backends.nodes as orchestrator
+from higgsfield.control.cli import main
+from higgsfield.control.cli.runs import parse_since
 
 NODE = "name: demo\nnodes:\n  - host: gpu-1.example.com\n"
 LOCAL = "name: demo\nnodes:\n  - host: localhost\nruntime: process\n"
@@ -136,7 +136,7 @@ def test_secret_names_are_matched_in_full(project: Path, capsys: pytest.CaptureF
 
 
 def test_hosts_that_are_fine(project: Path) -> None:
-    from higgsfield.config import load_config
+    from higgsfield.control.config import load_config
 
     hosts = ["gpu-1.example.com", "gpu-2.example.com.", "10.0.0.2", "::1", "fe80::1%eth0", "node_7", "LOCALHOST"]
     (project / "higgsfield.yml").write_text("name: a\nnodes:\n" + "".join(
@@ -175,7 +175,7 @@ def test_bad_env_file_is_one_line(project: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_a_value_with_a_line_separator_stays_one_value(project: Path) -> None:
-    from higgsfield.secrets import load_env_file
+    from higgsfield.control.secrets import load_env_file
 
     (project / "env").write_text("A=x\u2028y\fz\nB=2\n")   # str.splitlines() would cut A at U+2028
     assert load_env_file(project / "env") == {"A": "x\u2028y\fz", "B": "2"}
@@ -239,7 +239,7 @@ def test_bad_experiment_source_is_one_line_and_writes_nothing(project: Path, cap
 
 
 def test_a_helper_script_with_a_dash_is_fine_when_it_defines_no_experiment(project: Path) -> None:
-    from higgsfield.discovery import discover
+    from higgsfield.control.project.discovery import discover
 
     (project / "src" / "prepare-data.py").write_text("import higgsfield\nprint('hi')\n")
     (project / "src" / "train.py").write_text(_src('@experiment("e")'))

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from helpers_project import assert_one_line_error, run_cli, write
 
-from higgsfield._ckpt_mirror import Mirror, Part, Uploader, mirror_root
-from higgsfield.config import parse_config
-from higgsfield.errors import ConfigError
-from higgsfield.invoker import torchrun
-from higgsfield.invoker.placement import NodeRun, Placement
-from higgsfield.invoker.records import RunDir
-from higgsfield.runspec import RunSpec, SpecError
+from higgsfield._lib.ckpt_mirror import Mirror, Part, Uploader, mirror_root
+from higgsfield.contract.errors import ConfigError
+from higgsfield.contract.runspec import RunSpec, SpecError
+from higgsfield.control.config import parse_config
+from higgsfield.node.runtime import torchrun
+from higgsfield.node.state.placement import NodeRun, Placement
+from higgsfield.node.state.records import RunDir
 
 NODES = "name: a\nnodes:\n  - host: h1\nssh:\n  user: u\n"
 

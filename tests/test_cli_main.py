@@ -1,4 +1,4 @@
-"""``higgsfield.cli.main``: unexpected errors are one line, a closed pipe ends quietly with 141."""
+"""``higgsfield.control.cli.main``: unexpected errors are one line, a closed pipe ends quietly with 141."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 import click
 import pytest
 
-from higgsfield import cli as cli_mod
+from higgsfield.control import cli as cli_mod
 
 SPAM = """
 import click
-from higgsfield import cli
+from higgsfield.control import cli
 
 @click.command("spam")
 def spam():

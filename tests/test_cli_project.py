@@ -17,10 +17,10 @@ import yaml
 from click.testing import CliRunner
 from helpers_project import assert_one_line_error, cli_env, run_cli
 
-from higgsfield import scaffold
-from higgsfield.cli import cli
-from higgsfield.discovery import discover
-from higgsfield.errors import ScaffoldError
+from higgsfield.contract.errors import ScaffoldError
+from higgsfield.control.cli import cli
+from higgsfield.control.project import scaffold
+from higgsfield.control.project.discovery import discover
 
 EXPECTED_FILES = {"higgsfield.yml", "src/example.py", "Dockerfile", "requirements.txt", ".gitignore",
                   ".dockerignore", "env", "README.md", ".higgsfield/higgsfield.schema.json"}
@@ -296,13 +296,13 @@ def test_init_via_click_runner(home: Path, workdir: Path) -> None:
 
 HELP_PROBE = """\
 import sys
-from higgsfield.cli import main
+from higgsfield.control.cli import main
 try:
     main({argv!r})
 except SystemExit:
     pass
 heavy = [m for m in ("torch", "pydantic", "rich", "asyncssh", "yaml", "jinja2", "docker", "starlette", "uvicorn",
-                     "higgsfield.ui") if m in sys.modules]
+                     "higgsfield.control.ui") if m in sys.modules]
 print("HEAVY", heavy)
 """
 
@@ -353,10 +353,10 @@ def test_example_experiment_under_torchrun_two_ranks(project: tuple[Path, Path, 
     pytest.importorskip("torch")
     root, home, _ = project
     script = tmp_path / "run_example.py"
-    # Run by hand under torchrun (no higgsfield.entrypoint), a rank ends the way the entrypoint ends it:
+    # Run by hand under torchrun (no higgsfield.node.entrypoint), a rank ends the way the entrypoint ends it:
     # entrypoint.leave skips interpreter finalization, where gloo's threads abort a finished rank.
     script.write_text(RUN_EXAMPLE.replace('"src"', repr(str(root / "src")))
-                      + "from higgsfield.entrypoint import leave\nleave(0)\n")
+                      + "from higgsfield.node.entrypoint import leave\nleave(0)\n")
     env = cli_env(home, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc_per_node", "2", str(script)],

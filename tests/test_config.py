@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from helpers_project import MINIMAL_CONFIG, assert_one_line_error, run_cli, write
 
-from higgsfield.cli import main
-from higgsfield.config import find_config, json_schema, load_config, parse_config
-from higgsfield.errors import ConfigError
+from higgsfield.contract.errors import ConfigError
+from higgsfield.control.cli import main
+from higgsfield.control.config import find_config, json_schema, load_config, parse_config
 
 # (id, higgsfield.yml, expected message after "<path>:")
 CLI_CASES = [
@@ -304,8 +304,8 @@ def test_default_user_is_never_root(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     """Without ssh.user the local user name is used, and a root laptop user is refused, not sent."""
     import getpass
 
-    from higgsfield.config import parse_config
-    from higgsfield.errors import ConfigError
+    from higgsfield.contract.errors import ConfigError
+    from higgsfield.control.config import parse_config
 
     cfg = parse_config(MINIMAL_CONFIG, tmp_path / "higgsfield.yml")
     monkeypatch.setattr(getpass, "getuser", lambda: "root")

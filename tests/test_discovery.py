@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from helpers_project import BODY, IMPORT_STYLES, write
 
-from higgsfield.discovery import discover, find_experiment
-from higgsfield.errors import ExperimentError
+from higgsfield.contract.errors import ExperimentError
+from higgsfield.control.project.discovery import discover, find_experiment
 
 
 @pytest.mark.parametrize("source", list(IMPORT_STYLES.values()), ids=list(IMPORT_STYLES))

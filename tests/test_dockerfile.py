@@ -23,13 +23,13 @@ def test_training_image_builds_and_runs_an_experiment(testbed, tmp_path: Path) -
     (rd / "logs").mkdir(parents=True)
     (rd / "spec.json").write_text(json.dumps({
         "project": "higgsfield", "experiment": "regression", "run": "img", "module": "regression",
-        "code_dir": "/workspace", "params": {"steps": "8"}, "version": 1,   # a RunSpec (higgsfield.runspec)
+        "code_dir": "/workspace", "params": {"steps": "8"}, "version": 1,   # a RunSpec (higgsfield.contract.runspec)
         "node": "n", "node_rank": 0, "nodes": ["n"], "master_addr": "127.0.0.1", "submitted_at": 0}))
     run = subprocess.run(
         ["docker", "run", "--rm", "--network", "host", "--ipc", "host", "-v", f"{rd}:{rd}",
          "-e", "PROJECT_NAME=higgsfield", "-e", "EXPERIMENT_NAME=regression", "-e", "RUN_NAME=img",
          tag, "python3", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "-m", "higgsfield.entrypoint", str(rd)], capture_output=True, text=True, timeout=600)
+         "-m", "higgsfield.node.entrypoint", str(rd)], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     losses = [float(line.split()[-1]) for line in (rd / "logs" / "rank0.log").read_text().splitlines()
               if line.startswith("step ")]

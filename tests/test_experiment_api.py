@@ -11,8 +11,8 @@ import pytest
 from helpers_project import BODY, IMPORT_STYLES, write
 
 import higgsfield.experiment as hx
-from higgsfield.discovery import discover
-from higgsfield.errors import ExperimentError, ParamError
+from higgsfield.contract.errors import ExperimentError, ParamError
+from higgsfield.control.project.discovery import discover
 from higgsfield.experiment import Params, experiment, param, registry
 
 
@@ -45,7 +45,7 @@ def test_runtime_agrees_with_discovery(tmp_path: Path, source: str) -> None:
 
 @pytest.mark.slow  # it imports torch
 def test_the_scaffold_example_agrees(tmp_path: Path) -> None:
-    from higgsfield.scaffold import render
+    from higgsfield.control.project.scaffold import render
 
     file = write(tmp_path / "src" / "example.py", render("demo")["src/example.py"])
     (found,) = discover(tmp_path / "src")

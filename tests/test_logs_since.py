@@ -15,10 +15,10 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from higgsfield.invoker.logindex import start_offset
-from higgsfield.invoker.logs import read_lines
-from higgsfield.invoker.records import RunDir
-from higgsfield.runspec import RunSpec
+from higgsfield.contract.runspec import RunSpec
+from higgsfield.node.observe.logindex import start_offset
+from higgsfield.node.observe.logs import read_lines
+from higgsfield.node.state.records import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,14 +65,14 @@ def _spawn(tmp_path: Path, params: dict[str, object], **kw: object) -> tuple[sub
         node="n", node_rank=0, nodes=("n",), master_addr="127.0.0.1", submitted_at=time.time()).to_dict()))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(PROJECT_NAME="p", EXPERIMENT_NAME="chatty", RUN_NAME="r", PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-m", "higgsfield.entrypoint", str(rd)], env=env,  # noqa: S603
+    proc = subprocess.Popen([sys.executable, "-m", "higgsfield.node.entrypoint", str(rd)], env=env,  # noqa: S603
                             start_new_session=True, **kw)  # type: ignore[call-overload]
     return proc, rd
 
 
 def _drained(log: Path, timeout: float = 20) -> None:
     """Wait until no tee holds the index (what ``read_lines`` waits for when following)."""
-    from higgsfield.invoker.logs import _teeing
+    from higgsfield.node.observe.logs import _teeing
 
     rd = _rundir(log.parent.parent)
     deadline = time.time() + timeout
@@ -232,7 +232,7 @@ def test_without_since_everything_and_without_index_by_mtime(tmp_path: Path) -> 
 
 
 def test_invoker_logs_since(tmp_path: Path) -> None:
-    from higgsfield.cli.invoker import invoker
+    from higgsfield.node.cli import invoker
 
     rd, _ = _synthetic(tmp_path)
     run = RunDir(tmp_path / "state", "proj", "r1")
@@ -269,13 +269,13 @@ def test_follow_waits_for_a_tee_still_holding_the_index(tmp_path: Path) -> None:
 @pytest.mark.parametrize("value,ago", [("30s", 30), ("10m", 600), ("2h", 7200), ("1d", 86400), ("1.5h", 5400),
                                        (" 45S ", 45)])
 def test_since_durations(value: str, ago: float) -> None:
-    from higgsfield.cli.runs import parse_since
+    from higgsfield.control.cli.runs import parse_since
 
     assert parse_since(value, now=1_000_000.0) == 1_000_000.0 - ago
 
 
 def test_since_times() -> None:
-    from higgsfield.cli.runs import parse_since
+    from higgsfield.control.cli.runs import parse_since
 
     assert parse_since("2026-11-30T10:00") == datetime(2026, 11, 30, 10, 0).timestamp()      # local
     assert parse_since("2026-11-30 10:00:30") == datetime(2026, 11, 30, 10, 0, 30).timestamp()
@@ -285,7 +285,7 @@ def test_since_times() -> None:
 
 @pytest.mark.parametrize("value", ["", "yesterday", "10x", "-5m", "m", "2026-13-01", "10:00:00 tomorrow"])
 def test_bad_since_values(value: str) -> None:
-    from higgsfield.cli.runs import parse_since
+    from higgsfield.control.cli.runs import parse_since
 
     with pytest.raises(click.BadParameter, match="neither a duration"):
         parse_since(value)

@@ -71,7 +71,7 @@ def test_wheel_holds_every_package(installed: tuple[Path, Path]) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     packages = {p.parent.relative_to(REPO).as_posix() for p in (REPO / "higgsfield").rglob("__init__.py")
                 if "__pycache__" not in p.parts}
-    assert "higgsfield/slurm" in packages
+    assert "higgsfield/control/backends/slurm" in packages
     missing = sorted(p for p in packages if f"{p}/__init__.py" not in names)
     assert not missing, f"add these to pyproject.toml's packages = [...]: {[m.replace('/', '.') for m in missing]}"
     modules = {p.relative_to(REPO).as_posix() for p in (REPO / "higgsfield").rglob("*.py")
@@ -86,7 +86,7 @@ def test_wheel_holds_the_dashboard(installed: tuple[Path, Path]) -> None:
               if p.is_file()}
     assert {"ui/static/index.html", "ui/static/app.js", "ui/static/vendor/uPlot.iife.min.js"} <= static
     assert {f"higgsfield/{p}" for p in static} <= names
-    assert "higgsfield/ui/app.py" in names and "higgsfield/metrics.py" in names
+    assert "higgsfield/control/ui/app.py" in names and "higgsfield/metrics.py" in names
 
 
 def test_installed_package_is_the_wheel(installed: tuple[Path, Path], tmp_path: Path) -> None:
@@ -113,9 +113,9 @@ def test_init_renders_from_the_installed_wheel(installed: tuple[Path, Path], tmp
 
 def test_help_imports_no_torch_from_the_wheel(installed: tuple[Path, Path], tmp_path: Path) -> None:
     _, venv = installed
-    code = ("import sys\nfrom higgsfield.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n"
+    code = ("import sys\nfrom higgsfield.control.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n"
             "    pass\nprint('LOADED', sorted(m for m in ('torch', 'pydantic', 'rich', 'asyncssh', 'starlette', "
-            "'uvicorn', 'higgsfield.ui') "
+            "'uvicorn', 'higgsfield.control.ui') "
             "if m in sys.modules))\n")
     out = _run([str(venv / "bin" / "python"), "-c", code], cwd=tmp_path, env=cli_env(tmp_path / "h")).stdout
     assert "Usage: higgsfield" in out

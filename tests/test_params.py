@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from higgsfield.errors import ExperimentError, ParamError
-from higgsfield.params import RESERVED, ParamSpec, parse_assignments, parse_bool, resolve
+from higgsfield.contract.errors import ExperimentError, ParamError
+from higgsfield.contract.params import RESERVED, ParamSpec, parse_assignments, parse_bool, resolve
 
 
 @pytest.mark.parametrize("text", ["true", "True", "TRUE", "1", "yes", "Yes", "YES", " true ", "on", "y"])

@@ -24,14 +24,14 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from higgsfield.config import Config, parse_config
-from higgsfield.discovery import DiscoveredExperiment
-from higgsfield.errors import ConfigError, ExperimentError, HiggsfieldError, ParamError
-from higgsfield.names import check_host, check_identifier, check_secret_name, is_run_name
-from higgsfield.params import ParamSpec, parse_assignments
-from higgsfield.workflows import render_workflows
-from higgsfield.workflows.ci_inputs import parse_more_params
-from higgsfield.workflows.render import PINNED_ACTIONS
+from higgsfield.contract.errors import ConfigError, ExperimentError, HiggsfieldError, ParamError
+from higgsfield.contract.names import check_host, check_identifier, check_secret_name, is_run_name
+from higgsfield.contract.params import ParamSpec, parse_assignments
+from higgsfield.control.config import Config, parse_config
+from higgsfield.control.project.discovery import DiscoveredExperiment
+from higgsfield.control.workflows import render_workflows
+from higgsfield.control.workflows.ci_inputs import parse_more_params
+from higgsfield.control.workflows.render import PINNED_ACTIONS
 
 FAST = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -219,7 +219,7 @@ def test_random_text_loads_or_is_one_line(text: str) -> None:
 @FAST
 @given(data=st.binary(max_size=200))
 def test_random_bytes_load_or_are_one_line(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
-    from higgsfield.config import load_config
+    from higgsfield.control.config import load_config
 
     path = tmp_path_factory.mktemp("cfg") / "higgsfield.yml"
     path.write_bytes(b"name: a\nnodes: [{host: h}]\n# " + data)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from higgsfield.invoker.records import RunDir, RunRecord
+from higgsfield.node.state.records import RunDir, RunRecord
 
 PROJECT = "pruneproj"
 DAY = 86400.0
@@ -172,16 +172,16 @@ class _Unreachable:
     node = "localhost"
 
     async def run(self, argv: Sequence[str], **kw: object) -> object:
-        from higgsfield.errors import ConnectError
+        from higgsfield.contract.errors import ConnectError
 
         raise ConnectError("localhost", "connection lost")
 
 
 @pytest.mark.timeout(120)
 def test_deploy_hook_prunes_by_retention_and_a_failure_only_warns(node: Path) -> None:
-    from higgsfield.config import load_config
-    from higgsfield.orchestrator.prune import apply_retention
-    from higgsfield.remote import open_group
+    from higgsfield.control.backends.nodes.prune import apply_retention
+    from higgsfield.control.config import load_config
+    from higgsfield.control.remote import open_group
 
     write_config(node / "proj", "retention:\n  max_age: 30d\n  images: false\n")
     cfg = load_config(node / "proj" / "higgsfield.yml")
@@ -207,9 +207,9 @@ def test_deploy_hook_prunes_by_retention_and_a_failure_only_warns(node: Path) ->
 def test_doctor_shows_usage_and_warns_below_10_percent_free(node: Path) -> None:
     import json
 
-    from higgsfield import doctor
-    from higgsfield.config import Config
-    from higgsfield.remote.base import CommandResult
+    from higgsfield.control import doctor
+    from higgsfield.control.config import Config
+    from higgsfield.control.remote.base import CommandResult
 
     r = hf(node, "doctor", "--json")
     usage = json.loads(r.stdout)["nodes"][0]["checks"]["usage"]
@@ -237,7 +237,7 @@ def test_the_prune_request_reads_back_as_sent_and_an_unknown_field_is_named() ->
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from higgsfield.prunespec import PruneError, PrunePolicy
+    from higgsfield.contract.prunespec import PruneError, PrunePolicy
 
     names = st.from_regex(r"[a-z][a-z0-9_-]{0,20}", fullmatch=True)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from pull_helpers import assert_same_state, load_step
 
-from higgsfield.orchestrator.pull import PullError, choose_step, merge_parts, safe_rel, step_name
+from higgsfield.control.backends.nodes.pull import PullError, choose_step, merge_parts, safe_rel, step_name
 
 PROJECT = "pullproj"
 WIDTH = 16
@@ -183,7 +183,7 @@ def test_a_node_listing_never_names_a_path_outside_its_root() -> None:
     for bad in ("../x", "/etc/passwd", "a//b", "a/./b", "a\\b", "a\nb", ""):
         assert not safe_rel(bad), bad
     assert safe_rel("step_00000004/__0_0.distcp") and safe_rel("logs/rank0.log")
-    from higgsfield.orchestrator.pull import RemoteFile
+    from higgsfield.control.backends.nodes.pull import RemoteFile
 
     a = [RemoteFile("n0", "/a/m", "s/.metadata", 1, "0" * 64), RemoteFile("n0", "/a/0", "s/__0_0.distcp", 1, "0" * 64)]
     b = [RemoteFile("n1", "/b/m", "s/.metadata", 2, "1" * 64), RemoteFile("n1", "/b/2", "s/__2_0.distcp", 1, "1" * 64)]
@@ -193,7 +193,7 @@ def test_a_node_listing_never_names_a_path_outside_its_root() -> None:
 
 @pytest.mark.timeout(10)
 def test_the_node_lists_plain_files_only_never_through_a_symlink(tmp_path: Path) -> None:
-    from higgsfield.invoker.files import _walk, complete_steps
+    from higgsfield.node.observe.files import _walk, complete_steps
 
     root = tmp_path / "ckpt"
     (root / "step_00000004" / "sub").mkdir(parents=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from higgsfield.errors import NodeLost
+from higgsfield.contract.errors import NodeLost
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -205,11 +205,11 @@ def test_entrypoint_runs_without_torchrun_env(project: Path, tmp_path: Path) -> 
     (rd / "logs").mkdir(parents=True)
     (rd / "spec.json").write_text(json.dumps({
         "project": "localproj", "experiment": "probe", "run": "solo", "module": "probe",
-        "code_dir": str(project), "params": {"flag": "yes"}, "version": 1,   # a RunSpec (higgsfield.runspec)
+        "code_dir": str(project), "params": {"flag": "yes"}, "version": 1,   # a RunSpec (higgsfield.contract.runspec)
         "node": "localhost", "node_rank": 0, "nodes": ["localhost"], "master_addr": "127.0.0.1", "submitted_at": 0}))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(PROJECT_NAME="localproj", EXPERIMENT_NAME="probe", RUN_NAME="solo")
-    r = subprocess.run([sys.executable, "-m", "higgsfield.entrypoint", str(rd)], env=env, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "higgsfield.node.entrypoint", str(rd)], env=env, timeout=60)
     assert r.returncode == 0
     assert "rank=0 world=1 flag=True project=localproj" in (rd / "logs" / "rank0.log").read_text()
 
@@ -217,8 +217,8 @@ def test_entrypoint_runs_without_torchrun_env(project: Path, tmp_path: Path) -> 
 # -- control side, without nodes ---------------------------------------------------------------
 
 def test_node_log_lines_cannot_drive_the_terminal(capsys: pytest.CaptureFixture[str]) -> None:
-    from higgsfield.cli.runs import _print_lines
-    from higgsfield.orchestrator import LogLine
+    from higgsfield.control.backends.nodes import LogLine
+    from higgsfield.control.cli.runs import _print_lines
 
     hostile = "ok\x1b[2J\x1b]0;owned\x07 done\tcol\r\x9b31m\x00end"
     _print_lines([LogLine("n1", 0, hostile)], color=False)
@@ -238,7 +238,7 @@ class _FakeTransport:
         self.closes = 0
 
     async def run(self, argv: list[str], input: object = None, timeout: float | None = None) -> object:
-        from higgsfield.remote.base import CommandResult
+        from higgsfield.control.remote.base import CommandResult
 
         sub = argv[argv.index("invoker") + 3]
         self.calls.append(argv)
@@ -264,9 +264,10 @@ def _fake_group(monkeypatch: pytest.MonkeyPatch, transports: list[_FakeTransport
     """Every group a command opens is made of ``transports``; returns the list of groups opened."""
     import contextlib
 
-    from higgsfield import orchestrator
-    from higgsfield.orchestrator import nodes_backend, start
-    from higgsfield.remote.fanout import Group, Member
+    from higgsfield.control.backends import nodes as orchestrator
+    from higgsfield.control.backends.nodes import backend as nodes_backend
+    from higgsfield.control.backends.nodes import start
+    from higgsfield.control.remote.fanout import Group, Member
 
     opened: list[object] = []
 
@@ -285,7 +286,7 @@ def _fake_group(monkeypatch: pytest.MonkeyPatch, transports: list[_FakeTransport
 
 
 def _group(cfg, transports: list[_FakeTransport]):  # type: ignore[no-untyped-def]
-    from higgsfield.remote.fanout import Group, Member
+    from higgsfield.control.remote.fanout import Group, Member
 
     by_name = {t.node: t for t in transports}
     return Group([Member(n, by_name[str(n.name)], i) for i, n in enumerate(cfg.nodes)])  # type: ignore[arg-type]
@@ -302,7 +303,7 @@ def _collect(lines) -> list:  # type: ignore[no-untyped-def, type-arg]
 
 
 def _two_node_cfg(project: Path):  # type: ignore[no-untyped-def]
-    from higgsfield.config import load_config
+    from higgsfield.control.config import load_config
 
     yml = project / "higgsfield.yml"
     yml.write_text(yml.read_text().replace("nodes:\n  - host: localhost\n",
@@ -314,8 +315,8 @@ def test_a_failed_start_kills_on_every_node_and_names_where_the_kill_failed(
         project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import asyncio
 
-    from higgsfield import orchestrator as runs
-    from higgsfield.errors import CommandError, RunError
+    from higgsfield.contract.errors import CommandError, RunError
+    from higgsfield.control.backends import nodes as runs
 
     cfg = _two_node_cfg(project)
     started = json.dumps({"state": "starting", "run": "x", "coord_port": 29500})
@@ -344,8 +345,8 @@ def test_a_failed_start_kills_on_every_node_and_names_where_the_kill_failed(
                                            ('{"no_state": 1}', "no state, run"), ("", "nothing")])
 def test_unexpected_invoker_output_is_one_clear_error(project: Path, monkeypatch: pytest.MonkeyPatch,
                                                       stdout: str, needle: str) -> None:
-    from higgsfield.errors import RunError
-    from higgsfield.orchestrator import start_run
+    from higgsfield.contract.errors import RunError
+    from higgsfield.control.backends.nodes import start_run
 
     cfg = _two_node_cfg(project)
     _fake_group(monkeypatch, [_FakeTransport("a", {"start": stdout}), _FakeTransport("b", {})])
@@ -360,8 +361,8 @@ def test_a_printer_stopping_early_closes_every_node_stream(project: Path) -> Non
     import asyncio
     import io
 
-    from higgsfield.cli.runs import _print_stream
-    from higgsfield.orchestrator import follow, merge
+    from higgsfield.control.backends.nodes import follow, merge
+    from higgsfield.control.cli.runs import _print_stream
 
     cfg = _two_node_cfg(project)
     closed: list[str] = []
@@ -407,9 +408,9 @@ def test_run_starts_follows_and_ends_over_one_group(project: Path, monkeypatch: 
     """``higgsfield run``: start, follow and the final status in one event loop, over one group's connections."""
     import asyncio
 
-    from higgsfield import orchestrator
-    from higgsfield.cli._common import console
-    from higgsfield.cli.runs import _run
+    from higgsfield.control.backends import nodes as orchestrator
+    from higgsfield.control.cli._common import console
+    from higgsfield.control.cli.runs import _run
 
     cfg = _two_node_cfg(project)
     rec = {"project": "localproj", "experiment": "probe", "run": "x", "created_at": 1.0, "nnodes": 2}
@@ -434,8 +435,8 @@ def test_run_starts_follows_and_ends_over_one_group(project: Path, monkeypatch: 
 
 
 def test_status_names_the_earliest_failure_and_run_exits_with_the_failing_node_s_code() -> None:
-    from higgsfield.cli.runs import exit_code
-    from higgsfield.orchestrator import merge as _merge
+    from higgsfield.control.backends.nodes import merge as _merge
+    from higgsfield.control.cli.runs import exit_code
 
     base = {"project": "p", "experiment": "e", "run": "r", "nnodes": 3, "nproc": 1, "created_at": 1.0}
 
@@ -461,8 +462,8 @@ def test_status_names_the_earliest_failure_and_run_exits_with_the_failing_node_s
 
 def test_a_broken_log_stream_is_reattached_without_losing_or_repeating_a_line(
         project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from higgsfield.errors import CommandError
-    from higgsfield.orchestrator import NOTICE, follow, logs, merge
+    from higgsfield.contract.errors import CommandError
+    from higgsfield.control.backends.nodes import NOTICE, follow, logs, merge
 
     cfg = _two_node_cfg(project)
     a, b = _FakeTransport("a", {}), _FakeTransport("b", {})

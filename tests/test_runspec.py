@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from higgsfield.runspec import (
+from higgsfield.contract.runspec import (
     ACTIVE,
     SPEC_VERSION,
     STATES,

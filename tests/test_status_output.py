@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from helpers_project import local_project
 
-from higgsfield.cli._status_table import layout
-from higgsfield.runspec import RunStatus
+from higgsfield.contract.runspec import RunStatus
+from higgsfield.control.cli._status_table import layout
 
 pytestmark = pytest.mark.timeout(120)
 

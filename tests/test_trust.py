@@ -398,7 +398,7 @@ def test_setup_shows_and_asks_before_anything_reaches_a_new_server(tmp_path: Pat
 
 
 def test_only_setup_writes_a_pin() -> None:
-    """No module but :mod:`higgsfield.provision.trust` (what setup runs) calls ``PinnedHosts.pin``."""
+    """No module but :mod:`higgsfield.control.provision.trust` (what setup runs) calls ``PinnedHosts.pin``."""
     import ast
 
     callers = set()
@@ -406,4 +406,4 @@ def test_only_setup_writes_a_pin() -> None:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "pin":
                 callers.add(str(path.relative_to(REPO)))
-    assert callers == {"higgsfield/provision/trust.py"}
+    assert callers == {"higgsfield/control/provision/trust.py"}

@@ -134,14 +134,14 @@ def worker_pid(run_dir: Path, rank: int) -> int | None:
             env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
         except OSError:
             continue
-        if b"higgsfield.entrypoint" in cmd and b"torch.distributed.run" not in cmd and f"RANK={rank}".encode() in env:
+        if b"higgsfield.node.entrypoint" in cmd and b"torch.distributed.run" not in cmd and f"RANK={rank}".encode() in env:
             # the tee is a fork of the worker: the worker is the one whose parent is not a worker
             try:
                 ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
                 pcmd = open(f"/proc/{ppid}/cmdline", "rb").read().split(b"\0")
             except (OSError, ValueError, IndexError):
                 continue
-            if not (b"higgsfield.entrypoint" in pcmd and b"torch.distributed.run" not in pcmd):
+            if not (b"higgsfield.node.entrypoint" in pcmd and b"torch.distributed.run" not in pcmd):
                 return pid
     return None
 

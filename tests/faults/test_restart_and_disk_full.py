@@ -131,7 +131,7 @@ def test_disk_full_during_a_checkpoint_keeps_the_previous_one_which_then_loads(f
         assert reason.startswith("CheckpointError: checkpoint save of step_00000010") and "is full" in reason, reason
         assert "the last complete checkpoint, step_00000005, is intact" in reason, reason
         assert reason.splitlines()[0] == reason
-        assert f"hfnode8/0 | higgsfield.errors.{reason}" in r.stdout, r.stdout[-3000:]
+        assert f"hfnode8/0 | higgsfield.contract.errors.{reason}" in r.stdout, r.stdout[-3000:]
         assert sorted(os.listdir(where)) == ["step_00000005"], os.listdir(where)  # no partial save left
         assert (where / "step_00000005" / "COMPLETE").is_file()
         log = c.rank_log(8, run, 0).read_text()

@@ -74,14 +74,14 @@ from test_properties import (  # noqa: E402
     _loads_or_one_line,
 )
 
-import higgsfield.orchestrator as orchestrator  # noqa: E402
-from higgsfield.cli import main as cli_main  # noqa: E402
-from higgsfield.config import Config, load_config  # noqa: E402
-from higgsfield.discovery import discover  # noqa: E402
-from higgsfield.errors import ConfigError, ExperimentError, HiggsfieldError, ParamError  # noqa: E402
-from higgsfield.params import ParamSpec  # noqa: E402
-from higgsfield.secrets import load_env_file  # noqa: E402
-from higgsfield.workflows import render_workflows  # noqa: E402
+import higgsfield.control.backends.nodes as orchestrator  # noqa: E402
+from higgsfield.contract.errors import ConfigError, ExperimentError, HiggsfieldError, ParamError  # noqa: E402
+from higgsfield.contract.params import ParamSpec  # noqa: E402
+from higgsfield.control.cli import main as cli_main  # noqa: E402
+from higgsfield.control.config import Config, load_config  # noqa: E402
+from higgsfield.control.project.discovery import discover  # noqa: E402
+from higgsfield.control.secrets import load_env_file  # noqa: E402
+from higgsfield.control.workflows import render_workflows  # noqa: E402
 
 #: Seconds one input may take before it counts as a hang.
 HANG_S = 20.0
@@ -422,7 +422,7 @@ DIR_NAME = st.one_of(IDENT, st.sampled_from(["..", ".", "-x", "a" * 300, "evil\x
 
 
 def _healthy_record(run: str) -> dict[str, Any]:
-    from higgsfield.invoker.records import RunRecord
+    from higgsfield.node.state.records import RunRecord
 
     return RunRecord(project="fz", experiment="e", run=run, node="localhost", node_rank=0, nnodes=1, nproc=1,
                      state="succeeded", exit_code=0, created_at=1.0, started_at=1.0, ended_at=2.0).to_dict()
@@ -461,9 +461,9 @@ def damaged_run(draw: st.DrawFn) -> tuple[str, str, bytes | None]:
 def fuzz_records(damaged: list[tuple[str, str, bytes | None]], reply: Any) -> None:
     """Damaged run directories beside a healthy run: the node's ``status`` shows the healthy one and names
     each skip in one line; the control side decodes any reply into typed views or one line."""
-    from higgsfield.decode import DecodeError
-    from higgsfield.names import is_run_name
-    from higgsfield.runspec import NodeRuns, SpecError
+    from higgsfield.contract.decode import DecodeError
+    from higgsfield.contract.names import is_run_name
+    from higgsfield.contract.runspec import NodeRuns, SpecError
 
     COUNTS["records"] += 1
     state = WORK / "state"
@@ -532,7 +532,7 @@ OUTPUT_PIECES = st.one_of(
 def fuzz_output(pieces: list[bytes], chunk: int, max_line: int) -> None:
     """A rank's output in any bytes and chunking: every line comes out, none longer than the cap and its
     marker, the same whatever the chunking; shown on a terminal, no control byte is left to obey."""
-    from higgsfield.text import LineSplitter, inert
+    from higgsfield.contract.text import LineSplitter, inert
 
     COUNTS["output"] += 1
     data = b"".join(pieces)
@@ -574,9 +574,9 @@ BAD_LINE = st.one_of(
 def fuzz_metrics(lines: list[tuple[str, str | bytes]]) -> None:
     """A run's metrics file with good steps among lines of any shape: the node's ``metrics`` shows every
     good step in order and counts the rest, so each non-blank line is either shown or counted."""
-    from higgsfield.invoker.metrics import metrics_path
-    from higgsfield.invoker.records import RunDir
     from higgsfield.metrics import decode_line, parse_skipped
+    from higgsfield.node.observe.metrics import metrics_path
+    from higgsfield.node.state.records import RunDir
 
     COUNTS["metrics"] += 1
     state = WORK / "mstate"
@@ -638,7 +638,7 @@ def fuzz_http(method: str, path: str, query: str, auth: str, ctype: str | None, 
     import http.client
     import socket
 
-    from higgsfield.ui.security import cookie_name, csrf_token
+    from higgsfield.control.ui.security import cookie_name, csrf_token
 
     COUNTS["http"] += 1
     d = _dashboard()

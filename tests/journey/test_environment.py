@@ -1,4 +1,4 @@
-"""The project environment of runtime: process (higgsfield.invoker.environment), on this machine.
+"""The project environment of runtime: process (higgsfield.node.code.environment), on this machine.
 
 Fast: what counts as listing torch, the key, which python a run gets. Slow: a real
 build with pip (torch from this machine's wheel on disk), skipped when unchanged,
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from higgsfield.errors import RunError
-from higgsfield.invoker import environment as envmod
-from higgsfield.invoker.records import write_json
+from higgsfield.contract.errors import RunError
+from higgsfield.node.code import environment as envmod
+from higgsfield.node.state.records import write_json
 
 TORCH = "torch==2.13.0"  # the CPU wheel this machine's pip has on disk (TESTBED.md)
 

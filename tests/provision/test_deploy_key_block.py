@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncssh
 
-from higgsfield.provision.deploy_key import BEGIN, END, GITHUB_KNOWN_HOSTS, managed_block, with_block
+from higgsfield.control.provision.deploy_key import BEGIN, END, GITHUB_KNOWN_HOSTS, managed_block, with_block
 
 USER_CONFIG = "Host *\n    ServerAliveInterval 60\n\nHost box\n    HostName 10.1.2.3\n"
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 import higgsfield
-from higgsfield import doctor
-from higgsfield.config import Config
-from higgsfield.remote.base import CommandResult, Transport
-from higgsfield.remote.probe import Clock
+from higgsfield.control import doctor
+from higgsfield.control.config import Config
+from higgsfield.control.remote.base import CommandResult, Transport
+from higgsfield.control.remote.probe import Clock
 
 SMI_CSV = "NVIDIA H200, 550.54.15, 143771 MiB\nNVIDIA H200, 550.54.15, 143771 MiB\n"
 SMI = "| NVIDIA-SMI 550.54.15   Driver Version: 550.54.15   CUDA Version: 12.4     |\n"
@@ -97,10 +97,10 @@ def test_one_probe_answers_every_check_on_a_local_node(tmp_path: Path) -> None:
 
 
 def test_sudo_asking_for_a_password_is_a_clear_setup_error(tmp_path: Path) -> None:
-    from higgsfield.errors import StepFailed
-    from higgsfield.provision.context import NodeContext, NodeLog, SetupOptions
-    from higgsfield.provision.system import OsStep
-    from higgsfield.provision.wheels import Artifacts
+    from higgsfield.contract.errors import StepFailed
+    from higgsfield.control.provision.context import NodeContext, NodeLog, SetupOptions
+    from higgsfield.control.provision.system import OsStep
+    from higgsfield.control.provision.wheels import Artifacts
 
     cfg = _cfg()
     t = Canned({"uname -sm": (0, "Linux x86_64\n", ""), "cat /etc/os-release": (0, 'PRETTY_NAME="Ubuntu 22.04"\n', ""),

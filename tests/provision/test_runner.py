@@ -9,10 +9,10 @@ from typing import ClassVar
 
 import pytest
 
-from higgsfield.config import Config
-from higgsfield.provision import Check, Outcome, SetupOptions, Step, StepFailed, provision
-from higgsfield.provision import runner as runner_mod
-from higgsfield.provision.context import NodeContext
+from higgsfield.control.config import Config
+from higgsfield.control.provision import Check, Outcome, SetupOptions, Step, StepFailed, provision
+from higgsfield.control.provision import runner as runner_mod
+from higgsfield.control.provision.context import NodeContext
 
 
 class _Fake(Step):
@@ -95,7 +95,7 @@ def test_dry_run_applies_nothing(tmp_path: Path, fake_steps: None) -> None:
 
 
 def test_unknown_step_and_node_are_config_errors(tmp_path: Path) -> None:
-    from higgsfield.errors import ConfigError
+    from higgsfield.contract.errors import ConfigError
 
     cfg = _cfg(tmp_path, [{"host": "localhost"}])
     with pytest.raises(ConfigError, match="unknown step nope"):
@@ -107,7 +107,7 @@ def test_unknown_step_and_node_are_config_errors(tmp_path: Path) -> None:
 def test_dry_run_changes_no_pins(tmp_path: Path, fake_steps: None) -> None:
     import asyncssh
 
-    from higgsfield.provision.trust import HostScan, NewHostKey
+    from higgsfield.control.provision.trust import HostScan, NewHostKey
 
     port = _closed_port()
     cfg = _cfg(tmp_path, [{"host": "127.0.0.1", "port": port, "name": "gone", "user": "tester"}])
@@ -128,7 +128,7 @@ def test_dry_run_changes_no_pins(tmp_path: Path, fake_steps: None) -> None:
 def test_an_unexpected_exception_is_that_nodes_result(tmp_path: Path, fake_steps: None,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = _cfg(tmp_path, [{"host": "localhost"}, {"host": "127.0.0.1", "name": "buggy", "user": "tester"}])
-    from higgsfield.remote import fanout
+    from higgsfield.control.remote import fanout
 
     real = fanout.transport_for
 

@@ -8,11 +8,11 @@ from typing import ClassVar
 import pytest
 from click.testing import CliRunner
 
-from higgsfield.cli import cli
-from higgsfield.errors import StepFailed
-from higgsfield.provision import Check, Step
-from higgsfield.provision import runner as runner_mod
-from higgsfield.provision.context import NodeContext
+from higgsfield.contract.errors import StepFailed
+from higgsfield.control.cli import cli
+from higgsfield.control.provision import Check, Step
+from higgsfield.control.provision import runner as runner_mod
+from higgsfield.control.provision.context import NodeContext
 
 
 class _Done(Step):
@@ -44,7 +44,7 @@ def test_all_done_exits_0_and_says_nothing_changed(tmp_path: Path, monkeypatch: 
 
 
 def test_a_failure_is_named_and_exits_non_zero(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from higgsfield.errors import GroupError
+    from higgsfield.contract.errors import GroupError
 
     monkeypatch.setattr(runner_mod, "STEPS", (_Done(), _Broken()))
     res = CliRunner().invoke(cli, ["--config", str(_project(tmp_path)), "setup"])
@@ -85,8 +85,8 @@ def test_an_applied_steps_detail_is_said_once(tmp_path: Path, monkeypatch: pytes
 def test_notes_that_differ_only_in_the_user_or_node_are_one_line() -> None:
     from rich.console import Console
 
-    from higgsfield.cli.nodes import _render_setup
-    from higgsfield.provision import NodeReport, Outcome, SetupReport, StepResult
+    from higgsfield.control.cli.nodes import _render_setup
+    from higgsfield.control.provision import NodeReport, Outcome, SetupReport, StepResult
 
     def node(i: int) -> NodeReport:
         return NodeReport(f"hfnode{i}", i, [StepResult("docker-group", Outcome.APPLIED,
@@ -106,7 +106,7 @@ def test_notes_that_differ_only_in_the_user_or_node_are_one_line() -> None:
 
 
 def test_merge_notes_by_user_and_node_and_name_runs_of_nodes() -> None:
-    from higgsfield.cli.nodes import _nodes_named, merge_notes
+    from higgsfield.control.cli.nodes import _nodes_named, merge_notes
 
     notes = [(f"added ceof{i} to the docker group", f"hfnode{i}", {"<user>": f"ceof{i}", "<node>": f"hfnode{i}"})
              for i in range(30, 46)]
@@ -122,7 +122,7 @@ def test_merge_notes_by_user_and_node_and_name_runs_of_nodes() -> None:
 def test_the_live_table_does_not_shift_as_cells_fill() -> None:
     from rich.console import Console
 
-    from higgsfield.cli.nodes import _progress_table
+    from higgsfield.control.cli.nodes import _progress_table
 
     nodes, steps = ["gpu-1", "a-much-longer-node"], ["connect", "os", "docker-group", "base-image"]
 

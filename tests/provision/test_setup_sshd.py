@@ -22,8 +22,8 @@ import pytest
 from testbed import Testbed
 
 import higgsfield
-from higgsfield.config import load_config
-from higgsfield.remote.ssh import SSHTransport
+from higgsfield.control.config import load_config
+from higgsfield.control.remote.ssh import SSHTransport
 
 pytestmark = [pytest.mark.slow, pytest.mark.sshd, pytest.mark.docker]
 

@@ -7,7 +7,13 @@ import zipfile
 from pathlib import Path
 
 import higgsfield
-from higgsfield.provision.wheels import NodePython, _platforms, build_id, build_wheel, runtime_requirements
+from higgsfield.control.provision.wheels import (
+    NodePython,
+    _platforms,
+    build_id,
+    build_wheel,
+    runtime_requirements,
+)
 
 
 def test_wheel_is_this_build_and_cached(tmp_path: Path) -> None:
@@ -15,9 +21,9 @@ def test_wheel_is_this_build_and_cached(tmp_path: Path) -> None:
     assert wheel.name == f"higgsfield-{higgsfield.__version__}-py3-none-any.whl"
     assert wheel.parent.name == build_id() and build_id().startswith(higgsfield.__version__ + "+")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "higgsfield/remote/ssh.py" in names and any(n.startswith("higgsfield/templates/") for n in names)
+    assert "higgsfield/control/remote/ssh.py" in names and any(n.startswith("higgsfield/templates/") for n in names)
     entry = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "higgsfield = higgsfield.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+    assert "higgsfield = higgsfield.control.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
     start = time.monotonic()
     assert build_wheel(tmp_path) == wheel and time.monotonic() - start < 1  # from the cache
 

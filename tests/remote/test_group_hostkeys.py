@@ -12,10 +12,10 @@ import asyncssh
 import pytest
 from sshserver import FakeServer, closed_port, fake_server
 
-from higgsfield.config import Config
-from higgsfield.errors import ConnectError, HostKeyError, HostNotPinnedError
-from higgsfield.remote.fanout import open_group
-from higgsfield.remote.hostkeys import PinnedHosts, fingerprint
+from higgsfield.contract.errors import ConnectError, HostKeyError, HostNotPinnedError
+from higgsfield.control.config import Config
+from higgsfield.control.remote.fanout import open_group
+from higgsfield.control.remote.hostkeys import PinnedHosts, fingerprint
 
 
 def _cfg(tmp_path: Path, nodes: list[dict[str, object]], key: Path) -> Config:

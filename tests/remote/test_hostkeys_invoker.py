@@ -7,9 +7,9 @@ from pathlib import Path
 
 import asyncssh
 
-from higgsfield.config import Config
-from higgsfield.remote.hostkeys import PinnedHosts, entry_name
-from higgsfield.remote.invoker import invoker_argv, node_state_dir
+from higgsfield.control.config import Config
+from higgsfield.control.remote.hostkeys import PinnedHosts, entry_name
+from higgsfield.control.remote.invoker import invoker_argv, node_state_dir
 
 
 def test_pin_lookup_replace(tmp_path: Path) -> None:

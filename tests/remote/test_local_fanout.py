@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from higgsfield.config import Config
-from higgsfield.errors import CommandError
-from higgsfield.remote.base import Transport
-from higgsfield.remote.fanout import Group, Member, transport_for
-from higgsfield.remote.local import LocalTransport
+from higgsfield.contract.errors import CommandError
+from higgsfield.control.config import Config
+from higgsfield.control.remote.base import Transport
+from higgsfield.control.remote.fanout import Group, Member, transport_for
+from higgsfield.control.remote.local import LocalTransport
 
 
 def test_default_command_timeout_bounds_a_run(tmp_path: Path) -> None:
@@ -54,7 +54,7 @@ def test_cancelled_run_kills_the_child(tmp_path: Path) -> None:
 def test_run_takes_no_env() -> None:
     import inspect
 
-    from higgsfield.remote.ssh import SSHTransport
+    from higgsfield.control.remote.ssh import SSHTransport
 
     for cls in (Transport, LocalTransport, SSHTransport):
         assert "env" not in inspect.signature(cls.run).parameters

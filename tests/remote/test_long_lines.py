@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from sshserver import FakeServer, fake_server
 
-from higgsfield.remote.base import WIRE_LINE, Timeouts
-from higgsfield.remote.hostkeys import PinnedHosts
-from higgsfield.remote.local import LocalTransport
-from higgsfield.remote.ssh import SSHTransport
-from higgsfield.text import LineSplitter, cut_marker
+from higgsfield.contract.text import LineSplitter, cut_marker
+from higgsfield.control.remote.base import WIRE_LINE, Timeouts
+from higgsfield.control.remote.hostkeys import PinnedHosts
+from higgsfield.control.remote.local import LocalTransport
+from higgsfield.control.remote.ssh import SSHTransport
 
 BIG = 10 << 20
 PRINTER = ("import sys; o = sys.stdout.buffer; o.write(b'big:' + b'x' * (10 << 20) + b'\\n')\n"

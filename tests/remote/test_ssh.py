@@ -14,10 +14,10 @@ import asyncssh
 import pytest
 from sshserver import FakeServer, closed_port, fake_server, silent_listener
 
-from higgsfield.errors import CommandError, ConnectError, HostKeyError, HostNotPinnedError
-from higgsfield.remote.base import Timeouts
-from higgsfield.remote.hostkeys import PinnedHosts, fingerprint
-from higgsfield.remote.ssh import SSHTransport, build_command
+from higgsfield.contract.errors import CommandError, ConnectError, HostKeyError, HostNotPinnedError
+from higgsfield.control.remote.base import Timeouts
+from higgsfield.control.remote.hostkeys import PinnedHosts, fingerprint
+from higgsfield.control.remote.ssh import SSHTransport, build_command
 
 
 def _keygen() -> str:
@@ -260,7 +260,7 @@ def test_get_file_copies_in_parallel_resumes_from_an_offset_and_stops_at_end(tmp
 
 
 def test_an_interrupted_copy_keeps_only_its_gapless_prefix() -> None:
-    from higgsfield.remote.ssh import _Prefix
+    from higgsfield.control.remote.ssh import _Prefix
 
     p = _Prefix(100)
     for pos, size in ((150, 50), (300, 10), (100, 50)):   # out of order: 100..200 whole, 300..310 past a gap

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from higgsfield.invoker import wire
-from higgsfield.invoker.coordinator import Coordinator, listen
-from higgsfield.invoker.member import Member
+from higgsfield.node.gang import wire
+from higgsfield.node.gang.coordinator import Coordinator, listen
+from higgsfield.node.gang.member import Member
 
 TOKEN = "ab" * 32
 NODES = ["n0", "n1", "n2"]

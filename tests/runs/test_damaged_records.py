@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from higgsfield.decode import TAIL_LINES, DecodeError
-from higgsfield.invoker.records import RunRecord
-from higgsfield.runspec import NodeRuns, NodeRunView
+from higgsfield.contract.decode import TAIL_LINES, DecodeError
+from higgsfield.contract.runspec import NodeRuns, NodeRunView
+from higgsfield.node.state.records import RunRecord
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -59,7 +59,7 @@ def record(run: str, **kw: object) -> dict[str, object]:
 
 
 def spec(run: str, state: Path, params: dict[str, object]) -> dict[str, object]:
-    from higgsfield.runspec import RunSpec
+    from higgsfield.contract.runspec import RunSpec
 
     s = RunSpec(project=PROJECT, experiment="probe", run=run, module="probe", code_dir=str(state / "code"),
                 params=params, node="localhost", node_rank=0, nodes=("localhost",), master_addr="127.0.0.1",
@@ -324,7 +324,7 @@ def test_a_damaged_record_on_an_ssh_node_leaves_it_reachable_and_params_show(clu
 
 
 def test_the_dashboard_feed_shows_the_healthy_runs_and_names_the_damaged_files(project: Path) -> None:
-    from higgsfield.invoker.watch import feed
+    from higgsfield.node.observe.watch import feed
 
     msgs: list[dict[str, Any]] = []
     feed(state_of(project), every=0.1, project=PROJECT, emit=msgs.append, ticks=2)

@@ -120,7 +120,7 @@ def test_torchrun_dying_on_one_node_stops_the_others(deployed: Cluster) -> None:
                 cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
             except OSError:
                 continue
-            if b"torch.distributed.run" in cmd and b"higgsfield.invoker.launch" not in cmd:
+            if b"torch.distributed.run" in cmd and b"higgsfield.node.runtime.launch" not in cmd:
                 return pid
         return None
 

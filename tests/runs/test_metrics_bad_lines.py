@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from higgsfield.invoker.records import RunDir, RunRecord
 from higgsfield.metrics import METRICS_FILE, Skipped, StepMetrics, decode_line, decode_lines
+from higgsfield.node.state.records import RunDir, RunRecord
 
 pytestmark = pytest.mark.timeout(120)
 

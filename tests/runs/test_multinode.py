@@ -55,8 +55,8 @@ def _no_leftovers(c: Cluster, run: str, nodes: int = 3) -> None:
 
 
 def test_deploy_ships_verifies_and_never_rebuilds_an_unchanged_image(cluster: Cluster) -> None:
-    from higgsfield.config import load_config
-    from higgsfield.orchestrator import deploy
+    from higgsfield.control.backends.nodes import deploy
+    from higgsfield.control.config import load_config
 
     # a Dockerfile no earlier session built (a new layer), so this session's first deploy really builds
     (cluster.dir / "Dockerfile").write_text((cluster.dir / "Dockerfile").read_text().split("RUN echo session")[0]
@@ -288,7 +288,7 @@ def test_max_restarts_restarts_a_killed_worker(deployed: Cluster) -> None:
                 env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
             except OSError:
                 continue
-            if b"higgsfield.entrypoint" in cmd and b"torch.distributed.run" not in cmd and b"RANK=0" in env:
+            if b"higgsfield.node.entrypoint" in cmd and b"torch.distributed.run" not in cmd and b"RANK=0" in env:
                 return pid
         return None
 

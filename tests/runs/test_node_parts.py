@@ -19,15 +19,19 @@ from pathlib import Path
 import pytest
 from runs_helpers import exe
 
-from higgsfield.errors import RunError
-from higgsfield.invoker import coordinator, logs, pids, queue, start, stop, supervisor, torchrun
-from higgsfield.invoker.containers import container_name, image_tag
-from higgsfield.invoker.deploy import deployed, unpack
-from higgsfield.invoker.placement import NodeRun, Placement
-from higgsfield.invoker.records import RunDir, RunRecord, finish, write_json
-from higgsfield.orchestrator.deployment import make_archive
-from higgsfield.ports import RENDEZVOUS_PORTS, free_port
-from higgsfield.runspec import Coordinator, RunSpec
+from higgsfield.contract.errors import RunError
+from higgsfield.contract.ports import RENDEZVOUS_PORTS, free_port
+from higgsfield.contract.runspec import Coordinator, RunSpec
+from higgsfield.control.backends.nodes.deploy import make_archive
+from higgsfield.node.code.deploy import deployed, unpack
+from higgsfield.node.gang import coordinator, queue
+from higgsfield.node.observe import logs
+from higgsfield.node.runs import start, stop, supervisor
+from higgsfield.node.runtime import torchrun
+from higgsfield.node.runtime.containers import container_name, image_tag
+from higgsfield.node.state import pids
+from higgsfield.node.state.placement import NodeRun, Placement
+from higgsfield.node.state.records import RunDir, RunRecord, finish, write_json
 
 
 def _entry(run: str, want: int, order: float, exclusive: bool = False) -> queue.Entry:
@@ -215,7 +219,7 @@ def test_archive_head_or_dirty_tree(tmp_path: Path) -> None:
 def test_container_launcher_takes_secrets_from_stdin_into_the_environment(tmp_path: Path) -> None:
     log = tmp_path / "launcher.log"
     code = "import os, sys; print(len(os.environ['HF_S']), os.environ['KEEP'], sys.stdin.read() == '')"
-    r = subprocess.run([sys.executable, "-m", "higgsfield.invoker.launch", str(log), "--", sys.executable, "-c", code],
+    r = subprocess.run([sys.executable, "-m", "higgsfield.node.runtime.launch", str(log), "--", sys.executable, "-c", code],
                        input=json.dumps({"HF_S": "s3cr3t", "KEEP": "secret-loses"}) + "\n" + "not for the run\n",
                        env={**os.environ, "KEEP": "run-var-wins"}, text=True, capture_output=True, timeout=60)
     assert r.returncode == 0, r.stderr + log.read_text()
@@ -428,7 +432,7 @@ def test_a_docker_engine_going_away_mid_run_fails_the_run_with_the_reason(tmp_pa
     import docker
     import requests
 
-    from higgsfield.invoker import containers
+    from higgsfield.node.runtime import containers
 
     sent: list[bytes] = []
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from helpers_project import local_project
 
-from higgsfield.cli.runs import clean
-from higgsfield.text import MAX_LINE, inert
+from higgsfield.contract.text import MAX_LINE, inert
+from higgsfield.control.cli.runs import clean
 
 REPO = Path(__file__).resolve().parents[2]
 BIG = 10 << 20          # the long line's payload, bytes
@@ -99,9 +99,9 @@ def _arrived_in_the_dashboard(project: Path) -> None:
     """The dashboard's run feed (the same reads as ``logs -f``) gets the cut line and every line after it."""
     import asyncio
 
-    from higgsfield.config.loader import load_config
-    from higgsfield.orchestrator import backend_for
-    from higgsfield.ui.runfeed import RunFeed
+    from higgsfield.control.backends import backend_for
+    from higgsfield.control.config.loader import load_config
+    from higgsfield.control.ui.runfeed import RunFeed
 
     async def main() -> list[str]:
         cfg = load_config(project / "higgsfield.yml")
@@ -218,8 +218,8 @@ def test_names_from_a_node_are_inert_in_the_kill_and_status_tables() -> None:
 
 def _node_run(c, i: int, run: str) -> Path:  # type: ignore[no-untyped-def]
     """A finished run on node ``i`` whose rank 0 printed the 10 MiB line and the rest (files as a run leaves them)."""
-    from higgsfield.invoker.records import RunDir, RunRecord
-    from higgsfield.runspec import RunSpec
+    from higgsfield.contract.runspec import RunSpec
+    from higgsfield.node.state.records import RunDir, RunRecord
 
     node = c.nodes[i]
     rd = RunDir(c.home(i) / ".hfrt", "hfrt", run)

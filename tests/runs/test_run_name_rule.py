@@ -148,7 +148,7 @@ class _Node:
         self.inputs: list[object] = []
 
     async def run(self, argv: list[str], input: object = None, timeout: float | None = None) -> object:
-        from higgsfield.remote.base import CommandResult
+        from higgsfield.control.remote.base import CommandResult
 
         self.calls.append(list(argv))
         self.inputs.append(input)
@@ -165,10 +165,10 @@ class _Node:
 def test_a_refusal_stops_only_this_starts_own_part_and_never_the_holder(project: Path) -> None:
     import asyncio
 
-    from higgsfield.config import load_config
-    from higgsfield.errors import CommandError, RunNameInUse
-    from higgsfield.orchestrator.start import launch, plan_run
-    from higgsfield.remote.fanout import Group, Member
+    from higgsfield.contract.errors import CommandError, RunNameInUse
+    from higgsfield.control.backends.nodes.start import launch, plan_run
+    from higgsfield.control.config import load_config
+    from higgsfield.control.remote.fanout import Group, Member
 
     yml = project / "higgsfield.yml"
     yml.write_text(yml.read_text().replace(

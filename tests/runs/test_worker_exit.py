@@ -1,7 +1,7 @@
-"""How a rank ends, as the entrypoint runs it (``python -m higgsfield.entrypoint RUN_DIR``, real processes):
+"""How a rank ends, as the entrypoint runs it (``python -m higgsfield.node.entrypoint RUN_DIR``, real processes):
 a clean exit leaves ``rank<N>.done`` after joining threads and running exit hooks; an exception, a SIGABRT
 or a SIGKILL leaves ``rank<N>.error.json`` with the moment it failed (the tee records deaths); and what a
-node reports as its failure (:mod:`higgsfield.invoker.failure`)."""
+node reports as its failure (:mod:`higgsfield.node.runs.failure`)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from higgsfield.invoker import failure
-from higgsfield.invoker.records import RunDir
-from higgsfield.runspec import RunSpec
+from higgsfield.contract.runspec import RunSpec
+from higgsfield.node.runs import failure
+from higgsfield.node.state.records import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,7 +63,7 @@ def _run(tmp_path: Path, how: str) -> tuple[int, RunDir, float]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(PROJECT_NAME="p", EXPERIMENT_NAME="ending", RUN_NAME=how, PYTHONPATH=str(REPO))
     t0 = time.time()
-    rc = subprocess.run([sys.executable, "-m", "higgsfield.entrypoint", str(rd.path)], env=env,  # noqa: S603
+    rc = subprocess.run([sys.executable, "-m", "higgsfield.node.entrypoint", str(rd.path)], env=env,  # noqa: S603
                         timeout=120).returncode
     deadline = time.time() + 10   # the tee writes a death's record as it drains
     while time.time() < deadline and not list(rd.logs.glob("rank0.*.json")) and how not in ("clean", "gloo"):

@@ -1,7 +1,7 @@
 """A real Slurm cluster (scripts/slurm-testbed.sh: slurmctld, 3 slurmd nodes, slurmdbd) and its login node.
 
 The login node is test-bed host hfnode20 (127.0.0.22:2222): the tests reach it over real SSH
-through :class:`~higgsfield.remote.ssh.SSHTransport`, as the control side does, and its
+through :class:`~higgsfield.control.remote.ssh.SSHTransport`, as the control side does, and its
 user's sbatch/squeue find the cluster through Debian's default /etc/slurm/slurm.conf (a link
 the test bed makes). Jobs run as hfnode20 on nodes n1..n3 with the bed's shared venv
 (editable higgsfield + torch) as the project environment.
@@ -128,7 +128,7 @@ def settings_data(login: Any, workdir: Path) -> dict[str, Any]:
 
 @pytest.fixture
 def cluster(settings_data: dict[str, Any], known_hosts: Path) -> Iterator[Cluster]:
-    from higgsfield.slurm import SlurmSettings
+    from higgsfield.control.backends.slurm import SlurmSettings
 
     c = Cluster(SlurmSettings.from_mapping(settings_data, "test"), known_hosts)
     yield c

@@ -85,9 +85,9 @@ class Cluster:
     """A SlurmCluster on the bed, driven from a private event loop (tests stay synchronous)."""
 
     def __init__(self, settings: Any, known_hosts: Path) -> None:
-        from higgsfield.remote.hostkeys import PinnedHosts
-        from higgsfield.remote.ssh import SSHTransport
-        from higgsfield.slurm import SlurmCluster
+        from higgsfield.control.backends.slurm import SlurmCluster
+        from higgsfield.control.remote.hostkeys import PinnedHosts
+        from higgsfield.control.remote.ssh import SSHTransport
 
         lg = settings.login
         self.loop = asyncio.new_event_loop()

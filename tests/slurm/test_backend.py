@@ -14,15 +14,15 @@ from typing import Any
 import pytest
 from helpers_project import assert_one_line_error, run_cli, write
 
-from higgsfield.config import parse_config
-from higgsfield.errors import ConfigError, ParamError
-from higgsfield.orchestrator import RunRequest, backend_for
-from higgsfield.orchestrator.nodes_backend import NodesBackend
-from higgsfield.orchestrator.slurm_backend import SlurmBackend, SlurmSession
-from higgsfield.remote.base import CommandResult
-from higgsfield.slurm import SlurmSettings
-from higgsfield.slurm import preflight as pf
-from higgsfield.slurm.machines import parse_sinfo_nodes, sinfo_nodes_argv
+from higgsfield.contract.errors import ConfigError, ParamError
+from higgsfield.control.backends import RunRequest, backend_for
+from higgsfield.control.backends.nodes.backend import NodesBackend
+from higgsfield.control.backends.slurm import SlurmSettings
+from higgsfield.control.backends.slurm import preflight as pf
+from higgsfield.control.backends.slurm.backend import SlurmBackend, SlurmSession
+from higgsfield.control.backends.slurm.machines import parse_sinfo_nodes, sinfo_nodes_argv
+from higgsfield.control.config import parse_config
+from higgsfield.control.remote.base import CommandResult
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from helpers_project import assert_one_line_error, run_cli, write
 
-from higgsfield.config import json_schema, parse_config
-from higgsfield.errors import ConfigError
-from higgsfield.slurm.settings import SlurmSettings
+from higgsfield.contract.errors import ConfigError
+from higgsfield.control.backends.slurm.settings import SlurmSettings
+from higgsfield.control.config import json_schema, parse_config
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -23,7 +23,7 @@ _seq = iter(range(1, 10_000))
 
 
 def spec(cluster: Cluster, workdir: Path, name: str, **params: Any) -> Any:
-    from higgsfield.slurm import template_spec
+    from higgsfield.control.backends.slurm import template_spec
 
     restarts = int(params.pop("max_restarts", 0))
     return template_spec(project="slurmproj", experiment="probe", run=f"{name}-{os.getpid()}-{next(_seq)}",
@@ -113,7 +113,7 @@ def test_two_nodes_all_reduce_logs_and_success(cluster: Cluster, workdir: Path) 
     assert (acct.state, acct.exit_code, acct.nodes) == ("COMPLETED", 0, tuple(st.nodes))
     cluster.engine._accounting = False
     assert cluster(cluster.engine.status(s.project, s.run)).state == "succeeded"
-    from higgsfield.slurm.jobs import merge
+    from higgsfield.control.backends.slurm.jobs import merge
 
     record = cluster(cluster.engine.record(s.project, s.run))
     assert merge({"job_id": job.job_id}, None, record).state == "succeeded"   # the job long purged
@@ -205,7 +205,7 @@ def test_requeue_resumes_from_the_checkpoint(cluster: Cluster, workdir: Path) ->
                                                        ("account", "nolab", "Invalid account")])
 def test_bad_partition_or_account_is_one_clear_line(settings_data: dict[str, Any], known_hosts: Path,
                                                     workdir: Path, field: str, value: str, words: str) -> None:
-    from higgsfield.slurm import SlurmRefused, SlurmSettings
+    from higgsfield.control.backends.slurm import SlurmRefused, SlurmSettings
 
     c = Cluster(SlurmSettings.from_mapping({**settings_data, field: value}, "test"), known_hosts)
     try:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from slurm_helpers import make_project
 
-from higgsfield.invoker.records import RunDir, RunRecord
+from higgsfield.node.state.records import RunDir, RunRecord
 
 
 def _own(root: Path, user: str) -> None:

@@ -17,11 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from higgsfield import slurm_task
-from higgsfield.errors import ConfigError
-from higgsfield.names import MAX_RUN_NAME
-from higgsfield.slurm import layout
-from higgsfield.slurm.jobs import (
+from higgsfield.contract.errors import ConfigError
+from higgsfield.contract.names import MAX_RUN_NAME
+from higgsfield.control.backends.slurm import layout
+from higgsfield.control.backends.slurm.jobs import (
     exit_code,
     expand_nodelist,
     merge,
@@ -30,10 +29,11 @@ from higgsfield.slurm.jobs import (
     sbatch_error,
     template_spec,
 )
-from higgsfield.slurm.layout import RunPaths
-from higgsfield.slurm.script import BatchJob, render
-from higgsfield.slurm.settings import SlurmSettings, check_time, seconds
-from higgsfield.slurm.states import map_state
+from higgsfield.control.backends.slurm.layout import RunPaths
+from higgsfield.control.backends.slurm.script import BatchJob, render
+from higgsfield.control.backends.slurm.settings import SlurmSettings, check_time, seconds
+from higgsfield.control.backends.slurm.states import map_state
+from higgsfield.node import slurm_task
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -68,7 +68,7 @@ def test_the_body_runs_srun_with_the_first_node_as_the_rendezvous() -> None:
     assert text.startswith("#!/bin/bash\n")
     assert 'master=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
     assert "srun --ntasks-per-node=1 --kill-on-bad-exit=1" in text
-    assert "-m higgsfield.slurm_task batch" in text and "-m higgsfield.slurm_task node" in text
+    assert "-m higgsfield.node.slurm_task batch" in text and "-m higgsfield.node.slurm_task node" in text
 
 
 def test_a_value_sbatch_would_misread_is_refused_before_anything_is_sent() -> None:
@@ -104,15 +104,15 @@ def test_no_run_name_project_or_workdir_breaks_the_script(tmp_path: Path, run: s
     assert out.returncode == 0, out.stderr
     run_dir = f"{workdir}/runs/{project}/{run}"
     assert json.loads(out.stdout) == [
-        "-m", "higgsfield.slurm_task", "batch", run_dir, "--master", "n7", "--",
+        "-m", "higgsfield.node.slurm_task", "batch", run_dir, "--master", "n7", "--",
         "srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-        str(bin_dir / "python"), "-m", "higgsfield.slurm_task", "node", run_dir, "--master", "n7"]
+        str(bin_dir / "python"), "-m", "higgsfield.node.slurm_task", "node", run_dir, "--master", "n7"]
 
 
 def test_the_node_side_reads_the_file_names_the_control_side_writes() -> None:
     assert (slurm_task.REQUEST, slurm_task.SECRETS, slurm_task.RECORD) == (layout.REQUEST, layout.SECRETS,
                                                                            layout.RECORD)
-    from higgsfield.slurm import jobs
+    from higgsfield.control.backends.slurm import jobs
 
     assert jobs.REQUEST_VERSION == slurm_task.REQUEST_VERSION
 
@@ -214,7 +214,7 @@ def test_squeue_and_sacct_lines_parse() -> None:
 
 
 def test_merge_takes_the_rank_and_node_from_the_record_and_the_state_from_slurm() -> None:
-    from higgsfield.slurm.jobs import Job
+    from higgsfield.control.backends.slurm.jobs import Job
 
     record = {"state": "failed", "reason": "rank 3: RuntimeError: boom on node n2", "failed_node": "n2",
               "failed_rank": 3, "error_tail": ["boom"], "node": "n1", "started_at": 5.0, "ended_at": 9.0}
@@ -275,9 +275,9 @@ def test_time_limits() -> None:
 
 
 def test_the_task_module_stays_free_of_the_control_side() -> None:
-    code = ("import sys, higgsfield.slurm_task; "
-            "print(sorted(m for m in sys.modules if m.startswith(('higgsfield.slurm.', 'higgsfield.remote', "
-            "'higgsfield.config', 'asyncssh', 'torch'))))")
+    code = ("import sys, higgsfield.node.slurm_task; "
+            "print(sorted(m for m in sys.modules if m.startswith(('higgsfield.control.backends.slurm.', 'higgsfield.control.remote', "
+            "'higgsfield.control.config', 'asyncssh', 'torch'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          check=True).stdout
     assert out.strip() == "[]"

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from higgsfield.checkpoint import Checkpoint
-from higgsfield.errors import CheckpointError
+from higgsfield.contract.errors import CheckpointError
 from higgsfield.training import init_distributed
 
 
@@ -59,6 +59,6 @@ def main(root: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
-    from higgsfield.entrypoint import leave
+    from higgsfield.node.entrypoint import leave
 
     leave(0)  # as a rank under higgsfield ends: no finalization, where gloo threads can abort it

@@ -1,7 +1,7 @@
 """Fixtures for the training library: in-process single-rank setup and a torchrun helper.
 
 Multi-process tests run ``tests/training/launch.py`` (the stand-in for
-``higgsfield.entrypoint``) under torchrun on CPU with gloo and read the
+``higgsfield.node.entrypoint``) under torchrun on CPU with gloo and read the
 per-step metrics tiny_llama appends to a JSON-lines file.
 """
 

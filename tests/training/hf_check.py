@@ -1,8 +1,8 @@
 """A node-local step merged as ``higgsfield pull`` merges it, converted by ``pull --hf``'s export, then loaded.
 
 ``merge_local(parts, dest)`` lays the nodes' parts of one step side by side with the
-pull's own :func:`~higgsfield.orchestrator.pull.merge_parts` and
-:func:`~higgsfield.orchestrator.pull.write_marker` (the copy over SSH is tested in
+pull's own :func:`~higgsfield.control.backends.nodes.pull.merge_parts` and
+:func:`~higgsfield.control.backends.nodes.pull.write_marker` (the copy over SSH is tested in
 tests/test_pull.py and on the bed); ``hf_logits(directory, saved)`` loads an exported
 directory with ``transformers``' ``AutoModelForCausalLM.from_pretrained`` in a fresh
 process and returns the largest difference between its logits and the ones the trained
@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from higgsfield.orchestrator.pull import RemoteFile, export_hf, merge_parts, write_marker
+from higgsfield.control.backends.nodes.pull import RemoteFile, export_hf, merge_parts, write_marker
 
 LOGITS = r'''
 import json, sys

@@ -1,4 +1,4 @@
-"""Run an experiment from src/ under torchrun, as ``higgsfield.entrypoint`` will.
+"""Run an experiment from src/ under torchrun, as ``higgsfield.node.entrypoint`` will.
 
     torchrun --nproc_per_node 2 tests/training/launch.py tiny_llama steps=50 metrics_file=/tmp/m.jsonl
 
@@ -12,8 +12,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from higgsfield.contract.params import parse_assignments
 from higgsfield.experiment import registry, seed_everything
-from higgsfield.params import parse_assignments
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -33,6 +33,6 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
-    from higgsfield.entrypoint import leave
+    from higgsfield.node.entrypoint import leave
 
     leave(0)  # as a rank under higgsfield ends: no finalization, where gloo threads can abort it

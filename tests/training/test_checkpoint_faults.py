@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from higgsfield.checkpoint import MARKER, Checkpoint
-from higgsfield.errors import CheckpointError
+from higgsfield.contract.errors import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "ckpt_fault_worker.py"

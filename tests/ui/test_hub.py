@@ -15,9 +15,9 @@ from helpers_project import cli_env
 
 pytest.importorskip("starlette")
 
-from higgsfield.config import load_config  # noqa: E402
-from higgsfield.errors import HiggsfieldError, ParamError  # noqa: E402
-from higgsfield.ui.hub import Hub  # noqa: E402
+from higgsfield.contract.errors import HiggsfieldError, ParamError  # noqa: E402
+from higgsfield.control.config import load_config  # noqa: E402
+from higgsfield.control.ui.hub import Hub  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 SECRET = "s3cr3t-never-in-the-browser"

@@ -25,8 +25,8 @@ pytest.importorskip("uvicorn")
 
 from ui_helpers import Dashboard, dashboard  # noqa: E402
 
-from higgsfield.ui.app import MAX_STREAMS_PER_CLIENT  # noqa: E402
-from higgsfield.ui.security import MAX_BODY, cookie_name, csrf_token  # noqa: E402
+from higgsfield.control.ui.app import MAX_STREAMS_PER_CLIENT  # noqa: E402
+from higgsfield.control.ui.security import MAX_BODY, cookie_name, csrf_token  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 

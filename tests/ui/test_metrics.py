@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from higgsfield.invoker.metrics import read_metrics
-from higgsfield.invoker.records import RunDir
-from higgsfield.invoker.stats import Sampler, parse_smi
 from higgsfield.metrics import METRICS_FILE, StepMetrics, latest_per_step, parse_lines
+from higgsfield.node.observe.metrics import read_metrics
+from higgsfield.node.observe.stats import Sampler, parse_smi
+from higgsfield.node.state.records import RunDir
 
 pytestmark = pytest.mark.timeout(60)
 

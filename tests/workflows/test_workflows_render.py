@@ -11,12 +11,12 @@ import pytest
 from wf_helpers import CONFIG, load, make_project, steps
 
 from higgsfield import __version__
-from higgsfield.config import load_config
-from higgsfield.discovery import discover
-from higgsfield.errors import ExperimentError, HiggsfieldError
-from higgsfield.workflows import HEADER_MARKER, build_workflows, render_workflows
-from higgsfield.workflows.form import MAX_INPUTS
-from higgsfield.workflows.render import PINNED_ACTIONS
+from higgsfield.contract.errors import ExperimentError, HiggsfieldError
+from higgsfield.control.config import load_config
+from higgsfield.control.project.discovery import discover
+from higgsfield.control.workflows import HEADER_MARKER, build_workflows, render_workflows
+from higgsfield.control.workflows.form import MAX_INPUTS
+from higgsfield.control.workflows.render import PINNED_ACTIONS
 
 
 def hf(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -200,7 +200,7 @@ def test_injection_values_render_as_inert_data(tmp_path: Path) -> None:
 
 
 def test_values_in_comments_stay_on_one_line(project: Path) -> None:
-    from higgsfield.workflows.render import yaml_comment
+    from higgsfield.control.workflows.render import yaml_comment
 
     assert yaml_comment("a\nb\r\nc\u2028d\x85e") == "a b  c d e"
     cfg = load_config(project / "higgsfield.yml")

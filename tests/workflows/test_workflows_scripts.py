@@ -20,9 +20,9 @@ import pytest
 from wf_helpers import load, make_project
 
 from higgsfield import __version__
-from higgsfield.config import load_config
-from higgsfield.discovery import discover
-from higgsfield.workflows import render_workflows
+from higgsfield.control.config import load_config
+from higgsfield.control.project.discovery import discover
+from higgsfield.control.workflows import render_workflows
 
 STUB = """#!{python}
 import json, os, stat, sys

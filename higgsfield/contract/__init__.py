@@ -1,0 +1,9 @@
+"""The contract both sides read: what crosses from the laptop to a node and back, stdlib only.
+
+The run spec, records, status and failure (:mod:`.runspec`), the prune request
+(:mod:`.prunespec`), the defensive decoder every reader goes through
+(:mod:`.decode`), the error tree (:mod:`.errors`), and the small vocabularies both
+sides check the same way: names, params, ports, units, text and Slurm syntax.
+It imports nothing else of higgsfield and no third-party package (``.importlinter``),
+so the control side, the node side and the training library can all depend on it.
+"""

@@ -1,0 +1,168 @@
+"""Where a project's runs happen, behind one typed contract: SSH nodes, or a Slurm cluster.
+
+The CLI (``run``, ``status``, ``logs``, ``kill``, ``deploy``, ``ci ...``) talks to a
+:class:`Backend`, never to the SSH fan-out or the Slurm engine directly, so a new place
+to run (Kubernetes, later) is a new implementation of these two protocols and nothing
+else. Every backend speaks :mod:`higgsfield.contract.runspec`: a run is a ``RunSpec`` going in and
+a ``RunStatus`` coming out, its log lines are :class:`~higgsfield.control.backends.nodes.logs.LogLine`
+tagged ``node/rank``, its step metrics :class:`~higgsfield.metrics.StepMetrics`, so ``status --json``,
+``logs -f``, ``metrics`` and the dashboard (:mod:`higgsfield.control.ui`) cannot tell which backend holds a run.
+
+- :class:`~higgsfield.control.backends.nodes.backend.NodesBackend`: the nodes of higgsfield.yml
+  over SSH (the orchestrator's own functions);
+- :class:`~higgsfield.control.backends.slurm.backend.SlurmBackend`: one batch job per run on the
+  cluster of the ``slurm:`` block, through its login node (:class:`higgsfield.control.backends.slurm.SlurmCluster`).
+
+Use::
+
+    backend = backend_for(cfg)                       # no I/O (orchestrator.backends)
+    plan = backend.plan("alpaca", {"lr": "1e-4"})    # a bad param raises here, before any connection
+    async with backend.session(plan) as s:           # connections open once for the whole command
+        handle = await s.start(plan, secrets={})
+        async for line in s.follow(handle): ...
+        final = await s.final_status(handle.run)
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from higgsfield.contract.runspec import RunStatus
+from higgsfield.control.config import Config
+from higgsfield.metrics import MetricsItem
+
+
+@dataclass
+class RunHandle:
+    """A started run: its name and the nodes it runs on (in node-rank order)."""
+
+    project: str
+    experiment: str
+    run: str
+    nodes: list[str]
+    records: list[dict[str, Any]] = field(default_factory=list)
+    job_id: str | None = None
+    """The scheduler's id of the run (a Slurm job), where a backend has one."""
+
+
+@dataclass
+class NodeDeploy:
+    """What deploy did on one node."""
+
+    node: str
+    commit: str | None = None
+    shipped: bool = False
+    image: str | None = None
+    built: bool = False
+    skipped_build: str | None = None
+    env: str | None = None
+    """The project environment's key (runtime: process), or None where runs use the image."""
+    env_built: bool = False
+    env_python: str | None = None
+    seconds: float = 0.0
+    build_seconds: float = 0.0
+    env_seconds: float = 0.0
+    retention: str | None = None
+    """What ``retention:`` removed here after the deploy (or the warning its failure gave)."""
+
+
+@dataclass
+class DeployResult:
+    commit: str
+    dirty: bool
+    archive_bytes: int
+    nodes: list[NodeDeploy] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class LogLine:
+    node: str
+    rank: int          # global rank; -1 for the launcher (torchrun) itself, NOTICE for this side's notices
+    text: str
+
+
+class Plan(Protocol):
+    """A run checked and ready to start (nothing sent anywhere yet)."""
+
+    @property
+    def run(self) -> str: ...
+
+    @property
+    def experiment(self) -> str: ...
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The params resolved and typed (what the run will get)."""
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What ``run`` (or a workflow's form) asks for, before a backend checks it into its :class:`Plan`."""
+
+    experiment: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    run_name: str | None = None
+    nodes: int | None = None          # SSH: the first K nodes; Slurm: the allocation's node count
+    max_restarts: int = 0             # SSH: torchrun restarts; Slurm: requeues (both resume from the checkpoint)
+    exclusive: bool = False
+    time: str | None = None           # Slurm only
+    partition: str | None = None      # Slurm only
+
+
+@dataclass(frozen=True)
+class RunList:
+    """Every run of the project (oldest first) and where it could not be asked (node -> why)."""
+
+    runs: list[RunStatus]
+    unreachable: dict[str, str] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)   # "node: skipped FILE: why", files a node could not decode
+
+
+class Session(Protocol):
+    """A backend with its connections open, for the length of one command."""
+
+    async def start(self, plan: Any, secrets: Mapping[str, str] | None = None) -> RunHandle:
+        """Start (or submit) ``plan``; returns once every node started it or the scheduler took it."""
+
+    def follow(self, handle: RunHandle) -> AsyncIterator[LogLine]:
+        """The run's log lines until it ends (waiting while it is queued)."""
+
+    async def final_status(self, run: str) -> RunStatus:
+        """The run's status once it ended (asked again for a short while if it still looks active)."""
+
+    async def runs(self) -> RunList: ...
+
+    async def find(self, target: str) -> RunStatus:
+        """The run named ``target``, or an experiment's latest run; RunError when there is none."""
+
+    def logs(self, status: RunStatus, *, follow: bool = False, node: str | None = None,
+             ranks: tuple[int, ...] = (), since: float | None = None) -> AsyncIterator[LogLine]: ...
+
+    def metrics(self, status: RunStatus, *, follow: bool = False) -> AsyncIterator[MetricsItem]:
+        """Rank 0's step metrics in the order written (Skipped: a new total of bad lines; None: a heartbeat);
+        with ``follow`` until the run ends."""
+
+    async def kill(self, target: str) -> list[RunStatus]:
+        """Stop the run ``target`` (or every active run of that experiment); their statuses after."""
+
+
+class Backend(Protocol):
+    """Where this project's runs happen: plans runs without I/O, opens sessions, deploys the code."""
+
+    name: str
+    cfg: Config
+
+    def plan(self, request: RunRequest) -> Plan: ...
+
+    def session(self, plan: Plan | None = None) -> AbstractAsyncContextManager[Session]:
+        """Connected for one command: ``plan``'s nodes when starting a run, else every node the runs are on."""
+
+    def deploy(self, *, dirty: bool = False, console: Any = None) -> DeployResult: ...
+
+    def describe(self, handle: RunHandle) -> str:
+        """Where a started run went, in words (``on gpu-1, gpu-2`` / ``as Slurm job 42``)."""
+

@@ -1,0 +1,45 @@
+"""The SSH nodes backend: deploy, run, logs, status, kill (and the queue's view) across the nodes of higgsfield.yml.
+
+One module a concept: :mod:`.start` (validate and launch), :mod:`.status` (node
+records merged into a run's status), :mod:`.logs` (merged streams, followed with
+re-attach), :mod:`.metrics` (a run's step metrics, from its node 0), :mod:`.kill`,
+:mod:`.deploy`, :mod:`.prune`, :mod:`.pull`. The CLI reaches them through the
+:class:`~higgsfield.control.backends.backend.Backend` seam: :mod:`.backend` wraps these for the SSH nodes,
+as :mod:`higgsfield.control.backends.slurm.backend` does for a Slurm cluster. The async calls take a connected
+:class:`~higgsfield.control.remote.Group` (:func:`connect`), so one command reuses its
+connections for all its steps; ``start_run``, ``list_runs``, ``get_run`` and ``kill``
+run their own event loop, for callers that do one thing.
+"""
+
+from higgsfield.contract.errors import NodeLost
+from higgsfield.contract.runspec import RunStatus
+from higgsfield.control.backends.nodes.connect import connect
+from higgsfield.control.backends.nodes.deploy import DeployResult, NodeDeploy, deploy
+from higgsfield.control.backends.nodes.kill import kill, kill_runs, stop_run
+from higgsfield.control.backends.nodes.logs import LOST_AFTER_S, NOTICE, LogLine, follow, stream_logs
+from higgsfield.control.backends.nodes.metrics import metrics_node, read_metrics
+from higgsfield.control.backends.nodes.start import (
+    RunHandle,
+    RunPlan,
+    launch,
+    plan_run,
+    start_run,
+    start_run_async,
+)
+from higgsfield.control.backends.nodes.status import (
+    final_status,
+    find_run,
+    get_run,
+    list_runs,
+    merge,
+    query_runs,
+    resolve_target,
+)
+
+__all__ = [
+    "LOST_AFTER_S", "NOTICE", "DeployResult", "LogLine", "NodeDeploy", "NodeLost", "RunHandle",
+    "RunPlan", "RunStatus", "connect", "deploy",
+    "final_status", "find_run", "follow", "get_run", "kill", "kill_runs", "launch", "list_runs", "merge",
+    "metrics_node", "plan_run", "query_runs", "read_metrics", "resolve_target", "start_run",
+    "start_run_async", "stop_run", "stream_logs",
+]

@@ -1,0 +1,199 @@
+"""Starting a run: validate, build each node's :class:`~higgsfield.contract.runspec.RunSpec`, launch node 0, then the rest.
+
+Params are validated before any node is contacted (:func:`plan_run`). Node ranks
+follow the order of ``nodes`` in higgsfield.yml. Node 0 starts first: its start binds
+the run's coordinator port, which the other nodes are started with. If any node
+fails to launch, what *this* start made is stopped on every node it reached (also
+those that did not answer: one that timed out may have a supervisor running) and the
+error names the failed nodes. A node whose slots are busy queues the run (state
+``queued``); it starts by itself. Starting never follows the run (see
+:mod:`higgsfield.control.backends.nodes.logs`).
+
+A run's name is its own. Each start sends a random ``attempt`` token that the nodes
+write into their records, and a failed start's clean-up stops only records of its own
+attempt (:func:`higgsfield.node.runs.stop.kill_attempt`). A node that refuses because
+the name belongs to a queued, starting or running run says so apart from other
+failures; the start then fails with :class:`~higgsfield.contract.errors.RunNameInUse` (exit 2)
+and the run holding the name is never touched. What this guarantees:
+
+- each node holds at most one active run per name (its start lock), and only the
+  start that made a record ever stops it on clean-up;
+- two starts of one name at once: node 0 is started first and alone, so the start
+  that loses there contacts no other node, and the winner runs whole on every node;
+- starts that disagree on node 0 (two configs) may each win some nodes: both then
+  fail and each stops only its own part; neither touches the other's.
+
+Use::
+
+    plan = plan_run(cfg, "tiny_llama", {"steps": "50"})     # no I/O; a bad param raises here
+    async with connect(cfg, plan.nodes) as group:           # keep the group to follow the run
+        handle = await launch(group, cfg, plan, secrets={"HF_TOKEN": "..."})
+    handle = start_run(cfg, "tiny_llama", {"steps": "50"})  # the same, with its own event loop
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets as _random
+import time
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from higgsfield.contract.errors import CommandError, RunError, RunNameInUse
+from higgsfield.contract.params import check_run_name, resolve
+from higgsfield.contract.runspec import ACTIVE, Coordinator, RunSpec
+from higgsfield.control.backends.backend import RunHandle
+from higgsfield.control.backends.nodes.kill import stop_run
+from higgsfield.control.backends.nodes.output import UPGRADE_HINT, invoke
+from higgsfield.control.backends.timeouts import START_S, step_timeout
+from higgsfield.control.config import Config, NodeConfig
+from higgsfield.control.project.discovery import find_experiment
+from higgsfield.control.remote import Group, Member, NodeResult, open_group, select_nodes
+from higgsfield.control.remote.invoker import node_state_dir
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run checked and ready to launch: nothing has been sent to a node yet."""
+
+    experiment: str
+    module: str
+    params: dict[str, Any]          # resolved and validated values
+    run: str
+    nodes: list[NodeConfig]         # in node-rank order
+    max_restarts: int = 0
+    exclusive: bool = False
+
+
+def new_run_name(experiment: str) -> str:
+    return f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}-{_random.token_hex(2)}"
+
+
+def plan_run(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: str | None = None,
+             nodes: int | None = None, max_restarts: int = 0, exclusive: bool = False) -> RunPlan:
+    """Find ``experiment``, validate its params, the run name and the node count; raise before any I/O."""
+    exp = find_experiment(cfg.project_dir / "src", experiment)
+    values = resolve(exp.params, params, experiment)
+    if run_name is not None:
+        check_run_name(run_name)
+    if max_restarts < 0:
+        raise RunError("--max-restarts must be >= 0")
+    return RunPlan(experiment=experiment, module=exp.module, params=values,
+                   run=run_name or new_run_name(experiment), nodes=select_nodes(cfg, nodes),
+                   max_restarts=max_restarts, exclusive=exclusive)
+
+
+async def launch(group: Group, cfg: Config, plan: RunPlan, *,
+                 secrets: dict[str, str] | None = None) -> RunHandle:
+    """Start ``plan`` on ``group`` (its nodes, connected, in node-rank order); returns when every node started it."""
+    names = [m.name for m in group.members]
+    master = group.members[0].node
+    master_addr = "127.0.0.1" if master.is_local else master.host
+    token = _random.token_hex(32)  # authenticates the run's nodes to its coordinator; sent on stdin only
+    submitted_at = time.time()  # the FIFO order of every node's queue
+    attempt = _random.token_hex(8)  # marks what this start makes, so its clean-up stops nothing else
+
+    def launcher(coordinator: Coordinator | None) -> Any:
+        async def one(m: Member) -> dict[str, Any]:
+            spec = RunSpec(
+                project=cfg.name, experiment=plan.experiment, run=plan.run, module=plan.module,
+                code_dir=_code_dir(cfg, m.node), params=plan.params, node=m.name, node_rank=m.rank,
+                nodes=tuple(names), master_addr=master_addr, submitted_at=submitted_at,
+                nproc=_nproc(cfg, m.node), coordinator=coordinator, max_restarts=plan.max_restarts,
+                runtime=cfg.runtime, exclusive=plan.exclusive, attempt=attempt,
+                checkpoint_mirror=cfg.checkpoint.mirror or "")
+            payload = json.dumps({"spec": spec.to_dict(), "secrets": secrets or {}, "token": token})
+            try:
+                return dict(await invoke(m.transport, cfg, ["start"], input=payload, keys=("state", "run")))
+            except CommandError as e:
+                refusal = _name_in_use(e, plan.run, m.name)
+                if refusal is None:
+                    raise
+                raise refusal from None
+        return one
+
+    # Node 0 first: its start binds the run's coordinator port, which the others are started with.
+    timeout = step_timeout(cfg, START_S)
+    results = await group[:1].run(launcher(None), timeout=timeout)
+    port = results[0].value.get("coord_port") if results[0].ok and results[0].value else None
+    if results[0].ok and not port:
+        results[0] = NodeResult(names[0], 0, error=RunError(
+            f"the invoker on {names[0]} started no run coordinator ({UPGRADE_HINT})"))
+    if results[0].ok and len(names) > 1:
+        coordinator = Coordinator(host=master_addr, port=int(port or 0), node=names[0])
+        results += await group[1:].run(launcher(coordinator), timeout=timeout)
+    if any(not r.ok for r in results):
+        await _clean_up(group, cfg, plan.run, attempt, results)
+    return RunHandle(cfg.name, plan.experiment, plan.run, names, [r.value for r in results if r.value is not None])
+
+
+def _name_in_use(err: CommandError, run: str, node: str) -> RunNameInUse | None:
+    """The node's refusal of a name an active run holds ({"name_in_use": true} on its stdout), else None."""
+    try:
+        data = json.loads(err.stdout) if err.stdout else None
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or data.get("name_in_use") is not True:
+        return None
+    state = data.get("state")
+    return RunNameInUse(run, state if isinstance(state, str) and state in ACTIVE else "active", node)
+
+
+async def _clean_up(group: Group, cfg: Config, run: str, attempt: str,
+                   results: list[NodeResult[Any]]) -> NoReturn:
+    """Stop what this start made on every node it reached, and nothing else; raise the error naming what failed.
+
+    A node that refused the name made nothing; any other node this start reached may
+    have (one that timed out may have a supervisor running), so it is asked to stop
+    the run only if ``attempt`` made its record there.
+    """
+    refused = [r for r in results if isinstance(r.error, RunNameInUse)]
+    failed = [r for r in results if not r.ok and r not in refused]
+    reached = {r.node for r in results if r not in refused}
+    kills = await stop_run(Group([m for m in group.members if m.name in reached]), cfg, run, missing_ok=True,
+                           attempt=attempt) if reached else []
+    stopped = [k.node for k in kills if k.ok and k.value and not k.value.get("missing")]
+    unkilled = "; ".join(f"{k.node}: {k.reason}" for k in kills if not k.ok)
+    detail = "; ".join(f"{r.node}: {r.reason}" for r in failed)
+    if refused:
+        first = refused[0].error
+        assert isinstance(first, RunNameInUse)
+        raise RunNameInUse(run, first.state, ", ".join(r.node for r in refused),
+                           (f"; it also failed on {detail}" if detail else "")
+                           + (f" (this start was stopped on {', '.join(stopped)})" if stopped else "")
+                           + (f"; could not stop this start on {unkilled} (see 'higgsfield status')"
+                              if unkilled else ""))
+    raise RunError(f"run '{run}' failed to start on {len(failed)} node(s): {detail}"
+                   + (f" (stopped it on {', '.join(stopped)})" if stopped else "")
+                   + (f"; could not stop it on {unkilled} (run 'higgsfield kill {run}')" if unkilled else ""))
+
+
+async def start_run_async(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: str | None = None,
+                          nodes: int | None = None, max_restarts: int = 0,
+                          secrets: dict[str, str] | None = None, exclusive: bool = False) -> RunHandle:
+    """Validate, connect the selected nodes, launch; the connections close when it returns."""
+    plan = plan_run(cfg, experiment, params, run_name=run_name, nodes=nodes, max_restarts=max_restarts,
+                    exclusive=exclusive)
+    async with open_group(cfg, plan.nodes) as group:
+        return await launch(group, cfg, plan, secrets=secrets)
+
+
+def start_run(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: str | None = None,
+              nodes: int | None = None, max_restarts: int = 0, secrets: dict[str, str] | None = None,
+              exclusive: bool = False) -> RunHandle:
+    """:func:`start_run_async` with its own event loop (for ``higgsfield ci run`` and scripts)."""
+    return asyncio.run(start_run_async(cfg, experiment, params, run_name=run_name, nodes=nodes,
+                                       max_restarts=max_restarts, secrets=secrets, exclusive=exclusive))
+
+
+def _nproc(cfg: Config, node: NodeConfig) -> int | None:
+    """Processes on ``node``: a number, or None for one per GPU (``auto``), which the node works out."""
+    n = cfg.node_nproc(node)
+    return None if n == "auto" else int(n)
+
+
+def _code_dir(cfg: Config, node: NodeConfig) -> str:
+    if node.is_local:
+        return str(cfg.project_dir)
+    return f"{node_state_dir(cfg)}/projects/{cfg.name}/code"

@@ -1,0 +1,186 @@
+"""A run's status across its nodes: every node's records merged into one :class:`RunStatus`.
+
+Each node keeps its own record of its part of a run (``invoker status``, decoded here
+once into :class:`~higgsfield.contract.runspec.NodeRuns`: typed views, and the node's skip lines
+for files it could not decode); the run's
+state is the merge: failed if any part failed, queued until every node admitted it,
+and so on. The first failure is the one the nodes agree on (the run's coordinator
+tells every node); when they disagree (a node cut off), the earliest wins.
+
+Use::
+
+    async with connect(cfg) as group:                 # the connections are reused by every call below
+        runs, results = await query_runs(group, cfg)  # results: per node (the unreachable ones)
+        status = await find_run(group, cfg, "tiny_llama")
+    runs, _ = list_runs(cfg)                          # the same, with its own event loop
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from higgsfield.contract.decode import DecodeError
+from higgsfield.contract.errors import CommandError, NoSuchRun
+from higgsfield.contract.runspec import (
+    ACTIVE,
+    FAILED,
+    KILLED,
+    QUEUED,
+    RUNNING,
+    STARTING,
+    SUCCEEDED,
+    NodeRuns,
+    NodeRunView,
+    RunStatus,
+)
+from higgsfield.control.backends.nodes.output import UPGRADE_HINT, invoke
+from higgsfield.control.backends.timeouts import FINAL_POLL_S, FINAL_WAIT_S, QUERY_S, step_timeout
+from higgsfield.control.config import Config
+from higgsfield.control.remote import Group, Member, NodeResult, open_group
+
+
+async def query_records(group: Group, cfg: Config) -> tuple[list[NodeRunView], list[NodeResult[NodeRuns]]]:
+    """Every node's run records of this project (decoded), plus per-node results (unreachable nodes, and
+    each node's skip lines: files it could not decode, :func:`skipped_lines`)."""
+    async def one(m: Member) -> NodeRuns:
+        reply = await invoke(m.transport, cfg, ["status", "--project", cfg.name], timeout=QUERY_S, expect=None)
+        try:
+            return NodeRuns.from_reply(reply)
+        except DecodeError as e:
+            raise CommandError(m.name, f"unexpected invoker output: {e} ({UPGRADE_HINT})") from None
+
+    results = await group.run(one, timeout=step_timeout(cfg, QUERY_S))
+    records = [rec for r in results if r.ok and r.value for rec in r.value.runs]
+    return records, results
+
+
+def skipped_lines(results: list[NodeResult[NodeRuns]]) -> list[str]:
+    """``node1: skipped runs/p/x/run.json: not JSON (...)``: each node's files that did not decode."""
+    return [f"{r.node}: skipped {line}" for r in results if r.ok and r.value for line in r.value.skipped]
+
+
+async def query_runs(group: Group, cfg: Config) -> tuple[list[RunStatus], list[NodeResult[NodeRuns]]]:
+    """All runs of the project on ``group``'s nodes (oldest first), and the per-node query results."""
+    records, results = await query_records(group, cfg)
+    return merge(records), results
+
+
+async def find_run(group: Group, cfg: Config, target: str) -> RunStatus:
+    """The run named by ``target`` (a run, or an experiment: its latest run), asked of ``group``'s nodes."""
+    runs, _ = await query_runs(group, cfg)
+    return resolve_target(runs, target)[0]
+
+
+async def final_status(group: Group, cfg: Config, run: str, *, wait: float = FINAL_WAIT_S) -> RunStatus:
+    """``run``'s status once its records say it ended (or after ``wait`` seconds), over ``group``'s connections.
+
+    When a followed run's log streams ended, every node's record already is final,
+    so one question is enough; a node whose stream was lost may lag, so ask again
+    every ``FINAL_POLL_S`` for a while.
+    """
+    deadline = time.monotonic() + wait
+    status = await find_run(group, cfg, run)
+    while status.state in ACTIVE and time.monotonic() < deadline:
+        await asyncio.sleep(FINAL_POLL_S)
+        status = await find_run(group, cfg, run)
+    return status
+
+
+def views(records: Iterable[NodeRunView | Mapping[str, Any]]) -> list[NodeRunView]:
+    """Records as typed views: decoded where they are still dicts (a start's or a kill's reply, the
+    dashboard's feed); one that does not decode is left out (``invoker status`` names such files)."""
+    out = []
+    for rec in records:
+        if isinstance(rec, NodeRunView):
+            out.append(rec)
+            continue
+        with contextlib.suppress(DecodeError):
+            out.append(NodeRunView.from_dict(dict(rec)))
+    return out
+
+
+def merge(records: Iterable[NodeRunView | Mapping[str, Any]]) -> list[RunStatus]:
+    """Node records (of any runs) -> one status per run, oldest first."""
+    by_run: dict[str, list[NodeRunView]] = {}
+    for rec in views(records):
+        by_run.setdefault(rec.run, []).append(rec)
+    out = []
+    for run, recs in by_run.items():
+        recs.sort(key=lambda r: r.node_rank)
+        state = _merged_state({r.state for r in recs})
+        first = first_failure(recs) if state == FAILED else None
+        failing = next((r for r in recs if first and r.node == first.failed_node), None)
+        starts = [r.started_at for r in recs if r.started_at]
+        ends = [r.ended_at for r in recs if r.ended_at]
+        codes = [r.exit_code for r in recs if r.exit_code]
+        if failing is not None and failing.exit_code:
+            codes.insert(0, failing.exit_code)  # the run's exit code: the failing node's
+        out.append(RunStatus(
+            project=recs[0].project, experiment=recs[0].experiment, run=run, state=state,
+            nodes={r.node: r.to_dict() for r in recs}, created_at=min(r.created_at for r in recs),
+            started_at=min(starts) if starts else None,
+            ended_at=max(ends) if ends and state not in ACTIVE else None,
+            exit_code=codes[0] if codes else (0 if state == SUCCEEDED else None),
+            failed_node=first.failed_node if first else None,
+            failed_rank=first.failed_rank if first else None,
+            reason=first.reason if first else None,
+            error_tail=list(first.error_tail) if first else [],
+            params=dict(recs[0].params)))
+    return sorted(out, key=lambda s: s.created_at)
+
+
+def _merged_state(states: set[str]) -> str:
+    if FAILED in states:
+        return FAILED
+    if KILLED in states:
+        return KILLED
+    if states == {SUCCEEDED}:
+        return SUCCEEDED
+    if QUEUED in states:  # the run cannot make progress until every node started it
+        return QUEUED
+    if RUNNING in states or STARTING in states:
+        return RUNNING if RUNNING in states else STARTING
+    return sorted(states)[0]
+
+
+def first_failure(recs: list[NodeRunView]) -> NodeRunView | None:
+    """The record that names the run's first failure: every node records the coordinator's verdict,
+    so they agree; when they do not (a node cut off), the earliest failure wins."""
+    failed = [r for r in recs if r.state == FAILED]
+    if not failed:
+        return None
+    named = [r for r in failed if r.failed_node]
+    if named:
+        return min(named, key=lambda r: (r.failed_at is None, r.failed_at or 0.0))
+    return replace(failed[0], failed_node=failed[0].node)
+
+
+def resolve_target(runs: list[RunStatus], target: str) -> list[RunStatus]:
+    """The run named by ``target``: a run name, or an experiment (its latest run)."""
+    exact = [r for r in runs if r.run == target]
+    if exact:
+        return exact
+    of_exp = [r for r in runs if r.experiment == target]
+    if not of_exp:
+        raise NoSuchRun(f"no run or experiment named '{target}' (see 'higgsfield status')")
+    return [of_exp[-1]]
+
+
+def list_runs(cfg: Config) -> tuple[list[RunStatus], list[NodeResult[NodeRuns]]]:
+    """All runs of the project across every node (oldest first), and the per-node query results."""
+    async def go() -> tuple[list[RunStatus], list[NodeResult[NodeRuns]]]:
+        async with open_group(cfg) as group:
+            return await query_runs(group, cfg)
+
+    return asyncio.run(go())
+
+
+def get_run(cfg: Config, target: str) -> RunStatus:
+    """The run named by ``target``, asked of every node (its own event loop)."""
+    runs, _ = list_runs(cfg)
+    return resolve_target(runs, target)[0]

@@ -1,0 +1,28 @@
+"""The Slurm backend (control side): a run is one batch job on a cluster reached through its login node.
+
+- :mod:`~higgsfield.control.backends.slurm.settings`: the ``slurm:`` block of higgsfield.yml (:class:`SlurmSettings`);
+- :mod:`~higgsfield.control.backends.slurm.layout`: where a run's files live in the shared workdir;
+- :mod:`~higgsfield.control.backends.slurm.script`: the batch script (``#SBATCH`` lines, one ``srun`` task per node);
+- :mod:`~higgsfield.control.backends.slurm.states`: Slurm's job states as run states;
+- :mod:`~higgsfield.control.backends.slurm.jobs`: submit, query, cancel through the login node (:class:`SlurmCluster`);
+- :mod:`~higgsfield.control.backends.slurm.machines`: the partition's compute nodes as ``sinfo -N`` sees them (the dashboard's).
+
+Inside the allocation the node side takes over: :mod:`higgsfield.node.slurm_task`. Stdlib and
+the control side's own packages only, never torch.
+"""
+
+from __future__ import annotations
+
+from higgsfield.control.backends.slurm.jobs import (
+           Job,
+           SlurmCluster,
+           SlurmError,
+           SlurmRefused,
+           Submitted,
+           template_spec,
+)
+from higgsfield.control.backends.slurm.machines import ClusterNode
+from higgsfield.control.backends.slurm.settings import Login, SlurmSettings
+
+__all__ = ["ClusterNode", "Job", "Login", "SlurmCluster", "SlurmError", "SlurmRefused", "SlurmSettings", "Submitted",
+           "template_spec"]

@@ -1,0 +1,476 @@
+"""Submit, query and cancel a run's Slurm job through the login node's Transport.
+
+Use::
+
+    cluster = SlurmCluster(transport_for(cfg, login_node), settings)
+    job = await cluster.submit(spec, secrets={"WANDB_API_KEY": "..."}, max_restarts=1)
+    st = await cluster.status(spec.project, spec.run)      # a RunStatus, like any backend's
+    await cluster.cancel(spec.project, spec.run)           # scancel; the run reads as killed
+
+The queue is Slurm's: a run is one batch job (:mod:`higgsfield.control.backends.slurm.script`), its files in
+the shared workdir (:mod:`higgsfield.control.backends.slurm.layout`); ``job.json`` there keeps its job id.
+Params travel in ``request.json`` and secrets in a 0600 ``secrets.json``, both written with
+``put_bytes`` (SFTP): neither is ever in an argv, the script, or ``scontrol show job``.
+
+A job's state comes from ``squeue`` while Slurm holds it (``-t all``: finished jobs stay
+listed for ``MinJobAge``), then from ``sacct`` when the cluster keeps accounting (detected
+once per cluster object), else from the run's own record (``run.json``, written by the job).
+:mod:`higgsfield.control.backends.slurm.states` maps them to the run states.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import posixpath
+import re
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from higgsfield.contract.errors import RunError
+from higgsfield.contract.runspec import ACTIVE, FAILED, KILLED, QUEUED, RunSpec, RunStatus
+from higgsfield.control.backends.slurm.layout import RunPaths
+from higgsfield.control.backends.slurm.machines import ClusterNode, parse_sinfo_nodes, sinfo_nodes_argv
+from higgsfield.control.backends.slurm.script import BatchJob, render
+from higgsfield.control.backends.slurm.settings import SlurmSettings
+from higgsfield.control.backends.slurm.states import map_state, normalize
+from higgsfield.control.remote.base import Transport
+
+REQUEST_VERSION = 1     # what higgsfield.node.slurm_task reads
+PENDING_NODE = "pending"   # the spec's node fields until the job knows its allocation
+SQUEUE_FORMAT = "%i|%T|%N|%V|%S|%e|%r"   # the reason last: it is free text
+SACCT_FIELDS = "JobIDRaw,State,ExitCode,NodeList,Submit,Start,End,Reason"
+CANCEL_WAIT_S = 30.0
+
+
+class SlurmError(RunError):
+    """Slurm refused or failed an operation; the message is one line that says what to do."""
+
+
+class SlurmRefused(SlurmError):
+    """sbatch refused the job as asked (a bad partition, account, time limit): the user's to fix."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class Job:
+    """What Slurm says about one job right now."""
+
+    job_id: str
+    state: str                  # Slurm's word, normalized: PENDING, RUNNING, COMPLETED, CANCELLED, ...
+    reason: str | None = None
+    exit_code: int | None = None
+    nodes: tuple[str, ...] = ()
+    submitted_at: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job_id: str
+    paths: RunPaths
+    submitted_at: float
+
+
+def template_spec(*, project: str, experiment: str, run: str, module: str, code_dir: str,
+                  params: Mapping[str, Any], nproc: int | None = None, max_restarts: int = 0,
+                  src_dir: str = "src", submitted_at: float | None = None, checkpoint_mirror: str = "") -> RunSpec:
+    """A RunSpec for a Slurm run: the node fields say ``pending`` until the job pins them to its allocation.
+    ``checkpoint_mirror`` (higgsfield.yml's URL, never its credentials: those are secrets) reaches the ranks."""
+    return RunSpec(project=project, experiment=experiment, run=run, module=module, code_dir=code_dir,
+                   params=dict(params), node=PENDING_NODE, node_rank=0, nodes=(PENDING_NODE,),
+                   master_addr=PENDING_NODE, submitted_at=time.time() if submitted_at is None else submitted_at,
+                   nproc=nproc, max_restarts=max_restarts, runtime="process", src_dir=src_dir,
+                   checkpoint_mirror=checkpoint_mirror)
+
+
+class SlurmCluster:
+    """One Slurm cluster, reached through its login node's ``transport``."""
+
+    def __init__(self, transport: Transport, settings: SlurmSettings) -> None:
+        self.transport = transport
+        self.settings = settings
+        self._accounting: bool | None = None
+
+    def paths(self, project: str, run: str) -> RunPaths:
+        return RunPaths(self.settings.workdir, project, run)
+
+    def batch_job(self, paths: RunPaths, max_restarts: int = 0) -> BatchJob:
+        s = self.settings
+        return BatchJob(paths=paths, python=s.interpreter, nodes=s.nodes, gpus_per_node=s.gpus_per_node,
+                        cpus_per_task=s.cpus_per_task, partition=s.partition, account=s.account, time=s.time,
+                        max_restarts=max_restarts, exclusive=s.exclusive, extra=s.extra)
+
+    # -- submit -------------------------------------------------------------------------------
+
+    async def submit(self, spec: RunSpec, secrets: Mapping[str, str] | None = None) -> Submitted:
+        """Write the run's files into the workdir and ``sbatch`` its script; the job id is in ``job.json``.
+
+        ``spec.max_restarts`` becomes the job's requeue count. Raises :class:`SlurmRefused`
+        with sbatch's reason in one line for a job Slurm will not take (the secrets file is
+        removed again, with the run's directory), :class:`SlurmError` for a run name already used in the workdir.
+        """
+        paths = self.paths(spec.project, spec.run)
+        t = self.transport
+        exists = await t.run(["test", "-e", paths.job], check=False)
+        if exists.ok:
+            raise SlurmError(f"run '{spec.run}' already exists in {paths.dir} on {t.node}: choose another run name")
+        await t.run(["mkdir", "-p", paths.logs, paths.checkpoints])
+        await t.run(["chmod", "700", paths.dir, paths.logs])
+        job = self.batch_job(paths, spec.max_restarts)
+        script = render(job)  # ValueError for a value sbatch would misread: before anything is sent
+        submitted_at = time.time()
+        request = {"version": REQUEST_VERSION, "spec": spec.to_dict(), "secret_names": sorted(secrets or {}),
+                   "max_restarts": spec.max_restarts, "gpus_per_node": self.settings.gpus_per_node,
+                   "checkpoint_dir": paths.checkpoints,
+                   "cache_dir": posixpath.join(self.settings.workdir, "cache", spec.project),
+                   "submitted_at": submitted_at}
+        await t.put_bytes(_json(request), paths.request, mode=0o600)
+        if secrets:
+            await t.put_bytes(_json(dict(secrets)), paths.secrets, mode=0o600)
+        await t.put_bytes(script.encode(), paths.script, mode=0o700)
+        result = await t.run(["sbatch", "--parsable", paths.script], check=False)
+        if not result.ok:
+            # nothing half-written: the run's directory (no job.json yet) and its empty checkpoint directory go
+            await t.run(["rm", "-rf", paths.dir], check=False)
+            await t.run(["rmdir", paths.checkpoints], check=False)
+            raise SlurmRefused(f"Slurm refused run '{spec.run}': {sbatch_error(result.stderr or result.stdout)}"
+                               f"{self._hint(result.stderr)}")
+        job_id = result.stdout.strip().split(";", 1)[0]
+        if not job_id.isdigit():
+            raise SlurmError(f"sbatch on {t.node} printed {result.stdout.strip()[:100]!r}, not a job id")
+        record = {"job_id": job_id, "submitted_at": submitted_at, "login": t.node,
+                  "sbatch": job.sbatch_options(), "project": spec.project, "experiment": spec.experiment,
+                  "run": spec.run, "params": dict(spec.params)}
+        await t.put_bytes(_json(record), paths.job, mode=0o600)
+        return Submitted(job_id, paths, submitted_at)
+
+    def _hint(self, stderr: str) -> str:
+        low = stderr.lower()
+        if "account" in low:  # "Invalid account or account/partition combination specified"
+            acct = f"account '{self.settings.account}'" if self.settings.account else "your default account"
+            part = f" with partition '{self.settings.partition}'" if self.settings.partition else ""
+            return f" ({acct}{part} in the slurm block; 'sacctmgr show assoc user=$USER' lists yours)"
+        if "partition" in low and self.settings.partition:
+            return f" (partition '{self.settings.partition}' in the slurm block; 'sinfo -s' lists the partitions)"
+        if "time limit" in low and self.settings.time:
+            return f" (time '{self.settings.time}' in the slurm block is over the partition's limit)"
+        return ""
+
+    # -- query --------------------------------------------------------------------------------
+
+    async def accounting(self) -> bool:
+        """Whether the cluster keeps accounting (``sacct`` answers); asked once."""
+        if self._accounting is None:
+            r = await self.transport.run(["scontrol", "show", "config"], check=False)
+            storage = next((ln.split("=", 1)[1].strip() for ln in r.stdout.splitlines()
+                            if ln.split("=", 1)[0].strip() == "AccountingStorageType"), "")
+            self._accounting = r.ok and storage not in ("", "accounting_storage/none")
+        return self._accounting
+
+    async def jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
+        """What Slurm knows of ``job_ids``: squeue first (live, with the pending reason), then sacct."""
+        ids = [j for j in job_ids if j.isdigit()]
+        if not ids:
+            return {}
+        found = await self.squeue(ids)
+        missing = [j for j in ids if j not in found]
+        if missing and await self.accounting():
+            found.update(await self.sacct(missing))
+        return found
+
+    async def squeue(self, job_ids: Sequence[str]) -> dict[str, Job]:
+        """The jobs slurmctld still holds (``-t all``: finished ones too, for ``MinJobAge``)."""
+        r = await self.transport.run(["squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", SQUEUE_FORMAT],
+                                     check=False)   # a job id slurmctld forgot: exit 1, "Invalid job id"
+        return parse_squeue(r.stdout) if r.ok else {}
+
+    async def sacct(self, job_ids: Sequence[str]) -> dict[str, Job]:
+        """The jobs in the accounting database (finished long ago too)."""
+        r = await self.transport.run(["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids), "-o", SACCT_FIELDS],
+                                     check=False)
+        return {k: v for k, v in parse_sacct(r.stdout).items() if k in job_ids} if r.ok else {}
+
+    async def job_id(self, project: str, run: str) -> str:
+        paths = self.paths(project, run)
+        r = await self.transport.run(["cat", paths.job], check=False)
+        if not r.ok:
+            raise SlurmError(f"no Slurm run '{run}' of project '{project}' in {self.settings.workdir} "
+                             f"on {self.transport.node}")
+        return str(json.loads(r.stdout)["job_id"])
+
+    async def record(self, project: str, run: str) -> dict[str, Any] | None:
+        """The job's own record of the run (``run.json``), once the job has started."""
+        r = await self.transport.run(["cat", self.paths(project, run).record], check=False)
+        if not r.ok:
+            return None
+        try:
+            data = json.loads(r.stdout)
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
+
+    async def status(self, project: str, run: str) -> RunStatus:
+        """The run as ``status --json`` shows it: Slurm's state mapped, the job's record for the details."""
+        paths = self.paths(project, run)
+        jr = await self.transport.run(["cat", paths.job], check=False)
+        if not jr.ok:
+            raise SlurmError(f"no Slurm run '{run}' of project '{project}' in {self.settings.workdir} "
+                             f"on {self.transport.node}")
+        submitted = json.loads(jr.stdout)
+        job_id = str(submitted["job_id"])
+        jobs, record = await asyncio.gather(self.jobs([job_id]), self.record(project, run))
+        return merge(submitted, jobs.get(job_id), record)
+
+    async def statuses(self, project: str) -> list[RunStatus]:
+        """Every run of ``project`` in the workdir (oldest first): one read of the records, one squeue, one sacct."""
+        r = await self.transport.run(["python3", "-c", _LIST_RUNS, posixpath.join(self.settings.workdir, "runs",
+                                                                                  project)], check=False)
+        if not r.ok:
+            raise SlurmError(f"cannot list the runs in {self.settings.workdir} on {self.transport.node}: "
+                             f"{sbatch_error(r.stderr)}")
+        try:
+            items = [i for i in json.loads(r.stdout) if isinstance(i, dict) and isinstance(i.get("job"), dict)]
+        except ValueError:
+            raise SlurmError(f"{self.transport.node} listed the runs as {r.stdout[:100]!r}, not JSON") from None
+        jobs = await self.jobs([str(i["job"].get("job_id", "")) for i in items])
+        out = [merge(i["job"], jobs.get(str(i["job"].get("job_id", ""))), i.get("record")) for i in items]
+        return sorted(out, key=lambda st: st.created_at)
+
+    async def placement(self, project: str, run: str) -> dict[str, Any] | None:
+        """The spec the job pinned to its allocation (``spec.json``: its nodes in node-rank order, nproc)."""
+        r = await self.transport.run(["cat", self.paths(project, run).file("spec.json")], check=False)
+        try:
+            data = json.loads(r.stdout) if r.ok else None
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
+
+    # -- cancel -------------------------------------------------------------------------------
+
+    async def cancel(self, project: str, run: str, *, wait: float = CANCEL_WAIT_S) -> Job | None:
+        """``scancel`` the run's job (the job records the run as killed); wait until Slurm no longer runs it."""
+        paths = self.paths(project, run)
+        job_id = await self.job_id(project, run)
+        t = self.transport
+        await t.run(["touch", paths.file("kill")])
+        await t.run(["rm", "-f", paths.secrets])  # a pending job never takes them
+        r = await t.run(["scancel", job_id], check=False)
+        if not r.ok:
+            raise SlurmError(f"scancel {job_id} on {t.node}: {sbatch_error(r.stderr)}")
+        deadline = time.monotonic() + wait
+        while True:
+            job = (await self.jobs([job_id])).get(job_id)
+            if job is None or map_state(job.state).state not in ACTIVE:  # COMPLETING is still active
+                return job
+            if time.monotonic() > deadline:
+                raise SlurmError(f"job {job_id} is still {job.state} {wait:.0f} s after scancel")
+            await asyncio.sleep(0.2)
+
+    # -- logs ---------------------------------------------------------------------------------
+
+    def invoker_argv(self, *args: str) -> list[str]:
+        """``higgsfield invoker ARGS`` of the workdir's environment on the login node, the workdir its state dir:
+        it reads a Slurm run's directory exactly as it reads an SSH node's."""
+        return [self.settings.interpreter, "-m", "higgsfield", "invoker", "--state-dir", self.settings.workdir,
+                *args]
+
+    def logs_argv(self, project: str, run: str, *, follow: bool = False, since: float | None = None) -> list[str]:
+        """``higgsfield invoker logs`` of the run: ``RANK<TAB>LINE`` lines."""
+        argv = self.invoker_argv("logs", "--project", project, "--run", run)
+        if follow:
+            argv.append("--follow")
+        if since is not None:
+            argv += ["--since", repr(since)]
+        return argv
+
+    def metrics_argv(self, project: str, run: str, *, follow: bool = False) -> list[str]:
+        """``higgsfield invoker metrics`` of the run: rank 0's StepMetrics, one JSON line each."""
+        argv = self.invoker_argv("metrics", "--project", project, "--run", run)
+        return [*argv, "--follow"] if follow else argv
+
+    async def machines(self) -> list[ClusterNode]:
+        """The partition's compute nodes as Slurm sees them (``sinfo -N``): state, load, memory, GPUs."""
+        r = await self.transport.run(sinfo_nodes_argv(self.settings.partition), check=False)
+        if not r.ok:
+            raise SlurmError(f"sinfo on {self.transport.node}: {sbatch_error(r.stderr)}")
+        return parse_sinfo_nodes(r.stdout)
+
+    async def logs(self, project: str, run: str, *, follow: bool = False,
+                   poll: float = 0.5) -> AsyncIterator[tuple[int, str]]:
+        """``(rank, line)`` of every rank's log (rank -1: the launcher), waiting while the job is queued."""
+        while await self.record(project, run) is None:
+            st = await self.status(project, run)
+            if not follow or not st.active:
+                return
+            await asyncio.sleep(poll)
+        async for line in self.transport.stream(self.logs_argv(project, run, follow=follow)):
+            rank, _, text = line.partition("\t")
+            if rank.lstrip("-").isdigit():
+                yield int(rank), text
+
+
+#: Run on the login node: every run directory's job.json and run.json, as one JSON list (one round trip).
+_LIST_RUNS = """\
+import json, os, sys
+root, out = sys.argv[1], []
+try:
+    names = sorted(os.listdir(root))
+except OSError:
+    names = []
+for name in names:
+    item = {"run": name}
+    for key, file in (("job", "job.json"), ("record", "run.json")):
+        try:
+            with open(os.path.join(root, name, file)) as f:
+                item[key] = json.load(f)
+        except (OSError, ValueError):
+            pass
+    if "job" in item:
+        out.append(item)
+print(json.dumps(out))
+"""
+
+
+# -- parsing Slurm's answers ------------------------------------------------------------------
+
+def sbatch_error(text: str) -> str:
+    """The one line that says why (``Invalid partition name specified``), from sbatch's/scancel's stderr."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    if not lines:
+        return "no reason given"
+    last = lines[-1]
+    for prefix in ("sbatch: error: Batch job submission failed:", "sbatch: error:", "scancel: error:", "error:"):
+        if last.startswith(prefix):
+            return last[len(prefix):].strip()
+    return last
+
+
+def parse_squeue(out: str) -> dict[str, Job]:
+    jobs = {}
+    for line in out.splitlines():
+        parts = line.split("|", 6)
+        if len(parts) != 7 or not parts[0].strip().isdigit():
+            continue
+        job_id, state, nodes, submit, start, end, reason = (p.strip() for p in parts)
+        jobs[job_id] = Job(job_id, normalize(state), _reason(reason), None, _nodes(nodes),
+                           _time(submit), _time(start) if normalize(state) != "PENDING" else None, _time(end))
+    return jobs
+
+
+def parse_sacct(out: str) -> dict[str, Job]:
+    jobs = {}
+    for line in out.splitlines():
+        parts = line.split("|")
+        if len(parts) < 8 or not parts[0].strip().isdigit():
+            continue
+        job_id, state, code, nodes, submit, start, end = (p.strip() for p in parts[:7])
+        reason = "|".join(parts[7:]).strip()
+        jobs[job_id] = Job(job_id, normalize(state), _reason(reason), exit_code(code), _nodes(nodes),
+                           _time(submit), _time(start), _time(end))
+    return jobs
+
+
+def exit_code(text: str) -> int | None:
+    """Slurm's ``EXIT:SIGNAL`` (``3:0``, ``0:9``) as one status: the exit code, or 128 + the signal."""
+    try:
+        code, _, sig = text.partition(":")
+        c, s = int(code), int(sig or 0)
+    except ValueError:
+        return None
+    return c if c or not s else 128 + s
+
+
+def _reason(text: str) -> str | None:
+    text = text.strip()
+    if text.startswith("(") and text.endswith(")"):
+        text = text[1:-1]
+    return None if text in ("", "None", "(null)") else text
+
+
+def _nodes(text: str) -> tuple[str, ...]:
+    text = text.strip()
+    return () if text in ("", "(null)", "None assigned", "n/a") else expand_nodelist(text)
+
+
+def expand_nodelist(text: str) -> tuple[str, ...]:
+    """Slurm's compressed host list (``n[1-3,7],gpu-a``, ``node[01-02]``) as names; an odd one stays whole."""
+    out: list[str] = []
+    for m in _HOSTLIST.finditer(text):
+        prefix, ranges, suffix = m.group(1), m.group(2), m.group(3) or ""
+        if ranges is None:
+            out.append(prefix + suffix)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()):
+                return (text,)
+            width = len(lo)
+            out += [f"{prefix}{i:0{width}d}{suffix}" for i in range(int(lo), int(hi or lo) + 1)]
+    return tuple(out) or (text,)
+
+
+_HOSTLIST = re.compile(r"([^,\[\]]+)(?:\[([0-9,-]+)\]([^,\[\]]*))?")
+
+
+def _time(text: str) -> float | None:
+    text = text.strip()
+    if not text or text in ("N/A", "Unknown", "None", "(null)"):
+        return None
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def merge(submitted: Mapping[str, Any], job: Job | None, record: Mapping[str, Any] | None) -> RunStatus:
+    """One RunStatus from the submission record, Slurm's view of the job and the job's own run record.
+
+    Slurm decides the state while it knows the job; the job's record adds what only
+    the node side knows (the failing rank and node, the error's last lines). Without
+    either (no accounting and the job long gone), the record's state stands.
+    """
+    rec = dict(record or {})
+    state, reason = QUEUED, None
+    if job is not None:
+        mapped = map_state(job.state, job.reason)
+        state, reason = mapped.state, mapped.reason
+        if state == QUEUED and rec.get("state") == QUEUED and rec.get("reason"):
+            reason = f"{rec['reason']}; {reason}" if reason else str(rec["reason"])  # our own requeue: why
+    elif rec.get("state"):
+        state, reason = str(rec["state"]), rec.get("reason")
+    failed_node = failed_rank = None
+    tail: list[str] = []
+    if state == FAILED:
+        if rec.get("state") == FAILED and rec.get("reason"):
+            reason = str(rec["reason"]) if job is None or job.state == "FAILED" else f"{reason}; {rec['reason']}"
+        failed_node, failed_rank = rec.get("failed_node"), rec.get("failed_rank")
+        tail = [str(x) for x in rec.get("error_tail") or []]
+    elif state == KILLED and job is None:
+        reason = rec.get("reason")
+    node_state = state
+    hosts = job.nodes if job and job.nodes else ((str(rec["node"]),) if rec.get("node") else ())
+    return RunStatus(
+        project=str(submitted.get("project") or rec.get("project") or ""),
+        experiment=str(submitted.get("experiment") or rec.get("experiment") or ""),
+        run=str(submitted.get("run") or rec.get("run") or ""),
+        state=state,
+        nodes={str(h): {"state": node_state} for h in hosts if h},
+        created_at=float(submitted.get("submitted_at") or rec.get("created_at") or 0.0),
+        started_at=(job.started_at if job and job.started_at else rec.get("started_at")),
+        ended_at=(job.ended_at if job and job.ended_at and state not in ACTIVE else rec.get("ended_at")),
+        exit_code=(job.exit_code if job and job.exit_code is not None else rec.get("exit_code")),
+        failed_node=failed_node, failed_rank=failed_rank, reason=reason, error_tail=tail,
+        params=dict(submitted.get("params") or {}))
+
+
+def _json(data: object) -> bytes:
+    return (json.dumps(data, sort_keys=True) + "\n").encode()
+
+
+__all__ = ["Job", "SlurmCluster", "SlurmError", "SlurmRefused", "Submitted", "merge",
+           "parse_sacct", "parse_squeue", "template_spec"]

@@ -1,0 +1,79 @@
+"""Where a Slurm run's files live in the shared workdir, as the control side names them.
+
+The run directory is the one an SSH node keeps under its state dir
+(``<state>/runs/<project>/<run>/``, :class:`higgsfield.node.state.records.RunDir`), with the
+workdir as the state dir, so ``higgsfield invoker --state-dir WORKDIR logs ...`` on the login
+node reads a Slurm run exactly as it reads an SSH node's::
+
+    <workdir>/runs/<project>/<run>/
+        request.json   the control side's RunSpec (the allocation not known yet) and the job's settings
+        secrets.json   0600, written at submit, deleted by the job as it starts (re-written only for its own requeue)
+        job.sh         the batch script (no params, no secrets)
+        job.json       the control side's record of the submission: the Slurm job id, when, with what
+        spec.json, run.json, logs/rank<N>.log, logs/launcher.log ...   written by the job (node side)
+    <workdir>/checkpoints/<project>/<run>/   HIGGSFIELD_CHECKPOINT_DIR: every node and every requeue sees it
+
+Node side reads the same names from :mod:`higgsfield.node.slurm_task` (which cannot import
+this module): the two lists are kept equal by tests/slurm/test_script.py.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+
+REQUEST = "request.json"
+SECRETS = "secrets.json"
+SCRIPT = "job.sh"
+JOB = "job.json"
+RECORD = "run.json"
+LOGS = "logs"
+LAUNCHER_LOG = "launcher.log"
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """The absolute paths of one run in the workdir (strings: they are paths on the cluster, not here)."""
+
+    workdir: str
+    project: str
+    run: str
+
+    @property
+    def dir(self) -> str:
+        return posixpath.join(self.workdir, "runs", self.project, self.run)
+
+    def file(self, name: str) -> str:
+        return posixpath.join(self.dir, name)
+
+    @property
+    def request(self) -> str:
+        return self.file(REQUEST)
+
+    @property
+    def secrets(self) -> str:
+        return self.file(SECRETS)
+
+    @property
+    def script(self) -> str:
+        return self.file(SCRIPT)
+
+    @property
+    def job(self) -> str:
+        return self.file(JOB)
+
+    @property
+    def record(self) -> str:
+        return self.file(RECORD)
+
+    @property
+    def logs(self) -> str:
+        return self.file(LOGS)
+
+    @property
+    def launcher_log(self) -> str:
+        return posixpath.join(self.logs, LAUNCHER_LOG)
+
+    @property
+    def checkpoints(self) -> str:
+        return posixpath.join(self.workdir, "checkpoints", self.project, self.run)

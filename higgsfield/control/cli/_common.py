@@ -1,0 +1,53 @@
+"""Small helpers shared by the CLI command modules (config loading, output)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from higgsfield.control.config import Config
+
+
+def get_config(ctx: click.Context) -> Config:
+    """The project's config: --config, else the nearest higgsfield.yml at or above the cwd."""
+    from higgsfield.control.config import load_config
+
+    root = ctx.find_root()
+    path = (root.obj or {}).get("config_path")
+    return load_config(Path(path) if path else None)
+
+
+def console(stderr: bool = False) -> Console:
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+# -- argument checks: a bad name is a usage error (exit 2) before any config is read or node contacted --
+
+def experiment_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A click callback: ``value`` is an experiment name (an identifier)."""
+    from higgsfield.contract.names import check_identifier
+
+    if value is None:
+        return None
+    try:
+        return check_identifier(value, "experiment name")
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def run_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A click callback: ``value`` is a run name (or an experiment name, which is one too)."""
+    from higgsfield.contract.names import is_run_name
+    from higgsfield.contract.text import shown
+
+    if value is None or is_run_name(value):
+        return value
+    raise click.BadParameter(f"{shown(value)} is not a run or experiment name: use 1-64 letters, digits, "
+                             "'.', '_' or '-', starting with a letter or digit")

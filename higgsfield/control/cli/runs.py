@@ -1,0 +1,361 @@
+"""``higgsfield run | logs | status | kill | deploy``: thin commands over the project's backend.
+
+The backend (:func:`higgsfield.control.backends.nodes.backend_for`) is the SSH nodes, or the Slurm
+cluster of a ``slurm:`` block; these commands never ask which.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from higgsfield.contract.runspec import FAILED, KILLED, QUEUED, RUNNING, STARTING, SUCCEEDED
+from higgsfield.contract.text import inert, shown
+from higgsfield.contract.units import duration_s
+from higgsfield.control.cli._common import console, experiment_name, get_config, run_name
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from higgsfield.control.backends import Backend, RunList
+    from higgsfield.control.backends.nodes import LogLine, RunHandle, RunStatus
+    from higgsfield.control.config import Config
+
+RECENT_FAILURES = 5   # status shows the error of the failed runs among the last this many
+_STATE_STYLE = {SUCCEEDED: "green", FAILED: "red", KILLED: "yellow", RUNNING: "cyan", STARTING: "cyan", QUEUED: "dim"}
+
+
+def clean(text: str) -> str:
+    """``text`` with its control characters shown inert (tab kept): what a node sends is shown, never obeyed.
+
+    Always, not only on a terminal: ``logs > file`` then ``cat file`` reaches one too, and
+    the node's ``rank<N>.log`` keeps the exact bytes for whoever needs them (``--json`` output
+    is JSON, escaped by its encoder). See :func:`higgsfield.contract.text.inert`.
+    """
+    return inert(text)
+
+
+def _printer(*, color: bool) -> Callable[[LogLine], None]:
+    """Prints one log line to stdout, tagged ``node/rank`` (what a node sent is shown, never obeyed)."""
+    from higgsfield.control.backends.nodes import NOTICE
+
+    out = sys.stdout
+
+    def show(line: LogLine) -> None:
+        who = "higgsfield" if line.rank == NOTICE else "launcher" if line.rank < 0 else line.rank
+        tag = clean(f"{line.node}/{who}")
+        text = clean(line.text)
+        if color:
+            code = 36 if line.rank < 0 else 31 + (line.rank % 6)
+            out.write(f"\x1b[{code}m{tag}\x1b[0m | {text}\n")
+        else:
+            out.write(f"{tag} | {text}\n")
+        out.flush()
+
+    return show
+
+
+def _print_lines(lines: Iterable[LogLine], *, color: bool) -> None:
+    show = _printer(color=color)
+    for line in lines:
+        show(line)
+
+
+async def _print_stream(lines: AsyncIterator[LogLine], *, color: bool) -> None:
+    """Print ``lines`` as they come; the streams behind them close however this ends."""
+    show = _printer(color=color)
+    async with contextlib.aclosing(lines) as items:  # type: ignore[type-var]
+        async for line in items:
+            show(line)
+
+
+def parse_since(value: str, now: float | None = None) -> float:
+    """``--since``: ``30s``/``10m``/``2h``/``1d`` ago, or an ISO time (local unless it names a zone) -> UNIX time."""
+    text = value.strip()
+    secs = duration_s(text)
+    if secs is not None:
+        ago = (time.time() if now is None else now) - secs
+        return ago if ago > 0 else 0.0   # "99999d" (or 1e400 s: -inf) means since the start
+    try:
+        when = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+    except ValueError:
+        raise click.BadParameter(f"{shown(value)} is neither a duration ago (30s, 10m, 2h, 1d) "
+                                 "nor a time (2026-11-30T10:00, local time)") from None
+    try:
+        return max(when.timestamp(), 0.0)  # a naive time is local time
+    except (ValueError, OverflowError, OSError):
+        # The platform cannot place it (0001-01-01): long before any log line, so every line.
+        return 0.0
+
+
+def _since_option(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    return None if value is None else parse_since(value)
+
+
+@click.command()
+@click.argument("experiment", callback=experiment_name)
+@click.option("--param", "-p", "params", multiple=True, metavar="NAME=VALUE", help="A param value (repeatable).")
+@click.option("--run-name", default=None, callback=run_name, help="Name of the run; default: EXPERIMENT-DATE-TIME-XXXX. "
+              "Re-using a finished run's name resumes from its checkpoints.")
+@click.option("--nodes", type=click.IntRange(min=1), default=None,
+              help="Use the first K nodes of higgsfield.yml (on Slurm: K nodes instead of slurm.nodes).")
+@click.option("--time", "time_limit", default=None, metavar="LIMIT",
+              help="Slurm: the job's time limit instead of slurm.time (90, 24:00:00, 2-00:00:00).")
+@click.option("--partition", default=None, help="Slurm: the partition instead of slurm.partition.")
+@click.option("--max-restarts", type=click.IntRange(0, 1000), default=0, show_default=True,
+              help="Restarts of crashed workers, resuming from the last checkpoint (on Slurm: requeues).")
+@click.option("--exclusive", is_flag=True, help="Take whole nodes (every GPU/slot), queueing until they are free.")
+@click.option("--detach", "-d", is_flag=True, help="Start and return; follow with 'higgsfield logs RUN -f'.")
+@click.pass_context
+def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: str | None, nodes: int | None,
+        time_limit: str | None, partition: str | None, max_restarts: int, exclusive: bool, detach: bool) -> None:
+    """Run EXPERIMENT on the nodes and stream its logs until it ends (exit code = the run's).
+
+    The nodes decide the run, with or without this command: a node whose part fails,
+    or that is lost, fails it on every node within seconds; the first failure (node,
+    rank, the last lines of its error) is shown at the end. A log stream this command
+    loses is re-attached; the run goes on.
+    """
+    from higgsfield.contract.params import parse_assignments
+    from higgsfield.control import secrets
+    from higgsfield.control.backends import RunRequest, backend_for
+
+    cfg = get_config(ctx)
+    given = parse_assignments(params)
+    values = secrets.collect(cfg)
+    backend = backend_for(cfg)
+    plan = backend.plan(RunRequest(experiment, given, run_name=run_name, nodes=nodes, max_restarts=max_restarts,
+                                   exclusive=exclusive, time=time_limit, partition=partition))
+    err = console(stderr=True)
+    started: list[RunHandle] = []
+    try:
+        final = asyncio.run(_run(backend, plan, values, detach=detach, err=err, started=started))
+    except KeyboardInterrupt:
+        if not started:
+            raise
+        err.print(f"\ndetached; run {plan.run} goes on.\n"
+                  f"follow: higgsfield logs {plan.run} -f    stop: higgsfield kill {plan.run}")
+        sys.exit(130)
+    if final is None:
+        return
+    from rich.markup import escape
+
+    style = _STATE_STYLE.get(final.state, "")
+    extra = ""
+    if final.failed_node:
+        extra = f" (first failure: node {escape(clean(final.failed_node))}" + (
+            f", rank {final.failed_rank})" if final.failed_rank is not None else ")")
+    err.print(f"run {plan.run} [{style}]{escape(clean(final.state))}[/]{extra}")
+    _print_failure(err, final)
+    sys.exit(exit_code(final))
+
+
+async def _run(backend: Backend, plan: Any, values: dict[str, str], *, detach: bool, err: Console,
+               started: list[RunHandle]) -> RunStatus | None:
+    """Start, follow and ask the final status in one session: its connections open once, for all three.
+
+    The run's end is learnt from its log streams ending (each node ends its stream
+    when its part ended), then its status is asked once (again only while a lagging
+    node's record still says it runs). None when detached.
+    """
+    from higgsfield.contract.errors import NodeLost
+
+    async with backend.session(plan) as session:
+        handle = await session.start(plan, secrets=values)
+        started.append(handle)
+        err.print(f"[bold]run[/] {handle.run} started {backend.describe(handle)}", markup=True, highlight=False)
+        if detach:
+            err.print(f"follow: higgsfield logs {handle.run} -f    stop: higgsfield kill {handle.run}")
+            click.echo(handle.run)
+            return None
+        try:
+            await _print_stream(session.follow(handle), color=sys.stdout.isatty())
+        except NodeLost as lost:  # the nodes decide the run: its final status says how it ended
+            err.print(f"{clean(str(lost))}", style="red", markup=False, highlight=False)
+        return await session.final_status(handle.run)
+
+
+def exit_code(status: RunStatus) -> int:
+    """``run``'s exit code: 0 when the run succeeded; else the failing node's (a signal N as 128+N), at least 1."""
+    if status.state == SUCCEEDED:
+        return 0
+    code = status.exit_code if status.state == FAILED else None
+    if not code:
+        return 1
+    return min(255, 128 - code if code < 0 else code)
+
+
+def _print_failure(out: Console, status: RunStatus, indent: str = "  ") -> None:
+    """The first failure's reason and the last lines of its error (what a node sent is shown, never obeyed)."""
+    if status.state != FAILED:
+        return
+    if status.reason:
+        out.print(f"{indent}{clean(status.reason)}", markup=False, highlight=False)
+    for line in status.error_tail:
+        out.print(f"{indent}| {clean(line)}", markup=False, highlight=False)
+
+
+@click.command()
+@click.argument("target", metavar="EXPERIMENT|RUN", callback=run_name)
+@click.option("--follow", "-f", is_flag=True, help="Keep printing until the run ends.")
+@click.option("--node", default=None, help="Only this node.")
+@click.option("--rank", "ranks", type=click.IntRange(min=0), multiple=True, help="Only this global rank (repeatable).")
+@click.option("--since", metavar="T", callback=_since_option,
+              help="Only lines written since T: 30s, 10m, 2h, 1d ago, or a local time like 2026-11-30T10:00. "
+                   "The launcher's log has no line times: shown whole if it changed since T, "
+                   "else only what -f sees added.")
+@click.pass_context
+def logs(ctx: click.Context, target: str, follow: bool, node: str | None, ranks: tuple[int, ...],
+         since: float | None) -> None:
+    """Print the merged logs of a run (an experiment name means its latest run)."""
+    cfg = get_config(ctx)
+    try:
+        asyncio.run(_logs(cfg, target, follow=follow, node=node, ranks=ranks, since=since))
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+async def _logs(cfg: Config, target: str, *, follow: bool, node: str | None, ranks: tuple[int, ...],
+                since: float | None) -> None:
+    """Find the run and print its logs in one session (following: re-attaching over the same connections)."""
+    from higgsfield.control.backends import backend_for
+
+    async with backend_for(cfg).session() as session:
+        status = await session.find(target)
+        lines = session.logs(status, follow=follow, node=node, ranks=ranks, since=since)
+        await _print_stream(lines, color=sys.stdout.isatty())
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """List runs on every node: state, nodes, start, duration, exit code, first failure."""
+    from rich.text import Text
+
+    from higgsfield.control.cli._status_table import GAP, failure_of, layout, skip_warnings
+
+    cfg = get_config(ctx)
+    listed = asyncio.run(_status(cfg))
+    runs, unreachable = listed.runs, listed.unreachable
+    for warning in skip_warnings(listed.skipped):
+        click.echo(warning, err=True)
+    if as_json:
+        click.echo(json.dumps({"runs": [r.to_dict() for r in runs], "unreachable": unreachable}, indent=2))
+        return
+    out = console()
+    if runs:
+        titles, widths, rows = layout(runs, out.width)
+        out.print(Text((" " * GAP).join(t.ljust(w) for t, w in zip(titles, widths, strict=True)).rstrip(),
+                       style="bold"))
+        for r, row in zip(runs, rows, strict=True):
+            line = Text()
+            for i, (title, cell, w) in enumerate(zip(titles, row, widths, strict=True)):
+                line.append(" " * GAP if i else "")
+                line.append(clean(cell).ljust(w), style=_STATE_STYLE.get(r.state, "") if title == "STATE" else "")
+            line.rstrip()
+            out.print(line)
+        for r in [r for r in runs[-RECENT_FAILURES:] if r.state == FAILED]:
+            out.print(f"\n{clean(r.run)}: first failure on {clean(failure_of(r))}:", markup=False, highlight=False)
+            _print_failure(out, r)
+    else:
+        out.print("no runs yet: start one with 'higgsfield run EXPERIMENT'")
+    for node, reason in unreachable.items():
+        out.print(f"[red]{node}: unreachable: {reason}[/]", highlight=False)
+    if unreachable:
+        sys.exit(1)
+
+
+async def _status(cfg: Config) -> RunList:
+    from higgsfield.control.backends import backend_for
+
+    async with backend_for(cfg).session() as session:
+        return await session.runs()
+
+
+@click.command()
+@click.argument("target", metavar="EXPERIMENT|RUN", callback=run_name)
+@click.pass_context
+def kill(ctx: click.Context, target: str) -> None:
+    """Stop a run (or every active run of an experiment) on every node."""
+    cfg = get_config(ctx)
+    for r in asyncio.run(_kill(cfg, target)):
+        click.echo(f"{clean(r.run)}: {clean(r.state)}")   # names read from a node's disk: shown, never obeyed
+
+
+async def _kill(cfg: Config, target: str) -> list[RunStatus]:
+    from higgsfield.control.backends import backend_for
+
+    async with backend_for(cfg).session() as session:
+        return await session.kill(target)
+
+
+@click.command()
+@click.option("--dirty", is_flag=True, help="Include uncommitted changes (tracked and untracked, not ignored).")
+@click.pass_context
+def deploy(ctx: click.Context, dirty: bool) -> None:
+    """Ship the project's committed code to every node (or a Slurm cluster's workdir) and build its image there."""
+    from higgsfield.control.backends import backend_for
+
+    cfg = get_config(ctx)
+    result = backend_for(cfg).deploy(dirty=dirty, console=console(stderr=True))
+    click.echo(f"deployed {result.commit[:12]} to {len(result.nodes)} node(s) in {result.seconds:.1f}s")
+
+
+@click.command()
+@click.argument("target", metavar="RUN", callback=run_name)
+@click.argument("dest", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--step", default="latest", show_default=True, metavar="N|latest",
+              help="The checkpoint step to bring (it must be complete on every node).")
+@click.option("--logs", "with_logs", is_flag=True, help="Also every rank's logs and the run record, "
+              "into DEST/logs/<node>/.")
+@click.option("--hf", "to_hf", is_flag=True, help="Also convert the step to a Hugging Face directory "
+              "(safetensors, config, tokenizer) in DEST/hf/step_XXXXXXXX; needs torch and transformers here.")
+@click.pass_context
+def pull(ctx: click.Context, target: str, dest: Path | None, step: str, with_logs: bool, to_hf: bool) -> None:
+    """Bring a run's checkpoint home: every node's part merged into DEST/step_XXXXXXXX (default ./pulled/RUN).
+
+    Resumable and checksummed: a re-run skips what is here whole and continues what is not.
+    """
+    from higgsfield.control.backends.nodes.pull import export_hf, step_name
+
+    if step != "latest":
+        step = step_name(step)  # a bad --step is one line, exit 2, before any node is asked
+    cfg = get_config(ctx)
+    result = asyncio.run(_pull(cfg, target, dest, step, with_logs))
+    where = clean(str(result.dest / result.step))
+    click.echo(f"pulled {result.step} of {clean(target)} from {len(result.nodes)} node(s) to {where}: "
+               f"{len(result.fetched)} file(s) copied ({result.bytes / 1e6:.1f} MB), "
+               f"{len(result.skipped)} already here"
+               + (f"; logs in {clean(str(result.dest / 'logs'))}" if with_logs else ""))
+    if to_hf:
+        out = export_hf(result.dest / result.step, result.dest / "hf" / result.step)
+        click.echo(f"converted {result.step} to a Hugging Face directory: {clean(str(out))} "
+                   "(AutoModelForCausalLM.from_pretrained loads it)")
+
+
+async def _pull(cfg: Config, target: str, dest: Path | None, step: str, with_logs: bool) -> Any:
+    """The pull with a progress bar of bytes and rate on stderr (none when stderr is not a terminal)."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    from higgsfield.control.backends.nodes.pull import Progress as Callbacks
+    from higgsfield.control.backends.select import pull
+
+    err = console(stderr=True)
+    bar = Progress("pull", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+                   console=err, disable=not err.is_terminal, transient=True)
+    task = bar.add_task("pull", total=0)
+    callbacks = Callbacks(total=lambda n: bar.update(task, total=n),
+                          advance=lambda n: bar.advance(task, n))
+    with bar:
+        return await pull(cfg, target, dest, step=None if step == "latest" else step, logs=with_logs,
+                          progress=callbacks)

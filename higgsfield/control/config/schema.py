@@ -1,0 +1,454 @@
+"""The typed model of ``higgsfield.yml``: every field typed, documented and checked.
+
+Unknown keys are refused, and a field's validator says in words what is wrong with a
+value; :mod:`higgsfield.control.config.loader` turns that into one line naming the file, the
+line and the field. The derived values (a node's port, user, identity file) live on
+:class:`Config` so no caller repeats the "node's, else ssh's, else the default" rule.
+
+Use::
+
+    cfg = Config.model_validate({"name": "demo", "nodes": [{"host": "gpu-1"}]})
+    cfg.node_port(cfg.nodes[0])      # 22
+"""
+
+from __future__ import annotations
+
+import getpass
+import re
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from higgsfield import __version__
+from higgsfield.contract.errors import ConfigError
+from higgsfield.contract.names import (
+    LOCAL_HOSTS,
+    MAX_NAME,
+    NAME_RE,
+    check_host,
+    check_node_name,
+    check_secret_name,
+    check_text,
+    check_user,
+)
+from higgsfield.contract.slurm_syntax import (
+    MAX_GPUS_PER_NODE,
+    MAX_NODES,
+    check_abs_path,
+    check_account,
+    check_extra_option,
+    check_partition,
+    check_time,
+    check_workdir,
+)
+from higgsfield.contract.text import shown
+from higgsfield.contract.units import FORMS, duration_s
+
+__all__ = ["CONFIG_FILE", "Config", "DockerConfig", "InstallConfig", "LoginConfig", "NodeConfig", "NodeDup",
+           "CheckpointConfig", "RetentionConfig", "SSHConfig", "SlurmConfig", "json_schema"]
+
+CONFIG_FILE = "higgsfield.yml"
+BRANCH_RE = re.compile(r"\A[A-Za-z0-9._/-]{1,200}\Z")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+
+def _no_bool(v: Any) -> Any:
+    # pydantic's lax mode reads YAML's true/false as 1/0; a number field never means a bool.
+    if isinstance(v, bool):
+        raise ValueError(f"expected a number, not {str(v).lower()}")
+    return v
+
+
+def _nproc(v: Any) -> Any:
+    # One check (and one message) instead of pydantic's two union-branch errors.
+    if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+        return v
+    raise ValueError(f"must be 'auto' or an integer >= 1 (got {shown(v)})")
+
+
+Int = Annotated[int, BeforeValidator(_no_bool)]
+Float = Annotated[float, Field(allow_inf_nan=False), BeforeValidator(_no_bool)]   # .inf would overflow a timer
+Port = Annotated[int, Field(ge=1, le=65535), BeforeValidator(_no_bool)]
+# Constraints sit inside the Annotated so the JSON Schema says minimum/maximum inside anyOf.
+Nproc = Annotated[Annotated[int, Field(ge=1)] | Literal["auto"], BeforeValidator(_nproc)]
+
+
+def _refuse_root(user: str | None) -> str | None:
+    return None if user is None else check_user(user)
+
+
+def _checked(*fields: str, check: Callable[[Any], Any]) -> Any:
+    """A field validator running ``check`` on each set value (None, the default, is left alone)."""
+    return field_validator(*fields)(classmethod(lambda cls, v: v if v is None else check(v)))
+
+
+def _state_dir(v: str) -> str:
+    check_text(v)
+    parts = PurePosixPath(v).parts
+    if v.startswith("-"):
+        raise ValueError(f"{shown(v)} starts with '-'")
+    if ".." in parts:
+        raise ValueError(f"{shown(v)} contains '..': name the directory itself")
+    if len(parts) <= 1 and (not parts or parts[0] in ("/", ".") or parts[0].startswith("~")):
+        raise ValueError(f"{shown(v)} is the root or a home directory itself: higgsfield needs a "
+                         "directory of its own there, e.g. ~/.higgsfield")
+    return v
+
+
+def _pip_source(v: str) -> str:
+    check_text(v)
+    if v.startswith("-"):
+        raise ValueError(f"{shown(v)} starts with '-', which pip would read as an option: give a requirement, "
+                         "a git+https:// URL or a path")
+    return v
+
+
+def _index_url(v: str) -> str:
+    check_text(v)
+    if not re.fullmatch(r"https?://\S+", v):
+        raise ValueError(f"{shown(v)} is not an http(s):// URL")
+    return v
+
+
+class SSHConfig(_Model):
+    """How to reach the nodes over SSH (each field can be overridden per node)."""
+
+    user: str | None = Field(None, description="Login user on the nodes; default: your local user name. Never root.")
+    port: Port = Field(22, description="SSH port.")
+    identity_file: str | None = Field(None, description="Private key file; default: ssh-agent and ~/.ssh/id_*.")
+    known_hosts: str = Field(".higgsfield/known_hosts",
+                             description="Pinned host keys, relative to the project; pinned on first contact.")
+    connect_timeout: Float = Field(10.0, gt=0, description="Seconds to connect and authenticate.")
+    command_timeout: Float = Field(900.0, gt=0, description="Seconds one remote command may run.")
+    retries: Int = Field(2, ge=0, le=10, description="Connection retries (with backoff); commands are never retried.")
+
+    _user = field_validator("user")(classmethod(lambda cls, v: _refuse_root(v)))
+    _paths = _checked("identity_file", "known_hosts", check=check_text)
+
+
+class NodeConfig(_Model):
+    """One node. Its position in ``nodes`` is its node rank; the first is the master."""
+
+    host: str = Field(..., min_length=1, description="Host name or address; 'localhost' runs without SSH.")
+    name: str | None = Field(None, description="Display name; default: the host (and port when not 22).")
+    port: Port | None = Field(None, description="Overrides ssh.port.")
+    user: str | None = Field(None, description="Overrides ssh.user.")
+    identity_file: str | None = Field(None, description="Overrides ssh.identity_file.")
+    nproc_per_node: Nproc | None = Field(None, description="Overrides nproc_per_node.")
+
+    _user = field_validator("user")(classmethod(lambda cls, v: _refuse_root(v)))
+    _host = _checked("host", check=check_host)
+    _name = _checked("name", check=check_node_name)
+    _identity = _checked("identity_file", check=check_text)
+
+    @property
+    def is_local(self) -> bool:
+        return self.host.lower() in LOCAL_HOSTS
+
+
+class DockerConfig(_Model):
+    """The training image built on every node."""
+
+    dockerfile: str = Field("Dockerfile", description="Dockerfile, relative to the project.")
+    base_image: str | None = Field(None, description="Passed as the BASE_IMAGE build argument when set.")
+
+    _text = _checked("dockerfile", "base_image", check=check_text)
+
+
+class InstallConfig(_Model):
+    """How GitHub Actions jobs install higgsfield (the version that generated them)."""
+
+    source: str = Field(f"higgsfield=={__version__}",
+                        description="A pip requirement: 'higgsfield==X', 'git+https://...', a wheel URL.")
+    index_url: str | None = Field(None, description="Extra pip index for private installs.")
+
+    _source = _checked("source", check=_pip_source)
+    _index = _checked("index_url", check=_index_url)
+
+
+def _login_shorthand(v: Any) -> Any:
+    return {"host": v} if isinstance(v, str) else v
+
+
+class LoginConfig(_Model):
+    """The cluster's login node: reached over SSH like any node, its host key pinned by ``setup``."""
+
+    host: str = Field(..., min_length=1, description="The login node's host name or address.")
+    user: str | None = Field(None, description="Your user on the cluster; default: ssh.user, else your local user.")
+    port: Port = Field(22, description="SSH port.")
+    name: str = Field("login", description="How logs and errors call the login node.")
+    identity_file: str | None = Field(None, description="Private key file; default: ssh.identity_file.")
+
+    _user = field_validator("user")(classmethod(lambda cls, v: _refuse_root(v)))
+    _host = _checked("host", check=check_host)
+    _name = _checked("name", check=check_node_name)
+    _identity = _checked("identity_file", check=check_text)
+
+
+def _time_limit(v: Any) -> Any:
+    return check_time(_no_bool(v))
+
+
+class SlurmConfig(_Model):
+    """A Slurm cluster: runs are batch jobs submitted through its login node (``nodes`` is then not used)."""
+
+    login: Annotated[LoginConfig, BeforeValidator(_login_shorthand)] = Field(
+        ..., description="The login node: {host: login.cluster.example, user: me}.")
+    workdir: str = Field(..., description="An absolute path every compute node sees: releases, the project "
+                                          "environment, runs, logs and checkpoints live there.")
+    partition: str | None = Field(None, description="Partition (or several, comma-separated); default: the "
+                                                    "cluster's default. --partition per run.")
+    account: str | None = Field(None, description="Account to charge; default: your default account.")
+    nodes: Int = Field(1, ge=1, le=MAX_NODES, description="Nodes per run (one torchrun each). --nodes per run.")
+    gpus_per_node: Int = Field(0, ge=0, le=MAX_GPUS_PER_NODE,
+                               description="GPUs per node (--gpus-per-node; 0 for a CPU partition).")
+    cpus_per_task: Int | None = Field(None, ge=1, le=4096, description="CPUs for each node's torchrun.")
+    time: Annotated[str, BeforeValidator(_time_limit)] | None = Field(
+        None, description="Time limit: minutes, HH:MM:SS or D-HH:MM:SS (quoted); default: the partition's. "
+                          "--time per run.")
+    python: str | None = Field(None, description="The compute nodes' python for runs; default: the project "
+                                                 "environment deploy builds in the workdir.")
+    exclusive: bool = Field(True, description="Whole nodes (--exclusive): each node's torchrun uses all of it.")
+    extra: list[str] = Field(default_factory=list, description="More sbatch options, one '--name=value' each.")
+
+    _workdir = _checked("workdir", check=check_workdir)
+    _partition = _checked("partition", check=check_partition)
+    _account = _checked("account", check=check_account)
+    _python = _checked("python", check=check_abs_path)
+
+    @field_validator("extra")
+    @classmethod
+    def _extra(cls, v: list[str]) -> list[str]:
+        return [check_extra_option(o) for o in v]
+
+
+def _max_age(v: Any) -> Any:
+    # One grammar with `logs --since` and `prune --older-than` (higgsfield.contract.units).
+    if isinstance(v, str) and (secs := duration_s(v)) is not None and secs > 0:
+        return v
+    raise ValueError(f"{shown(v)} is not a duration above zero: use {FORMS}")
+
+
+class RetentionConfig(_Model):
+    """What deploy (and a plain ``higgsfield prune``) removes from the nodes so they never fill up.
+
+    Only finished runs (succeeded, failed, killed) ever go: a queued, starting or
+    running run is never touched, nor the image of the current release.
+    """
+
+    keep_runs: Int | None = Field(None, ge=0, description="Keep this many finished runs per node (the newest); "
+                                                          "older ones go.")
+    max_age: Annotated[str, BeforeValidator(_max_age)] | None = Field(
+        None, description="Finished runs that ended longer ago than this go: 30d, 12h, 90m.")
+    checkpoints: bool = Field(False, description="Also remove a removed run's checkpoints (default: never "
+                                                 "without asking).")
+    images: bool = Field(True, description="Also remove the project's images that no release and no queued or "
+                                           "running run uses.")
+
+    @property
+    def max_age_s(self) -> float | None:
+        return None if self.max_age is None else duration_s(self.max_age)
+
+
+_MIRROR_SCHEMES = ("s3://", "gs://", "sftp://", "file://")
+
+
+def _mirror_url(v: str) -> str:
+    check_text(v)
+    if v.startswith("/") and len(v) > 1 and ".." not in PurePosixPath(v).parts:
+        return v
+    scheme = next((s for s in _MIRROR_SCHEMES if v.startswith(s)), None)
+    rest = v[len(scheme):] if scheme else ""
+    if scheme is None or not rest.strip("/") or any(c.isspace() for c in v):
+        raise ValueError(f"{shown(v)} is not a mirror URL: use s3://bucket/prefix, gs://bucket/prefix, "
+                         "sftp://host/path, file:///path or an absolute path")
+    return v
+
+
+class CheckpointConfig(_Model):
+    """Where checkpoints go besides each node's own disk."""
+
+    mirror: str | None = Field(None, description="An fsspec URL (s3://bucket/prefix, gs://, sftp://host/path, "
+                                                 "file:///path or /path) each node uploads its part of every "
+                                                 "complete checkpoint to, in the background; loads fall back "
+                                                 "to it. Credentials and an S3 endpoint are secrets "
+                                                 "(AWS_ACCESS_KEY_ID, FSSPEC_S3_ENDPOINT_URL...).")
+
+    _mirror = _checked("mirror", check=_mirror_url)
+
+
+class Config(_Model):
+    """Everything in ``higgsfield.yml``."""
+
+    name: str = Field(..., description="Project name: ^[a-zA-Z_][a-zA-Z0-9_]*$")
+    # Before `nodes`: the nodes' check reads it (a project on a Slurm cluster lists no nodes).
+    slurm: SlurmConfig | None = Field(None, description="A Slurm cluster to run on instead of the SSH nodes.")
+    nodes: list[NodeConfig] = Field(default_factory=list, validate_default=True,
+                                    description="The nodes, in node-rank order; the first is the master "
+                                                "(not used with a slurm block).")
+    ssh: SSHConfig = Field(default_factory=SSHConfig)  # type: ignore[arg-type]
+    nproc_per_node: Nproc = Field(
+        "auto", description="Processes per node: 'auto' = the node's GPU count (1 without GPUs).")
+    runtime: Literal["auto", "docker", "process"] = Field(
+        "auto", description="How runs start on a node: docker when available ('auto'), or plain processes.")
+    secrets: list[str] = Field(default_factory=list,
+                               description="Names of secrets; values come from the env file or CI secrets.")
+    state_dir: str = Field("~/.higgsfield", description="Where the invoker keeps code, runs and logs on a node.")
+    docker: DockerConfig = Field(default_factory=DockerConfig)  # type: ignore[arg-type]
+    install: InstallConfig = Field(default_factory=InstallConfig)  # type: ignore[arg-type]
+    default_branch: str = Field("main", description="Pushes to this branch deploy (GitHub Actions).")
+    retention: RetentionConfig | None = Field(
+        None, description="Remove old finished runs (and unused images) from the nodes; deploy applies it.")
+
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)  # type: ignore[arg-type]
+
+    path: Path | None = Field(None, exclude=True, description="Where this config was read from (not a YAML key).")
+
+    _state = _checked("state_dir", check=_state_dir)
+
+    @field_validator("default_branch")
+    @classmethod
+    def _default_branch(cls, v: str) -> str:
+        # It is written into the generated workflows (on.push.branches): a git branch name, nothing else.
+        if (not BRANCH_RE.fullmatch(v) or ".." in v or v.startswith(("-", "/")) or v.endswith(("/", ".", ".lock"))
+                or "//" in v or "/." in v or v.startswith(".")):
+            raise ValueError(f"{shown(v)} is not a valid git branch name: use letters, digits and . _ / - "
+                             "(no '..', not starting with '-', '/' or '.')")
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.fullmatch(v):
+            raise ValueError(f"{shown(v)} is not a valid name: use letters, digits and _, not starting with a digit")
+        if len(v) > MAX_NAME:
+            raise ValueError(f"{shown(v)} is too long: a project name has at most {MAX_NAME} characters")
+        return v
+
+    @field_validator("secrets")
+    @classmethod
+    def _secrets(cls, v: list[str]) -> list[str]:
+        for s in v:
+            check_secret_name(s)
+        if len(set(v)) != len(v):
+            raise ValueError("a secret is listed twice")
+        return v
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, v: list[NodeConfig], info: ValidationInfo) -> list[NodeConfig]:
+        # "slurm" missing from data: the block is there but wrong, and that is the one error to report
+        if not v and "slurm" in info.data and info.data["slurm"] is None:
+            raise ValueError("list at least one node (or describe a Slurm cluster in a slurm block)")
+        return v
+
+    @model_validator(mode="after")
+    def _unique_nodes(self) -> Config:
+        # Two entries for one login on one machine would share one state directory, so one run
+        # directory: the same host in another case, 'localhost' and 'local', the same name twice.
+        names: dict[str, int] = {}
+        logins: dict[tuple[str, int, str | None], int] = {}
+        for i, node in enumerate(self.nodes):
+            port = self.node_port(node)
+            if node.name is None:
+                node.name = node.host if port == 22 or node.is_local else f"{node.host}:{port}"
+            key = node.name.lower()
+            if key in names:
+                raise NodeDup(i, f"node {shown(node.name)} is listed twice (also nodes[{names[key]}]); "
+                                  "give each node a distinct host, port or name")
+            names[key] = i
+            login = ("localhost", 0, None) if node.is_local else \
+                (node.host.lower().rstrip("."), port, node.user or self.ssh.user)
+            if login in logins:
+                what = "this machine" if node.is_local else f"{node.host} port {port}"
+                raise NodeDup(i, f"node {shown(node.name)} is {what} again (also nodes[{logins[login]}]): two "
+                                  "nodes for one login would share one state directory; list each machine once")
+            logins[login] = i
+        return self
+
+    # -- derived values -------------------------------------------------------
+
+    @property
+    def project_dir(self) -> Path:
+        return self.path.parent if self.path else Path.cwd()
+
+    @property
+    def known_hosts_path(self) -> Path:
+        p = Path(self.ssh.known_hosts).expanduser()
+        return p if p.is_absolute() else self.project_dir / p
+
+    @property
+    def env_file(self) -> Path:
+        return self.project_dir / "env"
+
+    def node_port(self, node: NodeConfig) -> int:
+        return node.port or self.ssh.port
+
+    def node_user(self, node: NodeConfig) -> str:
+        """The login user: the node's, else ssh.user, else the local user name (never root)."""
+        user = node.user or self.ssh.user
+        if user:
+            return user
+        local = getpass.getuser()
+        if local == "root":
+            raise ConfigError(f"{self.path or CONFIG_FILE}: node '{node.name}': no ssh.user is set and your local "
+                              "user is root, which nodes refuse; set ssh.user to a non-root user with sudo")
+        return local
+
+    def node_identity(self, node: NodeConfig) -> str | None:
+        ident = node.identity_file or self.ssh.identity_file
+        return str(Path(ident).expanduser()) if ident else None
+
+    def node_nproc(self, node: NodeConfig) -> int | Literal["auto"]:
+        return node.nproc_per_node or self.nproc_per_node
+
+    def on_login_node(self) -> Config:
+        """This project as its Slurm cluster's login node sees it: the one node, the workdir its state dir.
+
+        What ``setup``, ``deploy`` and ``doctor`` do to an SSH node they do to the login node
+        through this config (its host key pinned and verified like any node's), with the
+        shared workdir in place of ``~/.higgsfield`` and plain processes (no Docker, no sudo).
+        """
+        if self.slurm is None:
+            raise ConfigError(f"{self.path or CONFIG_FILE}: no slurm block: this project runs on its SSH nodes")
+        lg = self.slurm.login
+        login = NodeConfig(host=lg.host, name=lg.name, port=lg.port, user=lg.user, identity_file=lg.identity_file,
+                           nproc_per_node=None)
+        return self.model_copy(update={"nodes": [login], "state_dir": self.slurm.workdir, "runtime": "process"})
+
+    def node(self, name: str) -> NodeConfig:
+        for n in self.nodes:
+            if n.name == name or n.host == name:
+                return n
+        known = ", ".join(str(n.name) for n in self.nodes)
+        raise ConfigError(f"{self.path or CONFIG_FILE}: no node named {shown(name)} (nodes: {known})")
+
+
+class NodeDup(ValueError):
+    """A node listed twice: carries the index of the second entry, so the message names its line."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(message)
+        self.index = index
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of higgsfield.yml, for editors (yaml-language-server)."""
+    schema = Config.model_json_schema(mode="validation")
+    schema.get("properties", {}).pop("path", None)
+    schema["title"] = "higgsfield.yml"
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    return schema

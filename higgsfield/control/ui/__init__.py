@@ -1,0 +1,17 @@
+"""``higgsfield ui``: a live web dashboard of runs, queue, nodes, logs and training curves.
+
+A thin ASGI layer (Starlette on uvicorn) over the same orchestrator calls as the
+CLI's ``status``, ``logs``, ``kill`` and ``run``, showing the one typed model of a
+run (:class:`higgsfield.contract.runspec.RunStatus`, the JSON of ``status --json``):
+
+- :mod:`~higgsfield.control.ui.security`: the token in the URL (then a cookie), CSRF and
+  Host/Origin checks on every request, the response headers;
+- :mod:`~higgsfield.control.ui.nodes`: one live feed per node over the one SSH connection the
+  dashboard keeps open (``invoker stats --follow``: samples, run records, queue);
+- :mod:`~higgsfield.control.ui.hub`: the dashboard's state and its actions (kill, re-run);
+- :mod:`~higgsfield.control.ui.runfeed`: a run's merged logs and step metrics, shared by every viewer;
+- :mod:`~higgsfield.control.ui.app` / :mod:`~higgsfield.control.ui.server`: the routes and the server;
+- ``static/``: the page (plain HTML, JS and CSS; uPlot vendored; no build step, no CDN).
+
+Nothing here is imported by ``higgsfield --help``.
+"""

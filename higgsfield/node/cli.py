@@ -1,0 +1,282 @@
+"""``higgsfield invoker ...``: the node-side agent, called by the control side over a transport.
+
+Hidden from ``--help``. Input arrives as JSON on stdin (so secrets never appear in
+argv; ``deploy`` reads a tar there), output is JSON on stdout (``logs`` prints
+``RANK<TAB>LINE`` per line, and ``#hb`` lines as a heartbeat with ``--heartbeat``).
+
+    version | deployed | deploy | build | env | start | status | logs | kill | queue
+    | files (pull) | prune | usage (doctor)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from higgsfield import __version__
+
+
+def _state(ctx: click.Context) -> Path:
+    """The state directory, absolute (a relative one is relative to the home directory, as over SSH)."""
+    p = Path(ctx.obj["state_dir"]).expanduser()
+    return p if p.is_absolute() else Path.home() / p
+
+
+def _emit(data: object) -> None:
+    click.echo(json.dumps(data, sort_keys=True))
+
+
+@click.group(hidden=True)
+@click.option("--state-dir", default="~/.higgsfield", show_default=True, help="The node's state directory.")
+@click.pass_context
+def invoker(ctx: click.Context, state_dir: str) -> None:
+    """Node-side agent: start, stop and report runs on this node."""
+    ctx.ensure_object(dict)
+    ctx.obj["state_dir"] = state_dir
+
+
+@invoker.command()
+def version() -> None:
+    """Print this invoker's version."""
+    _emit({"version": __version__, "python": sys.executable})
+
+
+@invoker.command()
+@click.option("--project", required=True)
+@click.pass_context
+def deployed(ctx: click.Context, project: str) -> None:
+    """Print what is deployed for PROJECT on this node (null if nothing)."""
+    from higgsfield.node.code.deploy import deployed as _deployed
+
+    _emit(_deployed(_state(ctx), project))
+
+
+@invoker.command()
+@click.option("--project", required=True)
+@click.option("--commit", required=True)
+@click.option("--dirty", is_flag=True)
+@click.pass_context
+def deploy(ctx: click.Context, project: str, commit: str, dirty: bool) -> None:
+    """Unpack the project tar on stdin as the new release; prints the verified deployment."""
+    from higgsfield.node.code.deploy import unpack
+
+    _emit(unpack(_state(ctx), project, commit, sys.stdin.buffer, dirty=dirty))
+
+
+@invoker.command()
+@click.option("--project", required=True)
+@click.option("--code-dir", default=None, help="Build from this tree (default: the deployed code).")
+@click.option("--dockerfile", default="Dockerfile", show_default=True)
+@click.option("--base-image", default=None)
+@click.option("--runtime", type=click.Choice(["auto", "docker", "process"]), default="auto", show_default=True)
+@click.pass_context
+def build(ctx: click.Context, project: str, code_dir: str | None, dockerfile: str, base_image: str | None,
+          runtime: str) -> None:
+    """Build the project's image unless its tag exists already."""
+    from higgsfield.node.code.deploy import build as _build
+
+    _emit(_build(_state(ctx), project, code_dir=Path(code_dir) if code_dir else None, dockerfile=dockerfile,
+                 base_image=base_image, runtime=runtime))
+
+
+@invoker.command("env")
+@click.option("--project", required=True)
+@click.option("--code-dir", default=None, help="For this tree (default: the deployed code).")
+@click.option("--check", is_flag=True, help="Only report: present, stale or missing.")
+@click.pass_context
+def env_cmd(ctx: click.Context, project: str, code_dir: str | None, check: bool) -> None:
+    """Build the project's environment for runtime: process (JSON lines: progress, then the result)."""
+    from higgsfield.node.code import environment
+
+    code = Path(code_dir) if code_dir else None
+    if check:
+        _emit(environment.status(_state(ctx), project, code))
+        return
+    result = environment.build(_state(ctx), project, code_dir=code, progress=lambda m: _emit({"progress": m}))
+    _emit({"result": result})
+
+
+@invoker.command("queue")
+@click.pass_context
+def queue_cmd(ctx: click.Context) -> None:
+    """Print the node's queue: runs holding slots, then runs waiting (FIFO)."""
+    from higgsfield.node.gang import queue
+
+    _emit(queue.describe(queue.snapshot(_state(ctx))))
+
+
+@invoker.command()
+@click.pass_context
+def start(ctx: click.Context) -> None:
+    """Start a run from {"spec": ..., "secrets": {...}, "token": ...} on stdin (node 0's record: coord_port).
+
+    A spec this node cannot read (another version, a bad field) is refused before anything
+    is written: one line on stderr, exit 2, which the control side shows as the node's error.
+    A run name that an active run holds is refused the same way, with
+    {"name_in_use": true, "run", "state", "node"} on stdout so the control side knows that
+    this start made nothing here (and must not stop the run holding the name).
+    """
+    from higgsfield.contract.errors import RunNameInUse
+    from higgsfield.contract.runspec import RunSpec, SpecError
+    from higgsfield.node.runs.start import start_run
+
+    try:
+        payload = json.loads(sys.stdin.read())
+    except ValueError:
+        raise SpecError("the run request on stdin is not JSON") from None
+    if not isinstance(payload, dict):
+        raise SpecError("the run request on stdin is not a JSON object")
+    spec = RunSpec.from_dict(payload.get("spec"))  # refuses another version, re-checks every name
+    try:
+        record = start_run(_state(ctx), spec, payload.get("secrets") or {}, str(payload.get("token") or ""))
+    except RunNameInUse as e:
+        _emit({"name_in_use": True, "run": spec.run, "state": e.state, "node": spec.node})
+        raise
+    _emit(record.to_dict())
+
+
+@invoker.command(hidden=True)
+@click.argument("project")
+@click.argument("run")
+@click.option("--listen-fd", type=int, default=None, help="Node 0: the coordinator's listening socket.")
+@click.pass_context
+def supervise(ctx: click.Context, project: str, run: str, listen_fd: int | None) -> None:
+    """(internal) Own one run until it ends."""
+    from higgsfield.node.runs.supervisor import supervise as _supervise
+
+    sys.exit(_supervise(_state(ctx), project, run, listen_fd))
+
+
+@invoker.command()
+@click.option("--project", default=None)
+@click.option("--run", "run_name", default=None)
+@click.pass_context
+def status(ctx: click.Context, project: str | None, run_name: str | None) -> None:
+    """Print this node's runs: {"version": 1, "runs": [record + params], "skipped": [one line per bad file]}.
+
+    A file that does not decode (a damaged record, a symlink, a directory that is no
+    run's) is skipped with one line naming it; every other run still shows.
+    """
+    from higgsfield.contract.runspec import NODE_RUNS_VERSION
+    from higgsfield.node.observe.watch import node_runs
+
+    runs, skipped = node_runs(_state(ctx), project, run_name)
+    _emit({"version": NODE_RUNS_VERSION, "runs": runs, "skipped": skipped})
+
+
+@invoker.command()
+@click.option("--project", required=True)
+@click.option("--run", "run_name", required=True)
+@click.option("--follow", "-f", is_flag=True)
+@click.option("--rank", "ranks", type=int, multiple=True)
+@click.option("--heartbeat", type=float, default=None, help="With -f: print '#hb' after this many quiet seconds.")
+@click.option("--since", type=float, default=None, metavar="UNIXTIME",
+              help="Only lines written from then on (a log without index: whole if modified since, else none).")
+@click.pass_context
+def logs(ctx: click.Context, project: str, run_name: str, follow: bool, ranks: tuple[int, ...],
+         heartbeat: float | None, since: float | None) -> None:
+    """Print RANK<TAB>LINE for every log line of a run (rank -1: the launcher)."""
+    from higgsfield.contract.errors import RunError
+    from higgsfield.node.observe.logs import read_lines
+    from higgsfield.node.runs.stop import refresh
+    from higgsfield.node.state.records import RunDir
+
+    rd = RunDir(_state(ctx), project, run_name)
+    if not rd.exists():
+        raise RunError(f"no run '{run_name}' of project '{project}' on this node")
+    out = sys.stdout
+    for rank, line in read_lines(rd, follow=follow, ranks=set(ranks) or None,
+                                 is_done=lambda: refresh(rd).terminal, heartbeat=heartbeat, since=since):
+        out.write("#hb\n" if rank is None else f"{rank}\t{line}\n")
+        out.flush()
+
+
+@invoker.command()
+@click.option("--project", required=True)
+@click.option("--run", "run_name", default=None, help="Exactly this run.")
+@click.option("--target", default=None, help="A run name, else every active run of this experiment.")
+@click.option("--grace", type=float, default=3.0, show_default=True)
+@click.option("--missing-ok", is_flag=True, help='With --run: print {"missing": true} if there is no such run.')
+@click.option("--attempt", default=None, help='With --run: stop it only if that start made it, else print '
+              '{"missing": true} (the clean-up of a failed start).')
+@click.pass_context
+def kill(ctx: click.Context, project: str, run_name: str | None, target: str | None, grace: float,
+         missing_ok: bool, attempt: str | None) -> None:
+    """Stop a run on this node; prints its final record (with --target: {"matched", "killed": [records]})."""
+    from higgsfield.node.runs.stop import kill as _kill
+    from higgsfield.node.runs.stop import kill_attempt, kill_target
+    from higgsfield.node.state.records import RunDir
+
+    if target is not None:
+        _emit(kill_target(_state(ctx), project, target, grace=grace))
+        return
+    if run_name is None:
+        raise click.UsageError("give --run or --target")
+    if attempt is not None:
+        record = kill_attempt(_state(ctx), project, run_name, attempt, grace=grace)
+        _emit({"missing": True, "run": run_name} if record is None else record.to_dict())
+        return
+    if missing_ok and not RunDir(_state(ctx), project, run_name).exists():
+        _emit({"missing": True, "run": run_name})
+        return
+    _emit(_kill(_state(ctx), project, run_name, grace=grace).to_dict())
+
+
+
+# The dashboard's node-side feeds (higgsfield/node/views.py): stats | metrics.
+from higgsfield.node.views import metrics as _metrics  # noqa: E402
+from higgsfield.node.views import stats as _stats  # noqa: E402
+
+invoker.add_command(_stats)
+invoker.add_command(_metrics)
+
+
+@invoker.command(hidden=True)
+@click.option("--project", required=True)
+@click.option("--run", "run_name", required=True)
+@click.option("--step", default=None, help="Also list this complete step's files (name step_XXXXXXXX).")
+@click.option("--logs", is_flag=True, help="The run directory's record and logs instead of the checkpoint.")
+@click.pass_context
+def files(ctx: click.Context, project: str, run_name: str, step: str | None, logs: bool) -> None:
+    """(pull) List a run's checkpoint steps, or one step's files or its logs, with sizes and sha256."""
+    from higgsfield.node.observe.files import describe
+
+    _emit(describe(_state(ctx), project, run_name, step=step, logs=logs))
+
+
+@invoker.command(hidden=True)
+@click.option("--project", required=True)
+@click.option("--dry-run", is_flag=True, help="Only list what a prune would remove.")
+@click.pass_context
+def prune(ctx: click.Context, project: str, dry_run: bool) -> None:
+    """Remove finished runs (their checkpoints, unused images) as the policy on stdin says; prints what went.
+
+    stdin: {"older_than_s", "keep_runs", "runs", "checkpoints", "images"} (empty: nothing selected).
+    A bad request is one line on stderr, exit 2, nothing removed.
+    """
+    from dataclasses import replace
+
+    from higgsfield.contract.prunespec import PrunePolicy
+    from higgsfield.node.runs.prune import PruneError
+    from higgsfield.node.runs.prune import prune as _prune
+
+    raw = sys.stdin.read().strip()
+    try:
+        data = json.loads(raw) if raw else {}
+    except ValueError:
+        raise PruneError("the prune request on stdin is not JSON") from None
+    policy = PrunePolicy.from_dict(data)
+    _emit(_prune(_state(ctx), project, replace(policy, dry_run=policy.dry_run or dry_run)))
+
+
+@invoker.command(hidden=True)
+@click.option("--project", required=True)
+@click.pass_context
+def usage(ctx: click.Context, project: str) -> None:
+    """(doctor) Bytes in the state dir and the project's checkpoints, and the free space where they are."""
+    from higgsfield.node.runs.prune import usage as _usage
+
+    _emit(_usage(_state(ctx), project))

@@ -1,0 +1,207 @@
+"""Deployed code and the project's image on one node (node side of ``higgsfield deploy``).
+
+::
+
+    <state>/projects/<project>/
+        releases/<commit12>-<time>/   one unpacked tree per deploy, with .higgsfield-commit
+        code -> releases/...          a symlink, swapped atomically (rename) by each deploy
+        deployed.json                 {commit, dirty, release, deployed_at}
+        image.json                    {tag, dockerfile, base_image, built_at}
+        build.log                     the last docker build's output
+
+A deploy unpacks the tar it is sent into a fresh directory and only then swaps the
+``code`` link, so a reader (a starting run) sees the old tree or the new one, never a
+half-written one. A run pins the release it started with (``launch`` resolves the
+link), and pruning keeps the releases of active runs.
+
+The image tag is a hash of the Dockerfile, requirements.txt and the base image
+(:func:`higgsfield.node.runtime.containers.image_tag`): an unchanged image is never rebuilt.
+The image holds no higgsfield of its own that runs depend on: every run mounts the
+invoker's package (:mod:`higgsfield.node.runtime.containers`), so the nodes' exact build
+(a checkout, a fork, a pre-release) runs without any package index, and an invoker
+upgrade needs no rebuild. ``runtime: process`` gets a venv instead of an image
+(:mod:`higgsfield.node.code.environment`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import tarfile
+import time
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
+
+from higgsfield.contract.errors import RunError
+from higgsfield.contract.runspec import ACTIVE
+from higgsfield.node.state.placement import read_run_spec
+from higgsfield.node.state.records import list_runs, write_json
+
+COMMIT_FILE = ".higgsfield-commit"
+KEEP_RELEASES = 3
+
+
+def project_root(state_dir: Path, project: str) -> Path:
+    return Path(state_dir) / "projects" / project
+
+
+def deployed(state_dir: Path, project: str) -> dict[str, Any] | None:
+    """What is deployed (commit, release, code dir), verified against the tree's commit file; None if nothing."""
+    root = project_root(state_dir, project)
+    try:
+        info = json.loads((root / "deployed.json").read_text())
+    except (OSError, ValueError):
+        return None
+    code = root / "code"
+    try:
+        on_disk = (code / COMMIT_FILE).read_text().strip()
+    except OSError:
+        return None
+    if on_disk != info.get("commit"):
+        return None
+    return {**info, "code_dir": str(code.resolve()), "image": current_image(state_dir, project)}
+
+
+def _inside(root: str, path: str) -> bool:
+    return path == root or path.startswith(root + os.sep)
+
+
+def _safe_members(tar: tarfile.TarFile, dest: Path) -> Any:
+    """The archive's members, refused when one would land (or link) outside ``dest``.
+
+    Checked as the members are extracted (this is a generator consumed between
+    extractions), against the tree *as it is on disk*: paths are resolved with
+    ``realpath``, so a chain of links unpacked earlier (``a -> ..`` then ``a/l -> ../..``)
+    cannot smuggle a later member out of the tree.
+    """
+    root = os.path.realpath(dest)
+    for m in tar:
+        name = PurePosixPath(m.name)
+        if name.is_absolute() or ".." in name.parts:
+            raise RunError(f"refusing unsafe path in the code archive: {m.name}")
+        if not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
+            continue  # devices, fifos: never part of a project
+        parent = os.path.realpath(os.path.join(root, *name.parent.parts))
+        if not _inside(root, parent):
+            raise RunError(f"refusing path through a link out of the project in the code archive: {m.name}")
+        if m.issym() or m.islnk():
+            base = parent if m.issym() else root
+            target = os.path.realpath(os.path.join(base, m.linkname))
+            if PurePosixPath(m.linkname).is_absolute() or not _inside(root, target):
+                raise RunError(f"refusing link out of the project in the code archive: {m.name} -> {m.linkname}")
+        m.mode = (m.mode | 0o600) & 0o755 if not m.isdir() else 0o755
+        m.uid = m.gid = os.getuid()
+        m.uname = m.gname = ""
+        yield m
+
+
+def _extract(tar: tarfile.TarFile, m: tarfile.TarInfo, dest: Path) -> None:
+    """Extract one checked member; where tarfile has extraction filters (3.11.4+), also through ``data``."""
+    if hasattr(tarfile, "data_filter"):
+        try:
+            tar.extract(m, dest, set_attrs=not m.issym(), filter="data")
+        except tarfile.FilterError as e:
+            raise RunError(f"refusing unsafe member of the code archive: {e}") from None
+    else:  # pragma: no cover - Python < 3.11.4: the realpath checks of _safe_members are the guard
+        tar.extract(m, dest, set_attrs=not m.issym())
+
+
+def unpack(state_dir: Path, project: str, commit: str, stream: IO[bytes], *, dirty: bool = False) -> dict[str, Any]:
+    """Unpack a tar of the project (read from ``stream``) as the new release, then swap ``code`` to it."""
+    root = project_root(state_dir, project)
+    releases = root / "releases"
+    releases.mkdir(parents=True, exist_ok=True)
+    name = f"{commit[:12]}-{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(2)}"
+    tmp = releases / f".incoming-{name}"
+    tmp.mkdir()
+    try:
+        with tarfile.open(fileobj=stream, mode="r|*") as tar:
+            for m in _safe_members(tar, tmp):
+                _extract(tar, m, tmp)
+        (tmp / COMMIT_FILE).write_text(commit + "\n")
+        release = releases / name
+        os.rename(tmp, release)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    link_tmp = root / f".code-{secrets.token_hex(4)}"
+    os.symlink(Path("releases") / name, link_tmp)
+    os.replace(link_tmp, root / "code")
+    write_json(root / "deployed.json", {"commit": commit, "dirty": dirty, "release": name,
+                                        "deployed_at": time.time()})
+    prune(state_dir, project)
+    info = deployed(state_dir, project)
+    if info is None or info["commit"] != commit:
+        raise RunError(f"deploy of {commit[:12]} did not verify on this node")
+    return info
+
+
+def prune(state_dir: Path, project: str, keep: int = KEEP_RELEASES) -> list[str]:
+    """Remove old releases: all but the newest ``keep``, the current one and those of active runs."""
+    root = project_root(state_dir, project)
+    releases = root / "releases"
+    if not releases.is_dir():
+        return []
+    current = (root / "code").resolve() if (root / "code").exists() else None
+    in_use = {current}
+    for rd in list_runs(state_dir, project):
+        with contextlib.suppress(OSError, ValueError, RunError):
+            if rd.read().state in ACTIVE:
+                in_use.add(Path(read_run_spec(rd.spec_path).code_dir).resolve())
+    dirs = sorted((d for d in releases.iterdir() if d.is_dir() and not d.name.startswith(".")),
+                  key=lambda d: d.stat().st_mtime, reverse=True)
+    removed = []
+    for d in dirs[keep:]:
+        if d.resolve() not in in_use:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d.name)
+    for d in releases.glob(".incoming-*"):  # left by an interrupted deploy
+        if time.time() - d.stat().st_mtime > 3600:
+            shutil.rmtree(d, ignore_errors=True)
+    return removed
+
+
+def current_image(state_dir: Path, project: str) -> str | None:
+    try:
+        return str(json.loads((project_root(state_dir, project) / "image.json").read_text())["tag"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def build(state_dir: Path, project: str, *, code_dir: Path | None = None, dockerfile: str = "Dockerfile",
+          base_image: str | None = None, runtime: str = "auto") -> dict[str, Any]:
+    """Build the project's image unless an image with its tag exists; returns what happened.
+
+    ``runtime: process`` skips; ``auto`` skips when Docker or the Dockerfile is missing.
+    """
+    from higgsfield.node.runtime import containers
+
+    root = project_root(state_dir, project)
+    code = Path(code_dir) if code_dir else root / "code"
+    if runtime == "process":
+        return {"skipped": "runtime: process"}
+    if not code.is_dir():
+        raise RunError(f"project '{project}' is not deployed on this node ({code} is missing)")
+    if not (code / dockerfile).is_file():
+        if runtime == "auto":
+            return {"skipped": f"no {dockerfile}: runs use the process runtime"}
+        raise RunError(f"runtime 'docker' needs {dockerfile} in the project")
+    if not containers.available():
+        if runtime == "auto":
+            return {"skipped": "no Docker engine answers: runs use the process runtime"}
+        raise RunError("no Docker engine answers on this node (is the user in the docker group? "
+                       "run 'higgsfield setup')")
+    tag = containers.image_tag(project, code.resolve(), dockerfile, base_image)
+    t0 = time.monotonic()
+    built = False
+    if not containers.image_exists(tag):
+        args = {"BASE_IMAGE": base_image} if base_image else {}
+        containers.build_image(code.resolve(), tag, dockerfile=dockerfile, buildargs=args,
+                               log_path=root / "build.log")
+        built = True
+    write_json(root / "image.json", {"tag": tag, "dockerfile": dockerfile, "base_image": base_image,
+                                     "built_at": time.time() if built else None})
+    return {"tag": tag, "built": built, "seconds": round(time.monotonic() - t0, 3)}

@@ -1,0 +1,337 @@
+"""A run's coordinator: a small TCP service on node 0 that gangs its nodes together.
+
+Node 0's supervisor hosts it, in a thread, on a port its ``invoker start`` bound
+(so the port is known to the control side before any peer starts). Every node's
+supervisor, node 0's included, joins as a *member* (:mod:`higgsfield.node.gang.member`)
+over the authenticated wire of :mod:`higgsfield.node.gang.wire`. The coordinator
+decides three things for the run, with no control side needed (a detached run goes
+on with the laptop gone):
+
+- **Gang admission.** A member says ``admitted`` when its node's queue gave it
+  slots. When every node is admitted, the coordinator asks all to commit them
+  (``prepare``); each answers ``ready`` (committed: no older run can take them any
+  more) or ``unadmitted`` (an older run took them meanwhile: then every node is told
+  to ``cancel``, uncommits, and admission starts over). When all are ready, it picks
+  the rendezvous port on node 0 (``pick_port``: free, and reserved in node 0's queue
+  state so no other run takes it) and sends ``go``: only then does any node start
+  torchrun. So a run starts on all its nodes or on none, and no node waits at the
+  rendezvous for a node that is still queued.
+- **Fail fast.** The first ``failed`` report, or a member whose connection drops or
+  that is silent for :data:`~higgsfield.node.gang.wire.LOST_S` seconds (a node that
+  died, froze or lost its network), or a node that never joined within ``join_s``,
+  makes it broadcast ``abort`` at once: every node stops its torchrun. A ``killed``
+  member (``higgsfield kill`` reached that node) aborts the others as killed.
+- **The verdict.** Reports that follow within :data:`SETTLE_S` (ranks that failed
+  *because* a peer died) are weighed: the failure that happened first (its ``at``,
+  the failing rank's own time) is the run's, broadcast as ``verdict`` so every node
+  records the same first failing node, rank and error.
+
+It ends when every member has given its final word (or was lost) and the verdict is
+out, saying ``bye``.
+"""
+
+from __future__ import annotations
+
+import random
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from higgsfield.node.gang import wire
+
+SETTLE_S = 1.0      # after the first failure, how long later reports may still name an earlier one
+JOIN_S = 120.0      # every node's supervisor must have joined by then
+SEND_TIMEOUT_S = 2.0
+
+
+def listen(reserved: Iterable[int] = ()) -> socket.socket:
+    """A listening socket for a run's coordinator, on a free port of the rendezvous range.
+
+    The same range as torchrun's rendezvous (:data:`higgsfield.contract.ports.RENDEZVOUS_PORTS`),
+    so one firewall rule between the nodes covers both; an ephemeral port when the
+    range is full. Bound here and kept: no other run can be handed this port.
+    """
+    from higgsfield.contract.ports import RENDEZVOUS_PORTS
+
+    lo, hi = RENDEZVOUS_PORTS
+    taken = set(reserved)
+    for port in [*random.sample(range(lo, hi + 1), hi - lo + 1), 0]:
+        if port in taken:
+            continue
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind(("", port))
+            sock.listen(64)
+        except OSError:
+            sock.close()
+            continue
+        return sock
+    raise OSError("no port to listen on")  # pragma: no cover - port 0 always binds
+
+
+@dataclass
+class _Conn:
+    sock: socket.socket
+    reader: wire.LineReader = field(default_factory=wire.LineReader)
+    nonce: str = field(default_factory=wire.nonce)
+    opened: float = field(default_factory=time.monotonic)
+    rank: int | None = None            # set once authenticated
+    last_seen: float = field(default_factory=time.monotonic)
+    last_seen_wall: float = field(default_factory=time.time)
+
+
+def lost_failure(node: str, why: str, at: float) -> dict[str, Any]:
+    """The failure of a node that vanished: no rank, the time it was last heard of."""
+    return {"node": node, "rank": None, "at": at, "reason": f"node {node} was lost: {why}", "tail": [],
+            "lost": True}
+
+
+class Coordinator:
+    """Serve one run's members until each has ended; see the module doc."""
+
+    def __init__(self, listener: socket.socket, *, token: str, run: str, nodes: list[str],
+                 pick_port: Callable[[], int], join_s: float = JOIN_S,
+                 say: Callable[[str], None] = lambda _m: None) -> None:
+        self.listener = listener
+        self.token, self.run, self.nodes = token, run, nodes
+        self.pick_port, self.join_s, self.say = pick_port, join_s, say
+        self.members: dict[int, _Conn] = {}
+        self.pending: list[_Conn] = []
+        self.joined: set[int] = set()
+        self.admitted: set[int] = set()
+        self.ready: set[int] = set()
+        self.preparing = False
+        self.port: int | None = None
+        self.final: dict[int, str] = {}
+        self.candidates: list[dict[str, Any]] = []
+        self.abort_kind: str | None = None
+        self.abort_at = 0.0
+        self.verdict: dict[str, Any] | None = None
+        self.verdict_sent = False
+        self.done = threading.Event()
+        self._stop = threading.Event()
+        self._started = time.monotonic()
+        self._last_hb = 0.0
+        self._sel = selectors.DefaultSelector()
+        self._thread = threading.Thread(target=self._loop, name="higgsfield-coordinator", daemon=True)
+
+    # -- life --------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.listener.setblocking(False)
+        self._sel.register(self.listener, selectors.EVENT_READ)
+        self._thread.start()
+
+    def wait(self, timeout: float) -> bool:
+        """True once every member ended and the verdict is out."""
+        return self.done.wait(timeout)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set() and not self.done.is_set():
+                for key, _ in self._sel.select(timeout=0.2):
+                    if key.fileobj is self.listener:
+                        self._accept()
+                    else:
+                        self._readable(key.data)
+                self._tick()
+        except Exception as e:  # noqa: BLE001 - a coordinator bug must not leave the run hanging
+            self.say(f"coordinator error: {type(e).__name__}: {e}")
+        finally:
+            for c in [*self.members.values(), *self.pending]:
+                self._close(c)
+            self._sel.close()
+            self.listener.close()
+            self.done.set()
+
+    # -- connections -------------------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        try:
+            sock, _addr = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        sock.settimeout(SEND_TIMEOUT_S)
+        conn = _Conn(sock)
+        if len(self.pending) >= 4 * len(self.nodes) + 8:  # a flood of strangers: keep the oldest waiting
+            sock.close()
+            return
+        self.pending.append(conn)
+        self._sel.register(sock, selectors.EVENT_READ, conn)
+        self._send(conn, {"t": "challenge", "nonce": conn.nonce})
+
+    def _readable(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError, TimeoutError):
+            return
+        except OSError as e:
+            self._drop(conn, f"connection lost ({e})")
+            return
+        if not data:
+            self._drop(conn, "connection closed")
+            return
+        try:
+            messages = conn.reader.feed(data)
+        except wire.WireError as e:
+            self._drop(conn, f"protocol error ({e})")
+            return
+        for msg in messages:
+            if conn.rank is None:
+                if not self._hello(conn, msg):
+                    return
+            else:
+                conn.last_seen, conn.last_seen_wall = time.monotonic(), time.time()
+                self._handle(conn.rank, msg)
+
+    def _hello(self, conn: _Conn, msg: dict[str, Any]) -> bool:
+        rank = msg.get("rank")
+        ok = (msg.get("t") == "hello" and isinstance(rank, int) and 0 <= rank < len(self.nodes)
+              and rank not in self.joined and isinstance(msg.get("nonce"), str)
+              and wire.check(wire.mac(self.token, "member", self.run, rank, conn.nonce, msg["nonce"]),
+                             msg.get("mac")))
+        if not ok:  # a stranger, a wrong token, or a second connection for a rank: never a member
+            self.pending.remove(conn)
+            self._close(conn)
+            return False
+        assert isinstance(rank, int)
+        self.pending.remove(conn)
+        conn.rank = rank
+        conn.last_seen, conn.last_seen_wall = time.monotonic(), time.time()
+        self.members[rank] = conn
+        self.joined.add(rank)
+        self._send(conn, {"t": "welcome", "mac": wire.mac(self.token, "coordinator", self.run, rank, conn.nonce,
+                                                          msg["nonce"])})
+        if self.abort_kind is not None:  # it joins a run that is already over
+            self._send(conn, self._abort_msg("abort"))
+        return True
+
+    def _drop(self, conn: _Conn, why: str) -> None:
+        if conn in self.pending:
+            self.pending.remove(conn)
+        self._close(conn)
+        rank = conn.rank
+        if rank is None or self.members.get(rank) is not conn:
+            return
+        del self.members[rank]
+        if rank not in self.final:
+            self.final[rank] = "lost"
+            self._fail(lost_failure(self.nodes[rank], why, conn.last_seen_wall))
+
+    def _close(self, conn: _Conn) -> None:
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+
+    def _send(self, conn: _Conn, msg: dict[str, Any]) -> None:
+        try:
+            conn.sock.sendall(wire.encode(msg))
+        except OSError as e:
+            self._drop(conn, f"connection lost ({e})")
+
+    def _broadcast(self, msg: dict[str, Any]) -> None:
+        for conn in list(self.members.values()):
+            self._send(conn, msg)
+
+    # -- the run -----------------------------------------------------------------------------------
+
+    def _handle(self, rank: int, msg: dict[str, Any]) -> None:
+        t = msg["t"]
+        if t == "admitted":
+            self.admitted.add(rank)
+        elif t == "unadmitted":
+            self.admitted.discard(rank)
+            if self.preparing:
+                self.preparing = False
+                self.ready.clear()
+                self._broadcast({"t": "cancel"})
+        elif t == "ready" and self.preparing:
+            self.ready.add(rank)
+            if len(self.ready) == len(self.nodes):
+                self._go()
+        elif t in ("finished", "stopped"):
+            self.final[rank] = t
+        elif t == "failed":
+            self.final[rank] = t
+            given = msg.get("failure")
+            failure: dict[str, Any] = dict(given) if isinstance(given, dict) else {}
+            self._fail({**failure, "node": self.nodes[rank]})
+        elif t == "killed":
+            self.final[rank] = t
+            if self.abort_kind is None:
+                self.abort_kind, self.abort_at = "killed", time.monotonic()
+                self.verdict = {"kind": "killed", "node": self.nodes[rank]}
+                self._broadcast(self._abort_msg("abort"))
+        if not self.preparing and self.port is None and self.abort_kind is None \
+                and len(self.admitted) == len(self.nodes):
+            self.preparing = True
+            self.ready.clear()
+            self._broadcast({"t": "prepare"})
+
+    def _go(self) -> None:
+        self.preparing = False
+        try:
+            self.port = self.pick_port()
+        except Exception as e:  # noqa: BLE001 - no port: the run cannot start anywhere
+            self._fail({"node": self.nodes[0], "rank": None, "at": time.time(), "tail": [],
+                        "reason": f"no free rendezvous port on {self.nodes[0]}: {e}"})
+            return
+        self.say(f"every node admitted: go (rendezvous port {self.port})")
+        self._broadcast({"t": "go", "port": self.port})
+
+    def _fail(self, failure: dict[str, Any]) -> None:
+        self.candidates.append(failure)
+        if self.abort_kind is None:
+            self.abort_kind, self.abort_at = "failed", time.monotonic()
+            self.say(f"abort: {failure.get('reason')}")
+            self._broadcast(self._abort_msg("abort"))
+
+    def _abort_msg(self, t: str) -> dict[str, Any]:
+        if self.abort_kind == "failed":
+            return {"t": t, "kind": "failed", "failure": self._first()}
+        return {"t": t, **(self.verdict or {"kind": "killed"})}
+
+    def _first(self) -> dict[str, Any]:
+        """The failure that happened first (by the failing side's own clock), lost nodes on ties."""
+        return min(self.candidates, key=lambda f: (float(f.get("at") or 0.0), not f.get("lost")))
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if now - self._last_hb >= wire.HEARTBEAT_S:
+            self._last_hb = now
+            self._broadcast({"t": "hb"})
+        for conn in list(self.members.values()):
+            if conn.rank not in self.final and now - conn.last_seen > wire.LOST_S:
+                self._drop(conn, f"no heartbeat for {now - conn.last_seen:.0f}s")
+        for conn in [c for c in self.pending if now - c.opened > wire.HANDSHAKE_S]:
+            self.pending.remove(conn)
+            self._close(conn)
+        if now - self._started > self.join_s:
+            for rank in range(len(self.nodes)):
+                if rank not in self.joined and rank not in self.final:
+                    self.final[rank] = "lost"
+                    self._fail(lost_failure(self.nodes[rank], f"its supervisor never joined ({self.join_s:.0f}s)",
+                                            time.time()))
+        settled = self.abort_kind is not None and (now - self.abort_at >= SETTLE_S
+                                                   or len(self.final) == len(self.nodes))
+        if settled and not self.verdict_sent:
+            self.verdict_sent = True
+            if self.abort_kind == "failed":
+                self.verdict = {"kind": "failed", "failure": self._first()}
+            self._broadcast({"t": "verdict", **(self.verdict or {})})
+        if len(self.final) == len(self.nodes) and (self.abort_kind is None or self.verdict_sent):
+            self._broadcast({"t": "bye"})
+            self.done.set()

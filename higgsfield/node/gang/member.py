@@ -1,0 +1,155 @@
+"""A supervisor's side of its run's coordinator (see :mod:`higgsfield.node.gang.coordinator`).
+
+It connects (retrying while node 0's supervisor starts), proves it holds the run's
+token and checks that the coordinator does too (:mod:`higgsfield.node.gang.wire`), then
+a thread keeps the connection: it sends a heartbeat every second and hands every
+message from the coordinator to the supervisor's inbox (a ``queue.Queue``). When the
+coordinator goes away (its connection drops, or it is silent for
+:data:`~higgsfield.node.gang.wire.LOST_S` seconds: node 0 died, froze or is cut off),
+the inbox gets ``{"t": "lost", "failure": ...}`` naming node 0, and the supervisor
+stops its part of the run.
+
+Use::
+
+    m = Member(host, port, token=..., run=..., rank=i, node=name, coordinator_node=nodes[0], inbox=q)
+    m.connect(deadline=time.monotonic() + 120, should_stop=killed)
+    m.start()
+    m.send("admitted")
+    ... q.get() ...
+    m.close()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from higgsfield.node.gang import wire
+from higgsfield.node.gang.coordinator import lost_failure
+
+
+class Member:
+    def __init__(self, host: str, port: int, *, token: str, run: str, rank: int, node: str,
+                 coordinator_node: str, inbox: queue.Queue[dict[str, Any]]) -> None:
+        self.host, self.port = host, port
+        self.token, self.run, self.rank, self.node = token, run, rank, node
+        self.coordinator_node = coordinator_node
+        self.inbox = inbox
+        self.verdict: dict[str, Any] | None = None       # the latest abort/verdict the coordinator sent
+        self.verdict_final = threading.Event()           # set by "verdict" (or when the coordinator is gone)
+        self._chan: wire.Channel | None = None
+        self._closing = threading.Event()
+        self._lost = False
+        self._lose_lock = threading.Lock()
+        self._last_rx_wall = time.time()
+        self._thread = threading.Thread(target=self._loop, name="higgsfield-member", daemon=True)
+
+    def connect(self, deadline: float, should_stop: Callable[[], bool] = lambda: False) -> None:
+        """Connect and authenticate; retries refused connections until ``deadline`` (monotonic).
+
+        Raises :class:`~higgsfield.node.gang.wire.WireError` when the deadline passes, ``should_stop()``
+        turns true, or the other end fails the handshake.
+        """
+        last: Exception | None = None
+        while True:
+            if should_stop():
+                raise wire.WireError("stopped while connecting")
+            try:
+                sock = socket.create_connection((self.host, self.port), timeout=5)
+                break
+            except OSError as e:
+                last = e
+            if time.monotonic() >= deadline:
+                raise wire.WireError(f"cannot reach the run's coordinator on {self.coordinator_node} "
+                                     f"({self.host}:{self.port}): {last}")
+            time.sleep(0.5)
+        chan = wire.Channel(sock)
+        try:
+            challenge = chan.recv(timeout=wire.HANDSHAKE_S)
+            if not challenge or challenge.get("t") != "challenge" or not isinstance(challenge.get("nonce"), str):
+                raise wire.WireError("no challenge from the coordinator")
+            mine = wire.nonce()
+            chan.send({"t": "hello", "rank": self.rank, "node": self.node, "nonce": mine,
+                       "mac": wire.mac(self.token, "member", self.run, self.rank, challenge["nonce"], mine)})
+            try:
+                welcome = chan.recv(timeout=wire.HANDSHAKE_S)
+            except wire.WireError:
+                welcome = None   # it hung up on the hello: it does not know this run's token, or this rank
+            expected = wire.mac(self.token, "coordinator", self.run, self.rank, challenge["nonce"], mine)
+            if not welcome or welcome.get("t") != "welcome" or not wire.check(expected, welcome.get("mac")):
+                raise wire.WireError("the coordinator refused this node or failed to prove the run's token")
+        except wire.WireError:
+            chan.close()
+            raise
+        self._chan = chan
+        self._last_rx_wall = time.time()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def send(self, t: str, **fields: Any) -> None:
+        """Send a message; a broken connection is reported to the inbox as the coordinator lost."""
+        if self._chan is None or self._lost:
+            return
+        try:
+            self._chan.send({"t": t, **fields})
+        except wire.WireError as e:
+            self._lose(str(e))
+
+    def close(self) -> None:
+        self._closing.set()
+        if self._chan is not None:
+            self._chan.close()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        assert self._chan is not None
+        last_rx = last_tx = time.monotonic()
+        while not self._closing.is_set():
+            now = time.monotonic()
+            if now - last_tx >= wire.HEARTBEAT_S:
+                last_tx = now
+                self.send("hb")
+            try:
+                msg = self._chan.recv(timeout=0.25)
+            except wire.WireError as e:
+                if not self._closing.is_set():
+                    self._lose(str(e))
+                return
+            if msg is None:
+                if time.monotonic() - last_rx > wire.LOST_S:
+                    self._lose(f"no heartbeat for {time.monotonic() - last_rx:.0f}s")
+                    return
+                continue
+            last_rx, self._last_rx_wall = time.monotonic(), time.time()
+            t = msg["t"]
+            if t == "hb":
+                continue
+            if t in ("abort", "verdict"):
+                self.verdict = msg
+                if t == "verdict":
+                    self.verdict_final.set()
+            if t == "bye":
+                self._closing.set()
+                self.verdict_final.set()
+            self.inbox.put(msg)
+
+    def _lose(self, why: str) -> None:
+        with self._lose_lock:
+            if self._lost or self._closing.is_set():
+                return
+            self._lost = True
+        failure = lost_failure(self.coordinator_node, f"the run's coordinator is gone ({why})", self._last_rx_wall)
+        if self.verdict is None:
+            self.verdict = {"t": "lost", "kind": "failed", "failure": failure}
+        self.verdict_final.set()
+        self.inbox.put({"t": "lost", "failure": failure})
+        if self._chan is not None:
+            with contextlib.suppress(OSError):
+                self._chan.close()

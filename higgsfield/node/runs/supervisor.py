@@ -1,0 +1,307 @@
+"""A run's supervisor on one node: gang admission, torchrun, fail fast, the final record.
+
+``higgsfield invoker start`` (:func:`higgsfield.node.runs.start.start_run`) checks the
+run, records it and starts this detached process, which owns the run on its node
+until it ends, with or without the control side (a kill from the node's CLI is
+:mod:`higgsfield.node.runs.stop`):
+
+1. it joins the run's coordinator (:mod:`higgsfield.node.gang.coordinator`; node 0's
+   supervisor hosts it on the port its start bound) with the run's token, read from
+   its stdin with the secrets;
+2. it waits in the node's queue (state ``queued``) until it holds its slots, says
+   ``admitted``, and commits them when every node is admitted; on ``go`` (the
+   rendezvous port, chosen by node 0) it starts torchrun: in a container
+   (:class:`~higgsfield.node.runtime.containers.ContainerRun`) with the Docker runtime,
+   as a process of its own session (:class:`~higgsfield.node.runtime.torchrun.ProcessRun`)
+   otherwise;
+3. while torchrun runs it watches for a kill (the ``kill`` marker, SIGTERM) and for
+   the coordinator's ``abort`` (another node failed, was killed or was lost) or the
+   coordinator itself vanishing (node 0 lost): it stops torchrun at once (SIGTERM,
+   SIGKILL after a short grace) so no node waits for the others in torchrun's
+   300 s exit barrier;
+4. when torchrun ends non-zero it reports the failure (node, rank, when, reason,
+   the last lines of the rank's error: :mod:`higgsfield.node.runs.failure`), waits
+   a moment for the coordinator's verdict (the run's *first* failure, the same on
+   every node), writes the final record, then releases its slots.
+
+Its umask is 0077: what the run writes on the node is private to the node user.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue as _queue
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from higgsfield.contract.errors import RunError
+from higgsfield.contract.runspec import FAILED, KILLED, QUEUED, RUNNING, SUCCEEDED
+from higgsfield.node.gang import queue, wire
+from higgsfield.node.gang.coordinator import Coordinator, lost_failure
+from higgsfield.node.gang.member import Member
+from higgsfield.node.runs import failure
+from higgsfield.node.runtime import torchrun
+from higgsfield.node.state import pids
+from higgsfield.node.state.placement import NodeRun
+from higgsfield.node.state.records import RunDir, finish
+
+JOIN_S = 120.0          # how long a supervisor tries to reach its run's coordinator
+ABORT_GRACE_S = 2.0     # SIGTERM to SIGKILL when another node failed (nothing to save)
+VERDICT_WAIT_S = 3.0    # how long a node that stopped waits for the coordinator's verdict
+DONE_WAIT_S = 60.0      # node 0: how long its coordinator waits for the other nodes' last word
+
+
+def say(msg: str) -> None:
+    """A line in the launcher log (the supervisor's stdout)."""
+    print(f"[higgsfield] {msg}", flush=True)
+
+
+@dataclass
+class Outcome:
+    state: str
+    rc: int | None = None
+    failure: dict[str, Any] | None = None
+
+
+def supervise(state_dir: Path, project: str, run: str, listen_fd: int | None = None) -> int:
+    """Body of the supervisor process (``higgsfield invoker supervise``)."""
+    os.umask(0o077)
+    payload = json.loads(sys.stdin.read() or "{}")
+    rd = RunDir(state_dir, project, run)
+    listener = None
+    if listen_fd is not None:
+        import socket
+
+        listener = socket.socket(fileno=listen_fd)
+    sup = Supervisor(state_dir, rd, NodeRun.read(rd.spec_path), payload.get("secrets") or {},
+                     str(payload.get("token") or ""), listener)
+    return sup.run()
+
+
+class Supervisor:
+    def __init__(self, state_dir: Path, rd: RunDir, run: NodeRun, secrets: dict[str, str], token: str,
+                 listener: Any = None) -> None:
+        spec = run.spec
+        self.state_dir, self.rd, self.node_run = state_dir, rd, run
+        self.secrets, self.token = secrets, token
+        self.node = spec.node
+        self.nodes = list(spec.nodes)
+        self.inbox: _queue.Queue[dict[str, Any]] = _queue.Queue()
+        self.stop_asked = threading.Event()
+        self.cap = queue.capacity(run.placement.gpus)
+        self.entry = queue.Entry(project=spec.project, run=spec.run,
+                                 want=queue.wanted(run.nproc, spec.exclusive, self.cap), exclusive=spec.exclusive,
+                                 order=spec.submitted_at, pid=os.getpid(), pid_start=pids.start_time(os.getpid()))
+        self.coordinator = None
+        if listener is not None:  # node 0 hosts the coordinator and reaches it on the loopback
+            self.coordinator = Coordinator(listener, token=token, run=spec.run, nodes=self.nodes,
+                                           pick_port=lambda: queue.reserve_port(state_dir, self.entry.key), say=say)
+            host, port = "127.0.0.1", run.placement.coord_port or 0
+        else:
+            host, port = (spec.coordinator.host, spec.coordinator.port) if spec.coordinator else ("", 0)
+        self.member = Member(host, port, token=token, run=spec.run, rank=spec.node_rank, node=self.node,
+                             coordinator_node=self.nodes[0], inbox=self.inbox)
+
+    # -- life ----------------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        if self.coordinator is not None:
+            self.coordinator.start()
+        try:
+            outcome = self._life()
+        except Exception as e:  # noqa: BLE001 - whatever broke, the record says so and the slots go
+            say(f"supervisor error: {type(e).__name__}: {e}")
+            outcome = Outcome(FAILED, None, self._own_failure(f"the supervisor failed: {e}"))
+        finish(self.rd, outcome.state, outcome.rc, outcome.failure)
+        queue.release(self.state_dir, *self.entry.key)
+        if self.coordinator is not None:  # node 0 serves the others until each has said its last word
+            self.coordinator.wait(DONE_WAIT_S)
+            self.coordinator.close()
+        self.member.close()
+        return 0
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.stop_asked.set()
+        self.inbox.put({"t": "wake"})
+
+    def _stopping(self) -> bool:
+        return self.stop_asked.is_set() or self.rd.kill_marker.exists()
+
+    def _next(self, timeout: float) -> dict[str, Any] | None:
+        try:
+            return self.inbox.get(timeout=timeout)
+        except _queue.Empty:
+            return None
+
+    def _life(self) -> Outcome:
+        if self._stopping():
+            return Outcome(KILLED)
+        try:
+            self.member.connect(time.monotonic() + JOIN_S, should_stop=self._stopping)
+        except wire.WireError as e:
+            if self._stopping():
+                return Outcome(KILLED)
+            say(str(e))
+            return Outcome(FAILED, None, lost_failure(self.nodes[0], str(e), time.time()))
+        self.member.start()
+        admitted = self._admit()
+        if isinstance(admitted, Outcome):
+            return admitted
+        return self._run(*admitted)
+
+    # -- gang admission --------------------------------------------------------------------------------
+
+    def _admit(self) -> tuple[list[int], int] | Outcome:
+        """Queue here, say admitted, commit on prepare: (slots, port) on go; an Outcome if it ended first."""
+        state, slots = "waiting", None
+        said_queued = said_gang = False
+        while True:
+            if self._stopping():
+                self.member.send("killed")
+                return Outcome(KILLED)
+            if state == "waiting":
+                slots = queue.try_acquire(self.state_dir, self.entry, self.cap)
+                if slots is not None:
+                    state = "admitted"
+                    self.member.send("admitted")
+                elif not said_queued:
+                    holders = ", ".join(f"{e.run} ({len(e.slots or [])})" for e in queue.snapshot(self.state_dir)
+                                        if e.slots is not None and e.key != self.entry.key)
+                    say(f"queued: wants {self.entry.want} of {self.cap.slots} {'GPU' if self.cap.gpus else 'CPU'} "
+                        f"slot(s); held by: {holders or '-'}")
+            elif state == "admitted":
+                slots = queue.holds(self.state_dir, self.entry, self.cap)
+                if slots is None:  # an older run took them back: wait again
+                    state = "waiting"
+                    self.member.send("unadmitted")
+                elif not said_gang and len(self.nodes) > 1:
+                    said_gang = True
+                    say("holds its slots; waiting for the run's other nodes")
+            if not said_queued:  # in the queue now: queued until every node is admitted and says go
+                said_queued = True
+                self._set_state(QUEUED)
+            msg = self._next(0.5)
+            if msg is not None and msg["t"] in ("abort", "lost"):
+                self.member.send("stopped")
+                return self._ended_elsewhere(msg)
+            if msg is None:
+                continue
+            if msg["t"] == "prepare":
+                if state == "admitted" and queue.commit(self.state_dir, self.entry.key):
+                    state = "ready"
+                    self.member.send("ready")
+                else:
+                    state = "waiting"
+                    self.member.send("unadmitted")
+            elif msg["t"] == "cancel" and state == "ready":
+                queue.uncommit(self.state_dir, self.entry.key)
+                state = "admitted"
+            elif msg["t"] == "go" and state == "ready" and slots is not None:
+                return slots, int(msg["port"])
+
+    def _ended_elsewhere(self, msg: dict[str, Any]) -> Outcome:
+        """The run ended on another node (or node 0 was lost) before or while this node ran it."""
+        if msg["t"] != "lost":
+            self.member.verdict_final.wait(VERDICT_WAIT_S)
+        verdict = self.member.verdict or msg
+        if verdict.get("kind") == "killed":
+            return Outcome(KILLED)
+        return Outcome(FAILED, None, verdict.get("failure") or msg.get("failure"))
+
+    # -- running ---------------------------------------------------------------------------------------
+
+    def _run(self, slots: list[int], port: int) -> Outcome:
+        run = self.node_run
+        gpu_ids = slots if self.cap.gpus else []   # CPU slots are a count, not devices
+        command = torchrun.argv(run, self.rd, "python" if run.docker else (run.placement.python or sys.executable),
+                                port)
+        record = self.rd.read()
+        record.slots, record.master_port, record.command = slots, port, command
+        since = time.time()
+        try:
+            if run.docker:
+                from higgsfield.node.runtime.containers import ContainerRun
+
+                handle: Any = ContainerRun(run, self.rd, command, torchrun.container_env(run, self.rd),
+                                           gpu_ids=gpu_ids, secrets=self.secrets)
+            else:
+                handle = torchrun.ProcessRun(command, self.rd, cwd=run.spec.code_dir,
+                                             env=torchrun.process_env(run, self.rd, self.secrets, gpu_ids))
+                pids.remember(record, "launcher", handle.pid)
+        except (RunError, OSError) as e:
+            say(str(e))
+            return self._own_end(Outcome(FAILED, 1, self._own_failure(str(e))))
+        record.state, record.started_at = RUNNING, time.time()
+        self.rd.write(record)
+        rc, cause = self._watch(handle)
+        code = rc if isinstance(rc, int) else None
+        if self._stopping() or (cause is not None and cause["t"] == "killed"):
+            self.member.send("killed")
+            return Outcome(KILLED, code)
+        if cause is not None:
+            self.member.send("stopped")
+            outcome = self._ended_elsewhere(cause)
+            outcome.rc = code
+            return outcome
+        if code == 0:
+            self.member.send("finished")
+            return Outcome(SUCCEEDED, 0)
+        if code is None:  # the Docker engine went away
+            return self._own_end(Outcome(FAILED, 1, self._own_failure(str(rc))))
+        return self._own_end(Outcome(FAILED, code, failure.describe(self.rd, self.node, code, since)))
+
+    def _watch(self, handle: Any) -> tuple[int | str, dict[str, Any] | None]:
+        """Wait for torchrun; stop it on a kill or an abort. (exit code or engine error, what stopped it)."""
+        cause: dict[str, Any] | None = None
+        stop_at = grace = 0.0
+        hard = False
+        try:
+            while True:
+                try:
+                    rc = handle.poll()
+                except RunError as e:
+                    return str(e), cause
+                if rc is not None:
+                    return rc, cause
+                msg = self._next(0.2)
+                if cause is None:
+                    if self._stopping():
+                        cause, grace = {"t": "killed"}, self.node_run.placement.stop_grace
+                    elif msg is not None and msg["t"] in ("abort", "lost"):
+                        cause, grace = msg, ABORT_GRACE_S
+                        why = (msg.get("failure") or {}).get("reason") or msg.get("kind") or "abort"
+                        say(f"stopping: {why}")
+                    if cause is not None:
+                        handle.terminate(grace)
+                        stop_at = time.monotonic()
+                elif not hard and time.monotonic() - stop_at > grace + 1:
+                    hard = True
+                    handle.kill()
+        finally:
+            handle.cleanup()
+
+    def _own_end(self, outcome: Outcome) -> Outcome:
+        """This node's part failed: report it, then take the coordinator's verdict (the run's first failure)."""
+        say(f"failed: {(outcome.failure or {}).get('reason')}")
+        self.member.send("failed", failure=outcome.failure)
+        self.member.verdict_final.wait(VERDICT_WAIT_S)
+        verdict = self.member.verdict
+        if verdict and verdict.get("kind") == "failed" and verdict.get("failure"):
+            outcome.failure = verdict["failure"]
+        return outcome
+
+    def _own_failure(self, reason: str) -> dict[str, Any]:
+        return {"node": self.node, "rank": None, "at": time.time(), "reason": reason, "tail": []}
+
+    def _set_state(self, state: str) -> None:
+        record = self.rd.read()
+        record.state = state
+        self.rd.write(record)

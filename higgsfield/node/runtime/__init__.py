@@ -1,0 +1,1 @@
+"""How a run's torchrun is started: as plain processes, or in a Docker container."""

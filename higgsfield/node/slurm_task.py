@@ -1,0 +1,356 @@
+"""A Slurm run inside its allocation (node side): the batch step, and the one task ``srun`` starts per node.
+
+The batch script (:mod:`higgsfield.control.backends.slurm.script`) runs, on the allocation's first node::
+
+    python -m higgsfield.node.slurm_task batch RUN_DIR --master HOST0 -- srun ... python -m higgsfield.node.slurm_task node RUN_DIR --master HOST0
+
+``batch`` takes the run's secrets from ``RUN_DIR/secrets.json`` and deletes the file at
+once (from then on they live only in the environment of the run's processes, as on an
+SSH node), pins the control side's RunSpec to the allocation (its nodes, node 0, the
+rendezvous host) into ``spec.json``, picks the rendezvous port, writes ``run.json``
+(running), runs the ``srun`` line, and writes the end: succeeded, killed (``scancel``
+after the control side left a ``kill`` marker), or failed naming the first failing rank
+and its node. With restarts left (``max_restarts``, the job was submitted with
+``--requeue``) a failure writes the secrets file back (0600) and requeues the job with
+``scontrol requeue``: Slurm starts it again from the top, and the run resumes from its
+last checkpoint, which lives in the shared workdir.
+
+``node`` (one per node, ``SLURM_NODEID`` its node rank) starts torchrun with the c10d
+rendezvous on ``HOST0`` and each node's own host name as its address, so the group
+ranks are the host names' sorted order; every worker logs to ``logs/rank<N>.log`` of the
+shared run directory, the layout ``higgsfield invoker logs`` follows on an SSH node.
+
+Node side: this module imports nothing of the control side (``.importlinter``); the
+file names it shares with :mod:`higgsfield.control.backends.slurm.layout` are checked equal by the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from higgsfield.contract.runspec import FAILED, KILLED, QUEUED, RUNNING, SUCCEEDED, RunSpec, SpecError
+from higgsfield.node.runs.failure import describe
+from higgsfield.node.state.records import RunDir, RunRecord, write_json
+
+REQUEST, SECRETS, RECORD, SPEC, KILL = "request.json", "secrets.json", "run.json", "spec.json", "kill"
+REQUEST_VERSION = 1
+PORT_VAR = "HIGGSFIELD_SLURM_PORT"
+SECRET_NAMES_VAR = "HIGGSFIELD_SLURM_SECRETS"   # names only: the values are the variables themselves
+KEPT_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "CUDA_VISIBLE_DEVICES")
+STOP_GRACE_S = 3.0
+_SRUN_TASK_ERROR = re.compile(r"srun: error: ([A-Za-z0-9_.:-]+): task (\d+): (.*)")
+
+
+class TaskError(Exception):
+    """The job cannot run as asked (its request is missing or malformed, its secrets are gone)."""
+
+
+# -- the run directory ----------------------------------------------------------
+
+def run_dir(path: str) -> RunDir:
+    """The RunDir of ``<workdir>/runs/<project>/<run>``."""
+    p = Path(path)
+    return RunDir(p.parents[2], p.parent.name, p.name)
+
+
+def read_request(rd: RunDir) -> dict[str, Any]:
+    try:
+        req = json.loads((rd.path / REQUEST).read_text())
+    except (OSError, ValueError) as e:
+        raise TaskError(f"cannot read {rd.path / REQUEST}: {e}") from None
+    if not isinstance(req, dict) or req.get("version") != REQUEST_VERSION:
+        raise TaskError(f"{rd.path / REQUEST} is not a version-{REQUEST_VERSION} request: "
+                        "the login node's higgsfield and the job's differ; run 'higgsfield setup'")
+    return req
+
+
+def take_secrets(rd: RunDir, names: Sequence[str]) -> dict[str, str]:
+    """The secrets file's values, the file deleted first thing (a job that dies later leaves none behind)."""
+    path = rd.path / SECRETS
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        if names:
+            raise TaskError(f"the run's secrets file is gone ({', '.join(names)}): this job was started again "
+                            "by Slurm (not by its own requeue); start the run again") from None
+        return {}
+    finally:
+        path.unlink(missing_ok=True)
+    secrets = json.loads(data)
+    if not isinstance(secrets, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                for k, v in secrets.items()):
+        raise TaskError(f"{path} is not an object of strings")
+    return secrets
+
+
+def put_secrets_back(rd: RunDir, secrets: dict[str, str]) -> None:
+    """For our own requeue: the next start takes them again (0600, created private, never world-readable)."""
+    if not secrets:
+        return
+    path = rd.path / SECRETS
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(secrets, f)
+
+
+def write_record(rd: RunDir, record: RunRecord) -> None:
+    rd.write(record)
+
+
+def _now() -> float:
+    return time.time()
+
+
+# -- batch: on the first node of the allocation ---------------------------------------------
+
+def hostnames() -> list[str]:
+    out = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],  # noqa: S607
+                         capture_output=True, text=True, check=True).stdout
+    return [h for h in out.split() if h]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def pin_spec(req: dict[str, Any], hosts: list[str], master: str) -> RunSpec:
+    """The control side's spec, pinned to this allocation: its nodes in SLURM_NODEID order, node 0's view."""
+    try:
+        template = RunSpec.from_dict(req["spec"])
+    except (SpecError, KeyError) as e:
+        raise TaskError(f"the run's request: {e}") from None
+    return template.replace(nodes=tuple(hosts), node=hosts[0], node_rank=0, master_addr=master,
+                            nproc=template.nproc or max(1, int(req.get("gpus_per_node") or 0)))
+
+
+def batch(rd: RunDir, master: str, command: list[str]) -> int:
+    """The batch step: see the module's docstring. Returns the job's exit status."""
+    req = read_request(rd)
+    names = [str(n) for n in req.get("secret_names") or []]
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    max_restarts = int(req.get("max_restarts") or 0)
+    since = _now()
+    try:
+        secrets = take_secrets(rd, names)
+        hosts = hostnames()
+        spec = pin_spec(req, hosts, master)
+    except (TaskError, subprocess.CalledProcessError, ValueError) as e:
+        _record_start_failure(rd, req, str(e))
+        print(f"higgsfield: {e}", file=sys.stderr, flush=True)
+        return 2
+    rd.make()
+    placement = {"gpus": int(req.get("gpus_per_node") or 0), "checkpoint_dir": str(req.get("checkpoint_dir") or ""),
+                 "cache_dir": str(req.get("cache_dir") or ""), "container": "", "python": sys.executable}
+    write_json(rd.path / SPEC, {**spec.to_dict(), **placement})
+    previous = _read_record(rd)
+    record = RunRecord(project=spec.project, experiment=spec.experiment, run=spec.run, node=hosts[0], node_rank=0,
+                       nnodes=len(hosts), nproc=spec.nproc or 1, state=RUNNING, runtime="slurm", command=command,
+                       created_at=previous.created_at if previous else float(req.get("submitted_at") or since),
+                       started_at=since,
+                       reason=f"Slurm job {job_id}" + (f", restart {restart} of {max_restarts}" if restart else ""))
+    write_record(rd, record)
+    env = dict(os.environ)
+    env.update(secrets)
+    env[PORT_VAR] = str(free_port())
+    env[SECRET_NAMES_VAR] = ",".join(sorted(secrets))
+    stopped: list[int] = []
+    proc = subprocess.Popen(command, env=env)  # noqa: S603 - the batch script's own srun line
+
+    def on_signal(sig: int, _frame: object) -> None:
+        stopped.append(sig)
+        try:
+            proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(sig, on_signal)
+    rc = proc.wait()
+    record = rd.read()
+    record.ended_at, record.exit_code = _now(), rc
+    if stopped or (rd.path / KILL).exists():
+        killed = (rd.path / KILL).exists()
+        record.state = KILLED if killed else FAILED
+        record.reason = "killed (scancel)" if killed else \
+            "Slurm stopped the job (time limit, preemption, or a node failure)"
+        write_record(rd, record)
+        return rc or 1
+    if rc == 0:
+        record.state, record.reason = SUCCEEDED, None
+        write_record(rd, record)
+        return 0
+    fail = failure(rd, hosts, spec.nproc or 1, rc, since)
+    record.failed_node, record.failed_rank, record.failed_at = fail["node"], fail["rank"], fail["at"]
+    record.error_tail = list(fail["tail"])
+    if restart < max_restarts and job_id:
+        record.state = QUEUED
+        record.reason = f"requeued after: {fail['reason']} (restart {restart + 1} of {max_restarts})"
+        write_record(rd, record)
+        put_secrets_back(rd, secrets)
+        subprocess.run(["scontrol", "requeue", job_id], check=False)  # noqa: S607 - Slurm ends this step now
+        return rc
+    record.state, record.reason = FAILED, fail["reason"]
+    write_record(rd, record)
+    return rc
+
+
+def failure(rd: RunDir, hosts: list[str], nproc: int, rc: int, since: float) -> dict[str, Any]:
+    """The run's first failure: :func:`describe`'s rank and reason, with the node that rank ran on.
+
+    Group ranks follow the sorted host names (torch's c10d rendezvous sorts its
+    participants, each named by its ``--local_addr``), so global rank r ran on
+    ``sorted(hosts)[r // nproc]``. A failure without a rank (a whole torchrun died) is
+    named by srun's own line ``srun: error: NODE: task T: ...``.
+    """
+    fail = describe(rd, "", rc, since)
+    rank = fail.get("rank")
+    node: str | None = None
+    if isinstance(rank, int) and 0 <= rank // nproc < len(hosts):
+        node = sorted(hosts)[rank // nproc]
+    else:
+        text = _tail_text(rd.logs / "launcher.log")
+        found = _SRUN_TASK_ERROR.findall(text)
+        if found:
+            node = found[0][0]
+            fail["reason"] = f"{fail['reason']} ({found[0][2].strip()})"
+    fail["node"] = node
+    if node:
+        fail["reason"] = f"{fail['reason']} on node {node}"
+    return fail
+
+
+def _tail_text(path: Path, size: int = 64 * 1024) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - size))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _read_record(rd: RunDir) -> RunRecord | None:
+    try:
+        return rd.read()
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _record_start_failure(rd: RunDir, req: dict[str, Any], reason: str) -> None:
+    spec = req.get("spec") or {}
+    try:
+        rd.make()
+        write_record(rd, RunRecord(project=str(spec.get("project") or rd.path.parent.name),
+                                   experiment=str(spec.get("experiment") or "?"), run=rd.path.name,
+                                   node=socket.gethostname(), node_rank=0, nnodes=0, nproc=0, state=FAILED,
+                                   runtime="slurm", reason=reason, exit_code=2, started_at=_now(), ended_at=_now()))
+    except OSError:
+        pass
+
+
+# -- node: one per node, started by srun -----------------------------------------------------
+
+def torchrun_argv(spec: dict[str, Any], rd: RunDir, master: str, port: int, host: str, rdzv_id: str) -> list[str]:
+    """torchrun with the c10d rendezvous on ``master:port``; this node named ``host`` (its group rank's order)."""
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", str(len(spec["nodes"])),
+        "--nproc_per_node", str(spec["nproc"]),
+        "--rdzv_backend", "c10d",
+        "--rdzv_endpoint", f"{master}:{port}",
+        "--rdzv_id", rdzv_id,
+        "--local_addr", host,
+        "--max_restarts", "0",
+        "-m", "higgsfield.node.entrypoint", str(rd.path),
+    ]
+
+
+def node_env(spec: dict[str, Any], rd: RunDir, host: str, base: dict[str, str]) -> dict[str, str]:
+    """A minimal environment: the basics of ``base``, the run's secrets (named in it), the run's own variables."""
+    env = {k: v for k, v in base.items() if k in KEPT_ENV or k.startswith("LC_")}
+    for name in filter(None, base.get(SECRET_NAMES_VAR, "").split(",")):
+        if name in base:
+            env[name] = base[name]
+    env.update({
+        "PROJECT_NAME": str(spec["project"]),
+        "EXPERIMENT_NAME": str(spec["experiment"]),
+        "RUN_NAME": str(spec["run"]),
+        "HIGGSFIELD_RUN_DIR": str(rd.path),
+        "HIGGSFIELD_NODE": host,
+        "PYTHONUNBUFFERED": "1",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    })
+    if spec.get("checkpoint_dir"):
+        env["HIGGSFIELD_CHECKPOINT_DIR"] = str(spec["checkpoint_dir"])
+    if spec.get("checkpoint_mirror"):  # the URL only: its credentials are secrets, set above from secrets.json
+        env["HIGGSFIELD_CHECKPOINT_MIRROR"] = str(spec["checkpoint_mirror"])
+    return env
+
+
+def node(rd: RunDir, master: str) -> int:
+    """This node's torchrun, until it ends; SIGTERM (scancel) stops it and its workers."""
+    spec = json.loads((rd.path / SPEC).read_text())
+    node_rank = int(os.environ.get("SLURM_NODEID", "0"))
+    host = spec["nodes"][node_rank]
+    rdzv_id = f"{os.environ.get('SLURM_JOB_ID', 'job')}.{os.environ.get('SLURM_RESTART_COUNT') or 0}"
+    argv = torchrun_argv(spec, rd, master, int(os.environ[PORT_VAR]), host, rdzv_id)
+    proc = subprocess.Popen(argv, env=node_env(spec, rd, host, dict(os.environ)),  # noqa: S603
+                            cwd=str(spec.get("code_dir") or rd.path))
+    stopping: list[float] = []
+
+    def on_signal(sig: int, _frame: object) -> None:
+        stopping.append(_now())
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    while True:
+        try:
+            return proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            if stopping and _now() - stopping[0] > STOP_GRACE_S:
+                proc.kill()  # its workers die with it (PR_SET_PDEATHSIG)
+
+
+# -- command line ----------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    cut = args_in.index("--") if "--" in args_in else len(args_in)
+    command = args_in[cut + 1:]   # the batch step's srun line, verbatim
+    parser = argparse.ArgumentParser(prog="python -m higgsfield.node.slurm_task")
+    parser.add_argument("role", choices=["batch", "node"])
+    parser.add_argument("run_dir")
+    parser.add_argument("--master", required=True)
+    args = parser.parse_args(args_in[:cut])
+    rd = run_dir(args.run_dir)
+    try:
+        if args.role == "batch":
+            if not command:
+                parser.error("batch needs the srun command after --")
+            return batch(rd, args.master, command)
+        return node(rd, args.master)
+    except TaskError as e:
+        print(f"higgsfield: {e}", file=sys.stderr, flush=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

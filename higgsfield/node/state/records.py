@@ -1,0 +1,306 @@
+"""Run records on a node: one directory per run, a JSON record, one log per rank.
+
+::
+
+    <state>/runs/<project>/<run>/
+        spec.json        what to run (no secrets, no coordinator token)
+        run.json         the record: state, command, pids, container, slots, ports, exit code, times,
+                         and for a failed run the first failure (node, rank, reason, last lines of its error)
+        kill             present once a kill was requested
+        .lock            flock'd while a start checks and records the run
+        logs/launcher.log, logs/rank<N>.log, logs/rank<N>.idx, logs/rank<N>.error.json, logs/rank<N>.done
+
+Secrets are never written here (nor anywhere on the node): they live only in the
+run's processes' environments. Everything here is private to the node user:
+directories 0700, files 0600 (other users of a shared node read neither params nor logs).
+
+The record outlives the processes, so a finished run can be inspected later. The
+run states are :mod:`higgsfield.contract.runspec`'s; ``spec.json`` is read with
+:class:`higgsfield.node.state.placement.NodeRun`.
+Writes are atomic (temp file + rename): a reader never sees half a record.
+
+Read back, a record is untrusted (a crash, a full disk or another tool may have left
+anything): :meth:`RunDir.read` decodes it once, typed field by field, names checked as
+if typed, the error tail bounded, and never through a symlink or out of the state dir
+(:mod:`higgsfield.contract.decode`); :func:`scan_runs` lists the runs and names, one line
+each, what it skipped, so one damaged file hides only its own run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tempfile
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from higgsfield.contract.decode import (
+    TAIL_LINES,
+    DecodeError,
+    cut,
+    from_fields,
+    is_plain_dir,
+    read_json,
+    skip_line,
+    tail,
+)
+from higgsfield.contract.errors import RunError
+from higgsfield.contract.names import NAME_RE, check_node_name, is_run_name
+from higgsfield.contract.runspec import FAILED, QUEUED, STATES, TERMINAL
+from higgsfield.contract.text import has_control, one_line, shown
+
+
+def write_json(path: Path, data: Any, mode: int = 0o600) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@dataclass
+class RunRecord:
+    """The state of one run on one node."""
+
+    project: str
+    experiment: str
+    run: str
+    node: str
+    node_rank: int
+    nnodes: int
+    nproc: int
+    state: str = QUEUED
+    runtime: str = "process"
+    command: list[str] = field(default_factory=list)
+    pids: dict[str, int] = field(default_factory=dict)
+    pid_starts: dict[str, int] = field(default_factory=dict)  # role -> start, ticks since boot (pids: reuse guard)
+    container: str | None = None
+    image: str | None = None
+    slots: list[int] = field(default_factory=list)     # GPU indices (or CPU slots) held while running
+    exclusive: bool = False
+    exit_code: int | None = None
+    reason: str | None = None
+    created_at: float = field(default_factory=time.time)
+    started_at: float | None = None
+    ended_at: float | None = None
+    failed_rank: int | None = None
+    failed_at: float | None = None
+    failed_node: str | None = None     # the node of the run's first failure (the same on every node)
+    error_tail: list[str] = field(default_factory=list)   # the last lines of that failure's error
+    master_port: int | None = None     # the rendezvous port, chosen by node 0 when every node is admitted
+    coord_port: int | None = None      # node 0: the port of the run's coordinator
+    attempt: str | None = None         # the start that made this record (a failed start stops only its own)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    def to_dict(self) -> dict[str, Any]:
+        # asdict() deep-copies every value; the fields are flat (lists and dicts of scalars): one level is enough
+        return {f.name: _copy(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: object) -> RunRecord:
+        """The record in ``d`` (parsed JSON), checked field by field: DecodeError names the field.
+
+        Names are checked as if typed (they become paths and terminal output on the
+        control side); the error tail is bounded (:func:`higgsfield.contract.decode.tail`).
+        """
+        rec = from_fields(cls, d, special={"error_tail": tail}, what="the record")
+        if not NAME_RE.fullmatch(rec.project):
+            raise DecodeError(f"'project' {shown(rec.project)} is not a project name")
+        if not is_run_name(rec.run):
+            raise DecodeError(f"'run' {shown(rec.run)} is not a run name")
+        try:
+            check_node_name(rec.node)
+            if rec.failed_node is not None:
+                check_node_name(rec.failed_node)
+        except ValueError as e:
+            raise DecodeError(str(e)) from None
+        for key in ("experiment", "runtime"):
+            value = getattr(rec, key)
+            if not value or len(value) > 200 or has_control(value):
+                raise DecodeError(f"'{key}' {shown(value)} is not a name")
+        if rec.state not in STATES:
+            raise DecodeError(f"'state' {shown(rec.state)} is not a run state")
+        return rec
+
+
+class RecordError(DecodeError, RunError):
+    """A run's record that does not decode; one line naming the file (``runs/p/x/run.json: not JSON ...``).
+
+    A ValueError for the readers that skip it, a RunError for the CLI that prints it.
+    """
+
+
+def _copy(v: Any) -> Any:
+    return list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v
+
+
+class RunDir:
+    """Paths of one run's directory."""
+
+    def __init__(self, state_dir: Path, project: str, run: str) -> None:
+        self.state_dir = Path(state_dir)
+        self.project, self.run = project, run
+        self.path = self.state_dir / "runs" / project / run
+
+    @property
+    def rel(self) -> str:
+        """The directory relative to the state dir (``runs/<project>/<run>``), as skip lines name it."""
+        return f"runs/{self.project}/{self.run}"
+
+    @property
+    def record_path(self) -> Path:
+        return self.path / "run.json"
+
+    @property
+    def spec_path(self) -> Path:
+        return self.path / "spec.json"
+
+    @property
+    def logs(self) -> Path:
+        return self.path / "logs"
+
+    @property
+    def kill_marker(self) -> Path:
+        return self.path / "kill"
+
+    @property
+    def legacy_secrets_path(self) -> Path:
+        """Where an older invoker's Docker runtime kept secrets; removed on sight."""
+        return self.path / "secrets.json"
+
+    def rank_log(self, rank: int) -> Path:
+        return self.logs / f"rank{rank}.log"
+
+    def rank_error(self, rank: int) -> Path:
+        return self.logs / f"rank{rank}.error.json"
+
+    def read(self) -> RunRecord:
+        """The record, decoded (:meth:`RunRecord.from_dict`) from a file inside the state dir reached through
+        no symlink; DecodeError when it does not decode or names another run than its directory."""
+        try:
+            record = RunRecord.from_dict(read_json(self.record_path, root=self.state_dir))
+        except DecodeError as e:
+            raise RecordError(f"{one_line(self.rel, 300)}/run.json: {e}") from None
+        if record.run != self.run or record.project != self.project:
+            raise RecordError(f"{one_line(self.rel, 300)}/run.json: its run "
+                              f"{shown(record.project + '/' + record.run)} is not its directory's")
+        return record
+
+    def write(self, record: RunRecord) -> None:
+        write_json(self.record_path, record.to_dict())
+
+    def make(self) -> None:
+        """Create the run's directories, private to the node user (0700 up to the state dir)."""
+        for d in (self.path.parent.parent, self.path.parent, self.path, self.logs):
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+            d.chmod(0o700)
+
+    def exists(self) -> bool:
+        """A record is there (a regular file, not a symlink, in a directory that is not one)."""
+        try:
+            return is_plain_dir(self.path) and stat.S_ISREG(os.lstat(self.record_path).st_mode)
+        except OSError:
+            return False
+
+
+def finish(rd: RunDir, state: str, rc: int | None = None, fail: dict[str, Any] | None = None) -> RunRecord:
+    """Write the final record: ``state``, the exit code and, for a failed run, its first failure."""
+    rd.legacy_secrets_path.unlink(missing_ok=True)  # left by an older invoker's docker runtime
+    record = rd.read()
+    record.ended_at = time.time()
+    if rc is not None:
+        record.exit_code = rc
+    record.state = state
+    if record.state == FAILED:
+        fail = fail or {"node": record.node, "rank": None, "at": time.time(),
+                        "reason": record.reason or f"torchrun exited {rc}", "tail": []}
+        record.failed_node, record.failed_rank = fail.get("node"), fail.get("rank")
+        record.failed_at = fail.get("at")
+        record.reason = str(fail.get("reason") or record.reason or "failed")
+        record.error_tail = _tail_of(fail.get("tail"))
+    rd.write(record)
+    return record
+
+
+def _tail_of(v: object) -> list[str]:
+    """A failure's tail as the record keeps it: a list of lines, bounded (a string is one line)."""
+    lines = [v] if isinstance(v, str) else list(v) if isinstance(v, (list, tuple)) else []
+    return [cut(str(x)) for x in lines[-TAIL_LINES:]]
+
+
+def list_runs(state_dir: Path, project: str | None = None) -> list[RunDir]:
+    """The run directories with a record (damaged ones left out: :func:`scan_runs` says which)."""
+    return scan_runs(state_dir, project)[0]
+
+
+def scan_runs(state_dir: Path, project: str | None = None, *,
+              pending: bool = False) -> tuple[list[RunDir], list[str]]:
+    """The run directories with a record (``pending``: and those without one yet), and one skip line
+    for each entry that cannot be one.
+
+    Skipped: a project or run directory whose name is not a valid name (it was not
+    made by ``start``: a name with ``..`` or escape bytes), a symlinked directory or
+    record (nothing outside the state dir is read). A directory without a record
+    yet (a start in progress) is no run and no skip.
+    """
+    root = Path(state_dir) / "runs"
+    if not is_plain_dir(root):
+        return [], []
+    out: list[RunDir] = []
+    skipped: list[str] = []
+    for pname in _names(root) if project is None else [project]:
+        pdir = root / pname
+        if not is_plain_dir(pdir):
+            if os.path.islink(pdir):
+                skipped.append(skip_line(f"runs/{pname}", "a symlink (not followed)"))
+            continue
+        if not NAME_RE.fullmatch(pname):
+            skipped.append(skip_line(f"runs/{pname}", "not a project name"))
+            continue
+        for rname in _names(pdir):
+            rd = RunDir(Path(state_dir), pname, rname)
+            why = _not_a_run(rd)
+            if why is not None:
+                skipped.append(skip_line(rd.rel, why))
+            elif rd.exists() or (pending and is_plain_dir(rd.path) and not os.path.lexists(rd.record_path)):
+                out.append(rd)
+    return out, skipped
+
+
+def _names(d: Path) -> list[str]:
+    try:
+        return sorted(e.name for e in os.scandir(d))
+    except OSError:
+        return []
+
+
+def _not_a_run(rd: RunDir) -> str | None:
+    """Why ``rd`` cannot be a run's directory (None: it can, if it holds a record)."""
+    try:
+        st = os.lstat(rd.path)
+    except OSError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return "a symlink (not followed)"
+    if not stat.S_ISDIR(st.st_mode):
+        return None          # a stray file: not a run, nothing to report
+    if not is_run_name(rd.run):
+        return "not a run name"
+    try:
+        if stat.S_ISLNK(os.lstat(rd.record_path).st_mode):
+            return "run.json is a symlink (not followed)"
+    except OSError:
+        pass
+    return None
