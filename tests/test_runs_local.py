@@ -408,6 +408,7 @@ def test_run_starts_follows_and_ends_over_one_group(project: Path, monkeypatch: 
     """``higgsfield run``: start, follow and the final status in one event loop, over one group's connections."""
     import asyncio
 
+    from higgsfield.control import backends
     from higgsfield.control.backends import nodes as orchestrator
     from higgsfield.control.cli._common import console
     from higgsfield.control.cli.runs import _run
@@ -423,8 +424,8 @@ def test_run_starts_follows_and_ends_over_one_group(project: Path, monkeypatch: 
     a.streams = [["0\tstep 1", "0\tdone"]]
     b.streams = [["1\tstep 1", "1\tdone"]]
     opened = _fake_group(monkeypatch, [a, b])
-    backend = orchestrator.backend_for(cfg)
-    plan = backend.plan(orchestrator.RunRequest("probe", {}, run_name="x"))
+    backend = backends.backend_for(cfg)
+    plan = backend.plan(backends.RunRequest("probe", {}, run_name="x"))
     started: list[object] = []
     final = asyncio.run(_run(backend, plan, {}, detach=False, err=console(stderr=True), started=started))  # type: ignore[arg-type]
     assert final is not None and final.state == "succeeded" and final.run == "x"

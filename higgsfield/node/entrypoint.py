@@ -54,6 +54,7 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
+from higgsfield.contract.layout import SPEC
 from higgsfield.contract.runspec import RunSpec
 from higgsfield.node.observe import logindex
 from higgsfield.node.state.placement import read_run_spec
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None, *, hard_exit: bool = False) -> int:
     _redirect(logs, rank)
     _write_private(logs / f"rank{rank}.pid", str(os.getpid()))
     try:
-        code = run(read_run_spec(run_dir / "spec.json"))
+        code = run(read_run_spec(run_dir / SPEC))
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if code:

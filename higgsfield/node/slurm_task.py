@@ -39,16 +39,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from higgsfield.contract.layout import KILL, REQUEST, REQUEST_VERSION, SECRETS, SPEC
 from higgsfield.contract.runspec import FAILED, KILLED, QUEUED, RUNNING, SUCCEEDED, RunSpec, SpecError
-from higgsfield.node.runs.failure import describe
+from higgsfield.node.runs.failure import describe, read_end
+from higgsfield.node.state.placement import STOP_GRACE_S
 from higgsfield.node.state.records import RunDir, RunRecord, write_json
 
-REQUEST, SECRETS, RECORD, SPEC, KILL = "request.json", "secrets.json", "run.json", "spec.json", "kill"
-REQUEST_VERSION = 1
 PORT_VAR = "HIGGSFIELD_SLURM_PORT"
 SECRET_NAMES_VAR = "HIGGSFIELD_SLURM_SECRETS"   # names only: the values are the variables themselves
 KEPT_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "CUDA_VISIBLE_DEVICES")
-STOP_GRACE_S = 3.0
 _SRUN_TASK_ERROR = re.compile(r"srun: error: ([A-Za-z0-9_.:-]+): task (\d+): (.*)")
 
 
@@ -222,7 +221,7 @@ def failure(rd: RunDir, hosts: list[str], nproc: int, rc: int, since: float) -> 
     if isinstance(rank, int) and 0 <= rank // nproc < len(hosts):
         node = sorted(hosts)[rank // nproc]
     else:
-        text = _tail_text(rd.logs / "launcher.log")
+        text = read_end(rd.launcher_log, 64 * 1024)
         found = _SRUN_TASK_ERROR.findall(text)
         if found:
             node = found[0][0]
@@ -231,16 +230,6 @@ def failure(rd: RunDir, hosts: list[str], nproc: int, rc: int, since: float) -> 
     if node:
         fail["reason"] = f"{fail['reason']} on node {node}"
     return fail
-
-
-def _tail_text(path: Path, size: int = 64 * 1024) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - size))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def _read_record(rd: RunDir) -> RunRecord | None:

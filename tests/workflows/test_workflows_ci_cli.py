@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from wf_helpers import make_project
 
-import higgsfield.control.backends.nodes as orchestrator
+import higgsfield.control.backends as backends
 from higgsfield.contract.errors import RunError
 from higgsfield.control.cli import main
 
@@ -81,7 +81,7 @@ class Recorder:
 
 
 def recording(monkeypatch: pytest.MonkeyPatch, **fns: Any) -> None:
-    monkeypatch.setattr(orchestrator, "backend_for", lambda cfg: Recorder(cfg, **fns))
+    monkeypatch.setattr(backends, "backend_for", lambda cfg: Recorder(cfg, **fns))
 
 
 def cli(*args: str) -> int:

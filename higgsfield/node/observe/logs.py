@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from higgsfield.contract.layout import LAUNCHER_LOG
 from higgsfield.contract.text import MAX_LINE, LineSplitter
 from higgsfield.node.observe import logindex
 from higgsfield.node.observe.logindex import start_offset
@@ -51,7 +52,7 @@ def _log_files(rd: RunDir) -> dict[int, Path]:
         m = _RANK_LOG.match(p.name)
         if m:
             files[int(m.group(1))] = p
-        elif p.name == "launcher.log":
+        elif p.name == LAUNCHER_LOG:
             files[LAUNCHER] = p
     return files
 

@@ -42,7 +42,7 @@ _EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.M)
 def describe(rd: RunDir, node: str, rc: int, since: float) -> dict[str, Any]:
     """The failure of this node's part of the run (torchrun ended with ``rc``; it started at ``since``)."""
     error = first_error(rd, since)
-    root = torchrun_root_cause(rd.logs / "launcher.log")
+    root = torchrun_root_cause(rd.launcher_log)
     rank: int | None = error.rank if error else (root[0] if root else None)
     code = root[1] if root and root[0] == rank else None
     if error and error.kind != "died":
@@ -56,8 +56,8 @@ def describe(rd: RunDir, node: str, rc: int, since: float) -> dict[str, Any]:
         reason = f"rank {rank} {error.error}"
     else:
         reason = f"torchrun {exit_words(rc)}"
-    log = rd.rank_log(rank) if rank is not None else rd.logs / "launcher.log"
-    tail = tail_lines(log) or tail_lines(rd.logs / "launcher.log")
+    log = rd.rank_log(rank) if rank is not None else rd.launcher_log
+    tail = tail_lines(log) or tail_lines(rd.launcher_log)
     return {"node": node, "rank": rank, "at": error.time if error else time.time(),
             "reason": reason[:LINE_CHARS * 2], "tail": tail}
 
@@ -106,7 +106,7 @@ def first_error(rd: RunDir, since: float) -> RankError | None:
 
 def torchrun_root_cause(launcher_log: Path) -> tuple[int, int] | None:
     """(global rank, exit code) of torchrun's last "Root Cause" summary, if it wrote one."""
-    text = _read_end(launcher_log, 64 * 1024)
+    text = read_end(launcher_log, 64 * 1024)
     found = None
     for m in _ROOT.finditer(text):
         found = m
@@ -121,11 +121,12 @@ def torchrun_root_cause(launcher_log: Path) -> tuple[int, int] | None:
 
 def tail_lines(path: Path, n: int = TAIL_LINES) -> list[str]:
     """The last ``n`` non-blank lines of ``path`` (each cut to a sane length)."""
-    lines = [ln.rstrip() for ln in _read_end(path, 16 * 1024).splitlines() if ln.strip()]
+    lines = [ln.rstrip() for ln in read_end(path, 16 * 1024).splitlines() if ln.strip()]
     return [ln if len(ln) <= LINE_CHARS else ln[:LINE_CHARS] + "..." for ln in lines[-n:]]
 
 
-def _read_end(path: Path, size: int) -> str:
+def read_end(path: Path, size: int) -> str:
+    """The last ``size`` bytes of ``path`` as text ("" when it cannot be read)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, 2)

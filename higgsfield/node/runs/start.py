@@ -174,7 +174,7 @@ def _start_supervisor(state_dir: Path, rd: RunDir, run: NodeRun, secrets: dict[s
             spec.project, spec.run]
     if listener is not None:
         argv += ["--listen-fd", str(listener.fileno())]
-    launcher_log = open(rd.logs / "launcher.log", "ab")  # noqa: SIM115 - handed to the child
+    launcher_log = open(rd.launcher_log, "ab")  # noqa: SIM115 - handed to the child
     try:
         proc = subprocess.Popen(  # noqa: S603 - argv list, no shell
             argv, stdin=subprocess.PIPE, stdout=launcher_log, stderr=subprocess.STDOUT,

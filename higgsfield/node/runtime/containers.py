@@ -223,7 +223,7 @@ class ContainerRun:
             volumes[cache] = {"bind": cache, "mode": "rw"}
         device_requests = [docker.types.DeviceRequest(device_ids=[str(i) for i in slots], capabilities=[["gpu"]])] \
             if slots else None
-        command = [argv[0], "-m", "higgsfield.node.runtime.launch", str(rd.logs / "launcher.log"), "--", *argv]
+        command = [argv[0], "-m", "higgsfield.node.runtime.launch", str(rd.launcher_log), "--", *argv]
         labels = {f"{LABEL}.project": spec.project, f"{LABEL}.run": spec.run,
                   f"{LABEL}.node": spec.node, f"{LABEL}.run_dir": str(rd.path)}
         return self.client.containers.create(

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from higgsfield.contract import layout
 from higgsfield.contract.decode import (
     TAIL_LINES,
     DecodeError,
@@ -152,28 +153,32 @@ class RunDir:
     def __init__(self, state_dir: Path, project: str, run: str) -> None:
         self.state_dir = Path(state_dir)
         self.project, self.run = project, run
-        self.path = self.state_dir / "runs" / project / run
+        self.path = self.state_dir / layout.RUNS / project / run
 
     @property
     def rel(self) -> str:
         """The directory relative to the state dir (``runs/<project>/<run>``), as skip lines name it."""
-        return f"runs/{self.project}/{self.run}"
+        return f"{layout.RUNS}/{self.project}/{self.run}"
 
     @property
     def record_path(self) -> Path:
-        return self.path / "run.json"
+        return self.path / layout.RECORD
 
     @property
     def spec_path(self) -> Path:
-        return self.path / "spec.json"
+        return self.path / layout.SPEC
 
     @property
     def logs(self) -> Path:
-        return self.path / "logs"
+        return self.path / layout.LOGS
+
+    @property
+    def launcher_log(self) -> Path:
+        return self.logs / layout.LAUNCHER_LOG
 
     @property
     def kill_marker(self) -> Path:
-        return self.path / "kill"
+        return self.path / layout.KILL
 
     @property
     def legacy_secrets_path(self) -> Path:

@@ -13,8 +13,8 @@ node reads a Slurm run exactly as it reads an SSH node's::
         spec.json, run.json, logs/rank<N>.log, logs/launcher.log ...   written by the job (node side)
     <workdir>/checkpoints/<project>/<run>/   HIGGSFIELD_CHECKPOINT_DIR: every node and every requeue sees it
 
-Node side reads the same names from :mod:`higgsfield.node.slurm_task` (which cannot import
-this module): the two lists are kept equal by tests/slurm/test_script.py.
+The names themselves are :mod:`higgsfield.contract.layout`'s, which the node side
+(:mod:`higgsfield.node.slurm_task`) spells from too.
 """
 
 from __future__ import annotations
@@ -22,13 +22,9 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-REQUEST = "request.json"
-SECRETS = "secrets.json"
-SCRIPT = "job.sh"
-JOB = "job.json"
-RECORD = "run.json"
-LOGS = "logs"
-LAUNCHER_LOG = "launcher.log"
+from higgsfield.contract.layout import JOB, LAUNCHER_LOG, LOGS, RECORD, REQUEST, RUNS, SCRIPT, SECRETS
+
+__all__ = ["JOB", "LAUNCHER_LOG", "LOGS", "RECORD", "REQUEST", "SCRIPT", "SECRETS", "RunPaths"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +37,7 @@ class RunPaths:
 
     @property
     def dir(self) -> str:
-        return posixpath.join(self.workdir, "runs", self.project, self.run)
+        return posixpath.join(self.workdir, RUNS, self.project, self.run)
 
     def file(self, name: str) -> str:
         return posixpath.join(self.dir, name)
