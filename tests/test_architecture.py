@@ -36,7 +36,7 @@ PLANTED = {
     "training-library": ("higgsfield/training.py",
                          "def _planted() -> None:\n    from higgsfield.control.remote import base\n"),
     "no-torch-on-the-control-side": ("higgsfield/control/config/schema.py", "def _planted() -> None:\n    import torch\n"),
-    "control-side-apart-from-node-side": ("higgsfield/control/doctor.py",
+    "control-side-apart-from-node-side": ("higgsfield/control/doctor/checks.py",
                                           "def _planted() -> None:\n    from higgsfield.node.gang import queue\n"),
     "contract-stdlib-only": ("higgsfield/contract/runspec.py", "def _planted() -> None:\n    import yaml\n"),
     "acyclic": ("higgsfield/training.py",  # llama imports training: a circle

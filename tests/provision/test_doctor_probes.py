@@ -11,6 +11,7 @@ import pytest
 import higgsfield
 from higgsfield.control import doctor
 from higgsfield.control.config import Config
+from higgsfield.control.doctor import checks, probe
 from higgsfield.control.remote.base import CommandResult, Transport
 from higgsfield.control.remote.probe import Clock
 
@@ -51,37 +52,37 @@ def _facts(answers: dict[tuple[str, ...], tuple[int, str, str]], **kw: object) -
 
 
 def test_gpus_parsed_and_missing_runtime_flagged() -> None:
-    f = _facts({doctor.GPU_QUERY: (0, SMI_CSV, ""), doctor.SMI: (0, SMI, ""),
-                doctor.DOCKER_INFO: (0, '{"ServerVersion": "27.1", "Runtimes": {"runc": {}}}', "")})
-    p = doctor._gpus(f)
+    f = _facts({probe.GPU_QUERY: (0, SMI_CSV, ""), probe.SMI: (0, SMI, ""),
+                probe.DOCKER_INFO: (0, '{"ServerVersion": "27.1", "Runtimes": {"runc": {}}}', "")})
+    p = checks._gpus(f)
     assert p.data["count"] == 2 and p.data["driver"] == "550.54.15" and p.data["cuda"] == "12.4"
     assert p.summary == "2 x NVIDIA H200, driver 550.54.15, CUDA 12.4"
     assert not p.ok and p.fix == "higgsfield setup --step nvidia"
-    f.answers[doctor.DOCKER_INFO] = CommandResult("n", doctor.DOCKER_INFO, 0, '{"Runtimes": {"nvidia": {}, "runc": {}}}', "")
-    assert doctor._gpus(f).ok
-    assert doctor._gpus(_facts({})).summary == "none"
+    f.answers[probe.DOCKER_INFO] = CommandResult("n", probe.DOCKER_INFO, 0, '{"Runtimes": {"nvidia": {}, "runc": {}}}', "")
+    assert checks._gpus(f).ok
+    assert checks._gpus(_facts({})).summary == "none"
 
 
 def test_docker_access_clock_and_invoker() -> None:
     cfg = _cfg()
     node = cfg.nodes[0]
-    denied = _facts({doctor.DOCKER_INFO: (1, "", "permission denied while trying to connect to the Docker daemon socket")})
-    p = doctor._docker(denied)
+    denied = _facts({probe.DOCKER_INFO: (1, "", "permission denied while trying to connect to the Docker daemon socket")})
+    p = checks._docker(denied)
     assert not p.ok and p.fix == "higgsfield setup --step docker-group"
-    p = doctor._clock(Clock(30.0, 0.01))
+    p = checks._clock(Clock(30.0, 0.01))
     assert not p.ok and p.summary.startswith("+30") and "timedatectl" in (p.fix or "")
-    assert doctor._clock(Clock(0.004, 0.002)).summary == "+0.00s"
-    assert not doctor._clock(None).ok
-    version = doctor._version_argv(cfg, node)
+    assert checks._clock(Clock(0.004, 0.002)).summary == "+0.00s"
+    assert not checks._clock(None).ok
+    version = probe._version_argv(cfg, node)
     assert version == (".higgsfield/venv/bin/higgsfield", "--version")
-    p = doctor._invoker(cfg, node, _facts({version: (0, "higgsfield, version 0.0.9\n", "")}))
+    p = checks._invoker(cfg, node, _facts({version: (0, "higgsfield, version 0.0.9\n", "")}))
     assert not p.ok and "0.0.9 differs" in (p.problem or "")
-    assert doctor._invoker(cfg, node, _facts({version: (0, f"higgsfield, version {higgsfield.__version__}\n", "")})).ok
+    assert checks._invoker(cfg, node, _facts({version: (0, f"higgsfield, version {higgsfield.__version__}\n", "")})).ok
     df = "Filesystem 1024-blocks Used Available Capacity Mounted on\n/dev/x 100 50 1048576 50% /\n"
-    p = doctor._disk(_facts({doctor.DF_HOME: (0, df, "")}))
+    p = checks._disk(_facts({probe.DF_HOME: (0, df, "")}))
     assert not p.ok and p.summary == "checkpoints 1 GiB" and "less than 10 GiB" in (p.problem or "")
-    assert doctor._sudo(_facts({}, uid=0)).summary == "root"
-    assert doctor._sudo(_facts({doctor.SUDO_OK: (1, "", "sudo: a password is required\n")}, uid=1000)).summary == \
+    assert checks._sudo(_facts({}, uid=0)).summary == "root"
+    assert checks._sudo(_facts({probe.SUDO_OK: (1, "", "sudo: a password is required\n")}, uid=1000)).summary == \
         "asks password"
 
 

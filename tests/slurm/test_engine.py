@@ -113,7 +113,7 @@ def test_two_nodes_all_reduce_logs_and_success(cluster: Cluster, workdir: Path) 
     assert (acct.state, acct.exit_code, acct.nodes) == ("COMPLETED", 0, tuple(st.nodes))
     cluster.engine._accounting = False
     assert cluster(cluster.engine.status(s.project, s.run)).state == "succeeded"
-    from higgsfield.control.backends.slurm.jobs import merge
+    from higgsfield.control.backends.slurm.runstatus import merge
 
     record = cluster(cluster.engine.record(s.project, s.run))
     assert merge({"job_id": job.job_id}, None, record).state == "succeeded"   # the job long purged

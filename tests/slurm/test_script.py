@@ -20,16 +20,16 @@ from hypothesis import strategies as st
 from higgsfield.contract.errors import ConfigError
 from higgsfield.contract.names import MAX_RUN_NAME
 from higgsfield.control.backends.slurm import layout
-from higgsfield.control.backends.slurm.jobs import (
+from higgsfield.control.backends.slurm.client import template_spec
+from higgsfield.control.backends.slurm.layout import RunPaths
+from higgsfield.control.backends.slurm.parse import (
     exit_code,
     expand_nodelist,
-    merge,
     parse_sacct,
     parse_squeue,
     sbatch_error,
-    template_spec,
 )
-from higgsfield.control.backends.slurm.layout import RunPaths
+from higgsfield.control.backends.slurm.runstatus import merge
 from higgsfield.control.backends.slurm.script import BatchJob, render
 from higgsfield.control.backends.slurm.settings import SlurmSettings, check_time, seconds
 from higgsfield.control.backends.slurm.states import map_state
@@ -110,11 +110,12 @@ def test_no_run_name_project_or_workdir_breaks_the_script(tmp_path: Path, run: s
 
 
 def test_the_node_side_reads_the_file_names_the_control_side_writes() -> None:
-    assert (slurm_task.REQUEST, slurm_task.SECRETS, slurm_task.RECORD) == (layout.REQUEST, layout.SECRETS,
-                                                                           layout.RECORD)
-    from higgsfield.control.backends.slurm import jobs
+    from higgsfield.contract import layout as contract
+    from higgsfield.control.backends.slurm import client
 
-    assert jobs.REQUEST_VERSION == slurm_task.REQUEST_VERSION
+    names = (contract.REQUEST, contract.SECRETS, contract.REQUEST_VERSION)
+    assert (layout.REQUEST, layout.SECRETS, client.REQUEST_VERSION) == names
+    assert (slurm_task.REQUEST, slurm_task.SECRETS, slurm_task.REQUEST_VERSION) == names
 
 
 def test_the_task_parses_its_command_line_with_the_srun_line_after_the_dashes(tmp_path: Path,
@@ -214,7 +215,7 @@ def test_squeue_and_sacct_lines_parse() -> None:
 
 
 def test_merge_takes_the_rank_and_node_from_the_record_and_the_state_from_slurm() -> None:
-    from higgsfield.control.backends.slurm.jobs import Job
+    from higgsfield.control.backends.slurm.parse import Job
 
     record = {"state": "failed", "reason": "rank 3: RuntimeError: boom on node n2", "failed_node": "n2",
               "failed_rank": 3, "error_tail": ["boom"], "node": "n1", "started_at": 5.0, "ended_at": 9.0}

@@ -1,53 +1,41 @@
-"""``higgsfield doctor``: a read-only preflight of every node, in parallel, in seconds.
+"""The checks: each one a function of a node's probe answers (:class:`~higgsfield.control.doctor.probe.Facts`).
 
-Per node: reachable over SSH, host key pinned and matching, passwordless sudo, Docker
-usable by the login user, GPUs (count, driver, CUDA) or none, free disk where images
-and checkpoints go, clock skew against this machine, the invoker at this version, the
-project environment that ``runtime: process`` runs in (present / stale / missing); and
-across nodes: node 0 reachable from the others on the rendezvous port range (node 0
-listens briefly on a free port there, the others connect).
-
-Nothing on a node is changed and no host key is pinned: a node that is not pinned, or
-whose key changed, is refused before authentication and reported with the key it
-offers (``higgsfield setup`` pins it; ``setup --repin`` re-pins it), and no check runs
-there, since its identity is unverified. Every problem comes with the command that fixes it.
-
-A node costs two SSH sessions, whatever the checks: one probe asks it every read-only
-command at once and measures its clock (:mod:`higgsfield.control.remote.probe`), and one more
-listens (node 0) or connects (the others) for the rendezvous check, which runs
-meanwhile. Each check is a function of the probe's answers.
-
-A Slurm cluster's login node (``diagnose(cfg.on_login_node())``) gets the checks that
-mean something there: the clock, the invoker and the project environment in the
-workdir, and Slurm's own view (:mod:`higgsfield.control.backends.slurm.preflight`): the commands, the
-partition with its nodes, idle nodes and GPUs from sinfo, and a run's job accepted.
-
-Use::
-
-    report = await diagnose(cfg)
-    report.ok, report.problems(), report.to_dict()
+Per node: passwordless sudo, Docker usable by the login user, GPUs (count, driver, CUDA) or
+none, free disk where images and checkpoints go, clock skew against this machine, the invoker
+at this version, the state dir's disk usage, the project environment that ``runtime: process``
+runs in (present / stale / missing); on a Slurm cluster's login node, Slurm's own view
+(:mod:`higgsfield.control.backends.slurm.preflight`). Each returns a
+:class:`~higgsfield.control.doctor.report.Probe` whose problem names the command that fixes it.
+Its own module because the checks are pure: they run no command, so they are tested against
+canned answers.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import higgsfield
-from higgsfield.contract.errors import ConnectError, HiggsfieldError, HostKeyError, HostNotPinnedError
-from higgsfield.contract.ports import RENDEZVOUS_PORTS
 from higgsfield.contract.units import human_bytes
-from higgsfield.control.backends.slurm import SlurmSettings
 from higgsfield.control.backends.slurm import preflight as pf
-from higgsfield.control.remote.base import CommandResult, Transport
-from higgsfield.control.remote.fanout import Group, Member, NodeResult, select_nodes
-from higgsfield.control.remote.invoker import invoker_argv, invoker_bin
-from higgsfield.control.remote.probe import Clock, Read, probe
+from higgsfield.control.doctor.probe import (
+    DF_HOME,
+    DF_IMAGES,
+    DOCKER_INFO,
+    GPU_QUERY,
+    SMI,
+    SUDO_OK,
+    Facts,
+    _env_argv,
+    _slurm_settings,
+    _usage_argv,
+    _version_argv,
+)
+from higgsfield.control.doctor.report import NodeDiagnosis, Probe
+from higgsfield.control.remote.base import CommandResult
+from higgsfield.control.remote.probe import Clock
 
 if TYPE_CHECKING:
     from higgsfield.control.config import Config, NodeConfig
@@ -55,117 +43,6 @@ if TYPE_CHECKING:
 MIN_FREE_GIB = 10.0
 MIN_FREE_FRACTION = 0.10   # of the filesystem under the state dir or the checkpoints: below, prune
 MAX_SKEW_S = 2.0
-COMMAND_TIMEOUT_S = 20.0
-
-_LISTEN = """\
-import socket, sys, time
-lo, hi, wait, want = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
-for port in range(lo, hi + 1):
-    s = socket.socket()
-    try:
-        s.bind(("", port))
-        break
-    except OSError:
-        s.close()
-else:
-    print("none", flush=True)
-    sys.exit(3)
-s.listen(64)
-s.settimeout(0.2)
-print(port, flush=True)
-end, got = time.monotonic() + wait, 0
-while got < want and time.monotonic() < end:
-    try:
-        c, _ = s.accept()
-        c.close()
-        got += 1
-    except socket.timeout:
-        pass
-print("accepted", got, flush=True)
-"""
-SUDO_OK = ("sudo", "-n", "true")
-DOCKER_INFO = ("docker", "info", "--format", "{{json .}}")  # one call: the version and the runtimes
-GPU_QUERY = ("nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader")
-SMI = ("nvidia-smi",)
-DF_HOME = ("df", "-Pk", ".")
-DF_IMAGES = ("sh", "-c", 'd=$(docker info --format "{{.DockerRootDir}}" 2>/dev/null) && [ -n "$d" ] && df -Pk "$d"')
-
-_CONNECT = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), float(sys.argv[3])).close()"
-
-
-@dataclass
-class Probe:
-    """One check on one node."""
-
-    ok: bool
-    summary: str
-    problem: str | None = None
-    fix: str | None = None
-    data: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class NodeDiagnosis:
-    node: str
-    rank: int
-    checks: dict[str, Probe] = field(default_factory=dict)
-
-    @property
-    def problems(self) -> list[str]:
-        return [f"{self.node}: {name}: {p.problem}" + (f" -> fix: {p.fix}" if p.fix else "")
-                for name, p in self.checks.items() if not p.ok and p.problem]
-
-
-@dataclass
-class DoctorReport:
-    nodes: list[NodeDiagnosis]
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return all(p.ok for n in self.nodes for p in n.checks.values())
-
-    def problems(self) -> list[str]:
-        return [p for n in self.nodes for p in n.problems]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "seconds": round(self.seconds, 2), "version": higgsfield.__version__,
-                "nodes": [{"node": n.node, "rank": n.rank, "checks": {k: asdict(v) for k, v in n.checks.items()}}
-                          for n in self.nodes],
-                "problems": self.problems()}
-
-
-@dataclass
-class Facts:
-    """What one node answered: the probe's results by argv, its login's uid, its clock."""
-
-    node: str
-    answers: dict[tuple[str, ...], CommandResult] = field(default_factory=dict)
-    uid: int | None = None
-    clock: Clock | None = None
-
-    def __call__(self, argv: Sequence[str]) -> CommandResult:
-        got = self.answers.get(tuple(argv))
-        return got if got is not None else CommandResult(self.node, tuple(argv), 127, "", "not asked")
-
-
-def reads(cfg: Config, node: NodeConfig) -> list[tuple[str, ...]]:
-    """Every command the checks read on ``node``."""
-    env = _env_argv(cfg, node)
-    if cfg.slurm is not None:  # a cluster's login node: Slurm's view instead of sudo, Docker and local GPUs
-        return [_version_argv(cfg, node), _usage_argv(cfg, node), *([env] if env else []), *_slurm_reads(cfg)]
-    out = [SUDO_OK, DOCKER_INFO, GPU_QUERY, SMI, DF_HOME, DF_IMAGES, _version_argv(cfg, node), _usage_argv(cfg, node)]
-    return out + ([env] if env else [])
-
-
-def _slurm_reads(cfg: Config) -> list[tuple[str, ...]]:
-    s = _slurm_settings(cfg)
-    return [pf.WHICH, pf.SINFO, pf.test_only_argv(s)]
-
-
-def _slurm_settings(cfg: Config) -> SlurmSettings:
-    assert cfg.slurm is not None
-    return SlurmSettings.from_mapping(cfg.slurm.model_dump(exclude_none=True), "slurm")
 
 
 def _slurm(cfg: Config, f: Facts, d: NodeDiagnosis) -> None:
@@ -182,84 +59,6 @@ def _slurm(cfg: Config, f: Facts, d: NodeDiagnosis) -> None:
     test = f(pf.test_only_argv(s))
     sub = pf.submit(s, test.ok, test.stdout, test.stderr)
     d.checks["account"] = Probe(sub.ok, sub.summary, sub.problem, sub.fix)
-
-
-async def diagnose(cfg: Config, nodes: Sequence[str] | None = None) -> DoctorReport:
-    """Check the chosen nodes (default: all) concurrently; never raises for a node's problem."""
-    start = time.monotonic()
-    group = Group.of(cfg, select_nodes(cfg, names=nodes or ()))  # verify host keys, never pin
-    diags = {m.name: NodeDiagnosis(m.name, cfg.nodes.index(m.node)) for m in group.members}
-    try:
-        connected = await group.run(lambda m: _connect(cfg, m, diags[m.name]))
-        up = Group([m for m, r in zip(group.members, connected, strict=True) if r.value])
-        checked, _ = await asyncio.gather(up.run(lambda m: _check_node(cfg, m, diags[m.name])),
-                                          _rendezvous(cfg, group, up, diags))
-        results: list[NodeResult[Any]] = [*connected, *checked]
-        for r in (r for r in results if not r.ok):  # the connection was lost, or a bug: that node's one problem
-            diags[r.node].checks["ssh"] = Probe(False, "error", f"the checks could not run: {r.reason}")
-    finally:
-        await group.close()
-    return DoctorReport(list(diags.values()), time.monotonic() - start)
-
-
-async def _run(t: Transport, argv: Sequence[str]) -> CommandResult:
-    return await t.run(argv, check=False, timeout=COMMAND_TIMEOUT_S)
-
-
-async def _check_node(cfg: Config, m: Member, d: NodeDiagnosis) -> None:
-    p = await probe(m.transport, [Read(a, timeout=COMMAND_TIMEOUT_S) for a in reads(cfg, m.node)], clock=True,
-                    timeout=COMMAND_TIMEOUT_S + 10)
-    if p.error is not None:  # every check reads the probe's answers: without python3 none can run
-        d.checks["ssh"] = Probe(False, "no python3", f"cannot probe the node: {p.error}",
-                                "install python3 on the node (higgsfield setup --step invoker does)")
-        return
-    facts = Facts(m.name, {r.argv: a for r, a in p.answers.items()}, p.uid, p.clock)
-    if cfg.slurm is not None:
-        d.checks["clock"] = _clock(facts.clock)
-        d.checks["invoker"] = _invoker(cfg, m.node, facts)
-        d.checks["environment"] = _environment(cfg, m.node, facts)
-        d.checks["usage"] = _usage(cfg, m.node, facts)
-        _slurm(cfg, facts, d)
-        return
-    d.checks["sudo"] = _sudo(facts)
-    d.checks["docker"] = _docker(facts)
-    d.checks["gpus"] = _gpus(facts)
-    d.checks["disk"] = _disk(facts)
-    d.checks["clock"] = _clock(facts.clock)
-    d.checks["invoker"] = _invoker(cfg, m.node, facts)
-    d.checks["environment"] = _environment(cfg, m.node, facts)
-    d.checks["usage"] = _usage(cfg, m.node, facts)
-
-
-async def _connect(cfg: Config, m: Member, d: NodeDiagnosis) -> bool:
-    node, t = m.node, m.transport
-    if node.is_local:
-        d.checks["ssh"] = Probe(True, "local")
-        d.checks["host key"] = Probe(True, "-")
-        return True
-    port = cfg.node_port(node)
-    start = time.monotonic()
-    try:
-        await t.connect()
-    except HostNotPinnedError as e:
-        d.checks["ssh"] = Probe(True, "reachable")
-        d.checks["host key"] = Probe(False, "not pinned", e.reason,
-                                     "higgsfield setup (it shows the fingerprint and asks before pinning), "
-                                     "then commit the known_hosts file")
-        return False
-    except HostKeyError as e:
-        d.checks["ssh"] = Probe(True, "reachable")
-        d.checks["host key"] = Probe(False, "CHANGED", e.reason)  # the reason names the re-pin command
-        return False
-    except ConnectError as e:
-        d.checks["ssh"] = Probe(False, "unreachable", e.reason,
-                                f"check that the node is up and sshd listens on {node.host}:{port}; "
-                                "ssh.user / identity_file in higgsfield.yml")
-        return False
-    d.checks["ssh"] = Probe(True, f"ok {time.monotonic() - start:.2f}s")
-    # connected: the transport accepts pinned keys only
-    d.checks["host key"] = Probe(True, "matches", data={"fingerprint": t.fingerprint})
-    return True
 
 
 def _json(r: CommandResult) -> dict[str, Any]:
@@ -343,10 +142,6 @@ def _clock(clock: Clock | None) -> Probe:
     return Probe(True, f"{skew:+.2f}s", data=data)
 
 
-def _version_argv(cfg: Config, node: NodeConfig) -> tuple[str, ...]:
-    return (*invoker_bin(cfg, node), "--version")
-
-
 def _invoker(cfg: Config, node: NodeConfig, f: Facts) -> Probe:
     r = f(_version_argv(cfg, node))
     m = re.search(r"version\s+(\S+)", r.stdout) if r.ok else None
@@ -356,10 +151,6 @@ def _invoker(cfg: Config, node: NodeConfig, f: Facts) -> Probe:
         return Probe(False, m.group(1), f"invoker {m.group(1)} differs from this higgsfield "
                      f"{higgsfield.__version__}", "higgsfield setup --step invoker", {"version": m.group(1)})
     return Probe(True, m.group(1), data={"version": m.group(1)})
-
-
-def _usage_argv(cfg: Config, node: NodeConfig) -> tuple[str, ...]:
-    return (*invoker_argv(cfg, node), "usage", "--project", cfg.name)
 
 
 def _usage(cfg: Config, node: NodeConfig, f: Facts) -> Probe:
@@ -387,15 +178,6 @@ def _usage(cfg: Config, node: NodeConfig, f: Facts) -> Probe:
     return Probe(True, summary, data=data)
 
 
-def _env_argv(cfg: Config, node: NodeConfig) -> tuple[str, ...] | None:
-    if cfg.runtime == "docker":
-        return None
-    argv = [*invoker_argv(cfg, node), "env", "--project", cfg.name, "--check"]
-    if node.is_local:
-        argv += ["--code-dir", str(cfg.project_dir)]
-    return tuple(argv)
-
-
 def _environment(cfg: Config, node: NodeConfig, f: Facts) -> Probe:
     """The project environment of ``runtime: process`` (built by deploy): present, stale or missing."""
     argv = _env_argv(cfg, node)
@@ -420,49 +202,3 @@ def _environment(cfg: Config, node: NodeConfig, f: Facts) -> Probe:
                      "requirements.txt than the deployed one", "higgsfield deploy", data)
     return Probe(ok, "missing", "no project environment for runtime: process (a venv with torch and "
                  "requirements.txt)", "higgsfield deploy", data)
-
-
-async def _rendezvous(cfg: Config, chosen: Group, up: Group, diags: dict[str, NodeDiagnosis]) -> None:
-    """Node 0 listens on a free port of the rendezvous range; every other reachable node connects to it."""
-    master = cfg.nodes[0]
-    mname = str(master.name)
-    listening = next((m for m in up.members if m.node is master), None)
-    others = [m for m in up.members if m.node is not master]
-    lo, hi = RENDEZVOUS_PORTS
-    if not others:
-        return
-    if listening is None:
-        chose_master = any(m.node is master for m in chosen.members)
-        for m in others:
-            diags[m.name].checks["rendezvous"] = Probe(True, "node 0 down" if chose_master else "-")
-        return
-    if master.is_local and any(not m.node.is_local for m in others):
-        for m in others:
-            diags[m.name].checks["rendezvous"] = Probe(
-                False, "localhost", "node 0 is 'localhost', which other machines cannot reach",
-                "list node 0 by an address the other nodes can reach")
-        return
-    listener = listening.transport.stream(["python3", "-c", _LISTEN, str(lo), str(hi), "10", str(len(others))])
-    try:
-        first = await asyncio.wait_for(listener.__anext__(), COMMAND_TIMEOUT_S)
-        if not first.isdigit():
-            diags[mname].checks["rendezvous"] = Probe(False, "no port", f"no free port in {lo}-{hi} on node 0",
-                                                      "free a port in the range (stale runs?)")
-            return
-        port = int(first)
-
-        async def connect(m: Member) -> Probe:
-            r = await _run(m.transport, ["python3", "-c", _CONNECT, master.host, str(port), "3"])
-            if r.ok:
-                return Probe(True, f"{master.host}:{port} ok")
-            why = (r.stderr.strip().splitlines() or ["failed"])[-1]
-            return Probe(False, "blocked", f"cannot reach node 0 at {master.host}:{port} ({why})",
-                         f"allow TCP {lo}-{hi} from the other nodes to {master.host} (firewall / security group)")
-
-        for r in await Group(others).run(connect):
-            diags[r.node].checks["rendezvous"] = r.value if r.value is not None else Probe(False, "error", r.reason)
-        diags[mname].checks["rendezvous"] = Probe(True, f"listens :{port}")
-    except (HiggsfieldError, asyncio.TimeoutError, StopAsyncIteration) as e:
-        diags[mname].checks["rendezvous"] = Probe(False, "error", f"cannot listen on node 0: {e}")
-    finally:
-        await listener.aclose()  # type: ignore[attr-defined]

@@ -4,7 +4,10 @@
 - :mod:`~higgsfield.control.backends.slurm.layout`: where a run's files live in the shared workdir;
 - :mod:`~higgsfield.control.backends.slurm.script`: the batch script (``#SBATCH`` lines, one ``srun`` task per node);
 - :mod:`~higgsfield.control.backends.slurm.states`: Slurm's job states as run states;
-- :mod:`~higgsfield.control.backends.slurm.jobs`: submit, query, cancel through the login node (:class:`SlurmCluster`);
+- :mod:`~higgsfield.control.backends.slurm.client`: submit, query, cancel through the login node (:class:`SlurmCluster`);
+- :mod:`~higgsfield.control.backends.slurm.parse`: squeue's and sacct's answers as :class:`Job`, sbatch's reason;
+- :mod:`~higgsfield.control.backends.slurm.runstatus`: a run's status merged from Slurm's view and the job's record;
+- :mod:`~higgsfield.control.backends.slurm.listing`: the script that lists a project's runs on the login node;
 - :mod:`~higgsfield.control.backends.slurm.machines`: the partition's compute nodes as ``sinfo -N`` sees them (the dashboard's).
 
 Inside the allocation the node side takes over: :mod:`higgsfield.node.slurm_task`. Stdlib and
@@ -13,8 +16,7 @@ the control side's own packages only, never torch.
 
 from __future__ import annotations
 
-from higgsfield.control.backends.slurm.jobs import (
-           Job,
+from higgsfield.control.backends.slurm.client import (
            SlurmCluster,
            SlurmError,
            SlurmRefused,
@@ -22,6 +24,7 @@ from higgsfield.control.backends.slurm.jobs import (
            template_spec,
 )
 from higgsfield.control.backends.slurm.machines import ClusterNode
+from higgsfield.control.backends.slurm.parse import Job
 from higgsfield.control.backends.slurm.settings import Login, SlurmSettings
 
 __all__ = ["ClusterNode", "Job", "Login", "SlurmCluster", "SlurmError", "SlurmRefused", "SlurmSettings", "Submitted",

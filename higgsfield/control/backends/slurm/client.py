@@ -16,6 +16,11 @@ A job's state comes from ``squeue`` while Slurm holds it (``-t all``: finished j
 listed for ``MinJobAge``), then from ``sacct`` when the cluster keeps accounting (detected
 once per cluster object), else from the run's own record (``run.json``, written by the job).
 :mod:`higgsfield.control.backends.slurm.states` maps them to the run states.
+
+This module is the client: the commands it runs on the login node and the files it writes
+there. What Slurm prints is read by :mod:`~higgsfield.control.backends.slurm.parse`, a run's
+status is merged by :mod:`~higgsfield.control.backends.slurm.runstatus`, and the script that lists
+a project's runs on the login node is :mod:`~higgsfield.control.backends.slurm.listing`.
 """
 
 from __future__ import annotations
@@ -23,22 +28,24 @@ from __future__ import annotations
 import asyncio
 import json
 import posixpath
-import re
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from higgsfield.contract.errors import RunError
-from higgsfield.contract.runspec import ACTIVE, FAILED, KILLED, QUEUED, RunSpec, RunStatus
+from higgsfield.contract.layout import REQUEST_VERSION
+from higgsfield.contract.runspec import ACTIVE, RunSpec, RunStatus
 from higgsfield.control.backends.slurm.layout import RunPaths
+from higgsfield.control.backends.slurm.listing import _LIST_RUNS
 from higgsfield.control.backends.slurm.machines import ClusterNode, parse_sinfo_nodes, sinfo_nodes_argv
+from higgsfield.control.backends.slurm.parse import Job, parse_sacct, parse_squeue, sbatch_error
+from higgsfield.control.backends.slurm.runstatus import merge
 from higgsfield.control.backends.slurm.script import BatchJob, render
 from higgsfield.control.backends.slurm.settings import SlurmSettings
-from higgsfield.control.backends.slurm.states import map_state, normalize
+from higgsfield.control.backends.slurm.states import map_state
 from higgsfield.control.remote.base import Transport
 
-REQUEST_VERSION = 1     # what higgsfield.node.slurm_task reads
 PENDING_NODE = "pending"   # the spec's node fields until the job knows its allocation
 SQUEUE_FORMAT = "%i|%T|%N|%V|%S|%e|%r"   # the reason last: it is free text
 SACCT_FIELDS = "JobIDRaw,State,ExitCode,NodeList,Submit,Start,End,Reason"
@@ -53,20 +60,6 @@ class SlurmRefused(SlurmError):
     """sbatch refused the job as asked (a bad partition, account, time limit): the user's to fix."""
 
     exit_code = 2
-
-
-@dataclass(frozen=True)
-class Job:
-    """What Slurm says about one job right now."""
-
-    job_id: str
-    state: str                  # Slurm's word, normalized: PENDING, RUNNING, COMPLETED, CANCELLED, ...
-    reason: str | None = None
-    exit_code: int | None = None
-    nodes: tuple[str, ...] = ()
-    submitted_at: float | None = None
-    started_at: float | None = None
-    ended_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -314,163 +307,8 @@ class SlurmCluster:
                 yield int(rank), text
 
 
-#: Run on the login node: every run directory's job.json and run.json, as one JSON list (one round trip).
-_LIST_RUNS = """\
-import json, os, sys
-root, out = sys.argv[1], []
-try:
-    names = sorted(os.listdir(root))
-except OSError:
-    names = []
-for name in names:
-    item = {"run": name}
-    for key, file in (("job", "job.json"), ("record", "run.json")):
-        try:
-            with open(os.path.join(root, name, file)) as f:
-                item[key] = json.load(f)
-        except (OSError, ValueError):
-            pass
-    if "job" in item:
-        out.append(item)
-print(json.dumps(out))
-"""
-
-
-# -- parsing Slurm's answers ------------------------------------------------------------------
-
-def sbatch_error(text: str) -> str:
-    """The one line that says why (``Invalid partition name specified``), from sbatch's/scancel's stderr."""
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    if not lines:
-        return "no reason given"
-    last = lines[-1]
-    for prefix in ("sbatch: error: Batch job submission failed:", "sbatch: error:", "scancel: error:", "error:"):
-        if last.startswith(prefix):
-            return last[len(prefix):].strip()
-    return last
-
-
-def parse_squeue(out: str) -> dict[str, Job]:
-    jobs = {}
-    for line in out.splitlines():
-        parts = line.split("|", 6)
-        if len(parts) != 7 or not parts[0].strip().isdigit():
-            continue
-        job_id, state, nodes, submit, start, end, reason = (p.strip() for p in parts)
-        jobs[job_id] = Job(job_id, normalize(state), _reason(reason), None, _nodes(nodes),
-                           _time(submit), _time(start) if normalize(state) != "PENDING" else None, _time(end))
-    return jobs
-
-
-def parse_sacct(out: str) -> dict[str, Job]:
-    jobs = {}
-    for line in out.splitlines():
-        parts = line.split("|")
-        if len(parts) < 8 or not parts[0].strip().isdigit():
-            continue
-        job_id, state, code, nodes, submit, start, end = (p.strip() for p in parts[:7])
-        reason = "|".join(parts[7:]).strip()
-        jobs[job_id] = Job(job_id, normalize(state), _reason(reason), exit_code(code), _nodes(nodes),
-                           _time(submit), _time(start), _time(end))
-    return jobs
-
-
-def exit_code(text: str) -> int | None:
-    """Slurm's ``EXIT:SIGNAL`` (``3:0``, ``0:9``) as one status: the exit code, or 128 + the signal."""
-    try:
-        code, _, sig = text.partition(":")
-        c, s = int(code), int(sig or 0)
-    except ValueError:
-        return None
-    return c if c or not s else 128 + s
-
-
-def _reason(text: str) -> str | None:
-    text = text.strip()
-    if text.startswith("(") and text.endswith(")"):
-        text = text[1:-1]
-    return None if text in ("", "None", "(null)") else text
-
-
-def _nodes(text: str) -> tuple[str, ...]:
-    text = text.strip()
-    return () if text in ("", "(null)", "None assigned", "n/a") else expand_nodelist(text)
-
-
-def expand_nodelist(text: str) -> tuple[str, ...]:
-    """Slurm's compressed host list (``n[1-3,7],gpu-a``, ``node[01-02]``) as names; an odd one stays whole."""
-    out: list[str] = []
-    for m in _HOSTLIST.finditer(text):
-        prefix, ranges, suffix = m.group(1), m.group(2), m.group(3) or ""
-        if ranges is None:
-            out.append(prefix + suffix)
-            continue
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            if not lo.isdigit() or (hi and not hi.isdigit()):
-                return (text,)
-            width = len(lo)
-            out += [f"{prefix}{i:0{width}d}{suffix}" for i in range(int(lo), int(hi or lo) + 1)]
-    return tuple(out) or (text,)
-
-
-_HOSTLIST = re.compile(r"([^,\[\]]+)(?:\[([0-9,-]+)\]([^,\[\]]*))?")
-
-
-def _time(text: str) -> float | None:
-    text = text.strip()
-    if not text or text in ("N/A", "Unknown", "None", "(null)"):
-        return None
-    try:
-        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
-        return None
-
-
-def merge(submitted: Mapping[str, Any], job: Job | None, record: Mapping[str, Any] | None) -> RunStatus:
-    """One RunStatus from the submission record, Slurm's view of the job and the job's own run record.
-
-    Slurm decides the state while it knows the job; the job's record adds what only
-    the node side knows (the failing rank and node, the error's last lines). Without
-    either (no accounting and the job long gone), the record's state stands.
-    """
-    rec = dict(record or {})
-    state, reason = QUEUED, None
-    if job is not None:
-        mapped = map_state(job.state, job.reason)
-        state, reason = mapped.state, mapped.reason
-        if state == QUEUED and rec.get("state") == QUEUED and rec.get("reason"):
-            reason = f"{rec['reason']}; {reason}" if reason else str(rec["reason"])  # our own requeue: why
-    elif rec.get("state"):
-        state, reason = str(rec["state"]), rec.get("reason")
-    failed_node = failed_rank = None
-    tail: list[str] = []
-    if state == FAILED:
-        if rec.get("state") == FAILED and rec.get("reason"):
-            reason = str(rec["reason"]) if job is None or job.state == "FAILED" else f"{reason}; {rec['reason']}"
-        failed_node, failed_rank = rec.get("failed_node"), rec.get("failed_rank")
-        tail = [str(x) for x in rec.get("error_tail") or []]
-    elif state == KILLED and job is None:
-        reason = rec.get("reason")
-    node_state = state
-    hosts = job.nodes if job and job.nodes else ((str(rec["node"]),) if rec.get("node") else ())
-    return RunStatus(
-        project=str(submitted.get("project") or rec.get("project") or ""),
-        experiment=str(submitted.get("experiment") or rec.get("experiment") or ""),
-        run=str(submitted.get("run") or rec.get("run") or ""),
-        state=state,
-        nodes={str(h): {"state": node_state} for h in hosts if h},
-        created_at=float(submitted.get("submitted_at") or rec.get("created_at") or 0.0),
-        started_at=(job.started_at if job and job.started_at else rec.get("started_at")),
-        ended_at=(job.ended_at if job and job.ended_at and state not in ACTIVE else rec.get("ended_at")),
-        exit_code=(job.exit_code if job and job.exit_code is not None else rec.get("exit_code")),
-        failed_node=failed_node, failed_rank=failed_rank, reason=reason, error_tail=tail,
-        params=dict(submitted.get("params") or {}))
-
-
 def _json(data: object) -> bytes:
     return (json.dumps(data, sort_keys=True) + "\n").encode()
 
 
-__all__ = ["Job", "SlurmCluster", "SlurmError", "SlurmRefused", "Submitted", "merge",
-           "parse_sacct", "parse_squeue", "template_spec"]
+__all__ = ["SlurmCluster", "SlurmError", "SlurmRefused", "Submitted", "template_spec"]

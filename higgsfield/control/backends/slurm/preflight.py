@@ -20,7 +20,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from higgsfield.control.backends.slurm.jobs import sbatch_error
+from higgsfield.control.backends.slurm.parse import sbatch_error
 from higgsfield.control.backends.slurm.settings import SlurmSettings
 
 COMMANDS = ("sbatch", "srun", "squeue", "scancel", "sinfo")
