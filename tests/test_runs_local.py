@@ -409,7 +409,6 @@ def test_run_starts_follows_and_ends_over_one_group(project: Path, monkeypatch: 
     import asyncio
 
     from higgsfield.control import backends
-    from higgsfield.control.backends import nodes as orchestrator
     from higgsfield.control.cli._common import console
     from higgsfield.control.cli.runs import _run
 

@@ -35,7 +35,6 @@ import asyncio
 import base64
 import binascii
 import contextlib
-import fcntl
 import hashlib
 import hmac
 import os
@@ -140,13 +139,13 @@ class PinnedHosts:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
+        """Hold ``known_hosts.lock`` (a plain ``flock``, as earlier releases took it) while the file changes."""
+        from filelock import FileLock
+
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        with FileLock(self.path.with_name(self.path.name + ".lock"), thread_local=False,
+                      preserve_lock_file=True, fallback_to_soft=False):
+            yield
 
     def pin(self, host: str, port: int, key: asyncssh.SSHKey, comment: str = "", *,
             replace: bool = False) -> None:

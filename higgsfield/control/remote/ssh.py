@@ -42,8 +42,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncssh
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    retry_if_not_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+)
 
-from higgsfield.contract.errors import CommandError, ConnectError, HostKeyError
+from higgsfield.contract.errors import CommandError, ConnectError, HostKeyError, RemoteError
 from higgsfield.control.remote.base import CommandResult, LineReader, Session, Timeouts, Transport, read_lines
 from higgsfield.control.remote.hostkeys import HostKeyPolicy, PinnedHosts, fingerprint, scan_host_key
 
@@ -54,6 +61,7 @@ T = TypeVar("T")
 
 BACKOFF_S = 0.5
 BACKOFF_MAX_S = 5.0
+_TRANSIENT = (OSError, asyncio.TimeoutError, asyncssh.DisconnectError)   # worth another connect
 
 
 def build_command(argv: Sequence[str]) -> str:
@@ -127,29 +135,34 @@ class SSHTransport(Transport):
         return await self._with_retries(once)
 
     async def _with_retries(self, attempt_once: Callable[[], Awaitable[T]]) -> T:
+        """``attempt_once`` with ``ssh.retries`` more tries on a refused, reset or timed-out connection.
+
+        The back-off doubles from :data:`BACKOFF_S` up to :data:`BACKOFF_MAX_S` (tenacity); a host
+        key refusal, an unknown host name or an error already explained is never retried.
+        """
         attempts = self.timeouts.retries + 1
         start = time.monotonic()
-        last: BaseException | None = None
-        for attempt in range(attempts):
-            if attempt:
-                await asyncio.sleep(min(BACKOFF_S * 2 ** (attempt - 1), BACKOFF_MAX_S))
-            try:
-                return await attempt_once()
-            except (HostKeyError, ConnectError):
-                raise
-            except socket.gaierror as e:
-                raise ConnectError(self.node, f"cannot resolve host '{self.host}': {e.strerror}") from None
-            except (OSError, asyncio.TimeoutError, asyncssh.DisconnectError) as e:
-                last = e
-        spent = time.monotonic() - start
-        tries = f"{attempts} attempt{'s' if attempts > 1 else ''} in {spent:.1f}s"
-        if isinstance(last, asyncio.TimeoutError):
-            raise ConnectError(self.node, f"connect timed out after {self.timeouts.connect:g}s "
-                                          f"({self.target}; {tries})")
-        errno = getattr(last, "errno", None)
-        why = (os.strerror(errno) if errno else None) or getattr(last, "reason", None) or str(last)
-        raise ConnectError(self.node, f"cannot connect to {self.target}: {why} "
-                                      f"({tries}; connect timeout {self.timeouts.connect:g}s)")
+        retrying = AsyncRetrying(stop=stop_after_attempt(attempts),
+                                 wait=wait_exponential(multiplier=BACKOFF_S, max=BACKOFF_MAX_S),
+                                 retry=retry_if_exception_type(_TRANSIENT)
+                                 & retry_if_not_exception_type((socket.gaierror, RemoteError)),
+                                 reraise=True)
+        try:
+            return await retrying(attempt_once)
+        except RemoteError:
+            raise
+        except socket.gaierror as e:
+            raise ConnectError(self.node, f"cannot resolve host '{self.host}': {e.strerror}") from None
+        except _TRANSIENT as last:
+            spent = time.monotonic() - start
+            tries = f"{attempts} attempt{'s' if attempts > 1 else ''} in {spent:.1f}s"
+            if isinstance(last, asyncio.TimeoutError):
+                raise ConnectError(self.node, f"connect timed out after {self.timeouts.connect:g}s "
+                                              f"({self.target}; {tries})") from None
+            errno = getattr(last, "errno", None)
+            why = (os.strerror(errno) if errno else None) or getattr(last, "reason", None) or str(last)
+            raise ConnectError(self.node, f"cannot connect to {self.target}: {why} "
+                                          f"({tries}; connect timeout {self.timeouts.connect:g}s)") from None
 
     async def _connect_once(self) -> asyncssh.SSHClientConnection:
         policy = HostKeyPolicy([*self.pins.lookup(self.host, self.port), *self.trusted],

@@ -45,7 +45,6 @@ import importlib.metadata
 import importlib.util
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -54,6 +53,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from higgsfield.contract.errors import RunError
 from higgsfield.node.state.locks import exclusive
@@ -69,7 +71,6 @@ BUILD_TIMEOUT_S = 3600.0
 LINK_DIR = "higgsfield-invoker"
 PTH_NAME = "higgsfield-invoker.pth"
 COMPLETE = ".complete"
-_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 _SHOWN = ("Collecting ", "Processing ", "Installing collected packages", "Successfully installed", "ERROR")
 
 Progress = Callable[[str], None]
@@ -77,23 +78,25 @@ Progress = Callable[[str], None]
 
 # -- what the environment is made of -------------------------------------------------
 
-def _canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def lists(requirements: str, name: str) -> bool:
     """Whether requirements.txt names ``name`` itself (any spec: ``torch``, ``torch==2.6``, ``torch @ URL``).
 
-    Option lines (``-r``, ``--index-url``...) and comments are not requirements; a
+    Each line is read as pip reads a requirement (``packaging``): names compare
+    canonicalised (``Torch``, ``torch_x`` and ``torch-x`` are one name), per-line options
+    (``--hash=...``) are left out, and option lines (``-r``, ``--index-url``...),
+    comments and what is not a requirement (a path, a bare VCS URL) name nothing. A
     package pulled in only through ``-r other.txt`` is not seen (list it here).
     """
+    wanted = canonicalize_name(name)
     for raw in requirements.splitlines():
-        line = raw.split(" #", 1)[0].strip()
+        line = raw.split(" #", 1)[0].split(" --", 1)[0].strip()
         if not line or line.startswith(("#", "-")):
             continue
-        m = _NAME.match(line)
-        if m and _canonical(m.group(1)) == _canonical(name):
-            return True
+        try:
+            if canonicalize_name(Requirement(line).name) == wanted:
+                return True
+        except InvalidRequirement:
+            continue
     return False
 
 

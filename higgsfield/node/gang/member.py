@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tenacity import Retrying, retry_if_exception_type, wait_fixed
+
 from higgsfield.node.gang import wire
 from higgsfield.node.gang.coordinator import lost_failure
 
@@ -55,19 +57,18 @@ class Member:
         Raises :class:`~higgsfield.node.gang.wire.WireError` when the deadline passes, ``should_stop()``
         turns true, or the other end fails the handshake.
         """
-        last: Exception | None = None
-        while True:
+        if should_stop():
+            raise wire.WireError("stopped while connecting")
+        # Node 0's supervisor may not listen yet: try every 0.5 s until the deadline (tenacity).
+        dial = Retrying(stop=lambda _: should_stop() or time.monotonic() >= deadline, wait=wait_fixed(0.5),
+                        retry=retry_if_exception_type(OSError), reraise=True)
+        try:
+            sock = dial(socket.create_connection, (self.host, self.port), timeout=5)
+        except OSError as e:
             if should_stop():
-                raise wire.WireError("stopped while connecting")
-            try:
-                sock = socket.create_connection((self.host, self.port), timeout=5)
-                break
-            except OSError as e:
-                last = e
-            if time.monotonic() >= deadline:
-                raise wire.WireError(f"cannot reach the run's coordinator on {self.coordinator_node} "
-                                     f"({self.host}:{self.port}): {last}")
-            time.sleep(0.5)
+                raise wire.WireError("stopped while connecting") from None
+            raise wire.WireError(f"cannot reach the run's coordinator on {self.coordinator_node} "
+                                 f"({self.host}:{self.port}): {e}") from None
         chan = wire.Channel(sock)
         try:
             challenge = chan.recv(timeout=wire.HANDSHAKE_S)

@@ -1,11 +1,12 @@
-"""What a node's machine is doing: CPU, memory, disk, and each GPU (``nvidia-smi --query-gpu``).
+"""What a node's machine is doing: CPU, memory, disk, and each GPU (NVML, else ``nvidia-smi --query-gpu``).
 
 One :class:`Sampler` per process: the dashboard keeps one ``higgsfield invoker stats
 --follow`` running per node for its whole life (over the one SSH connection it holds),
-so a sample costs a few ``/proc`` reads and no process start. GPUs come from one
+so a sample costs a few ``/proc`` reads and no process start. GPUs come from NVML
+(:mod:`higgsfield.node.runtime.gpus`) in this process; where NVML is missing, from one
 ``nvidia-smi --query-gpu=... -lms N`` that keeps running beside it and prints a line
 per GPU every N ms (read by a thread; the latest line per GPU is the sample's); a
-node without ``nvidia-smi`` has ``gpus: []``.
+node with neither has ``gpus: []``.
 
 Use::
 
@@ -29,18 +30,10 @@ from typing import Any
 
 import psutil
 
+from higgsfield.node.runtime.gpus import GpuSample, Nvml
+
 GPU_FIELDS = ("index", "name", "utilization.gpu", "memory.used", "memory.total", "temperature.gpu")
 SMI_TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True)
-class GpuSample:
-    index: int
-    name: str
-    util_percent: float | None
-    mem_used_mib: float | None
-    mem_total_mib: float | None
-    temperature_c: float | None
 
 
 @dataclass
@@ -120,12 +113,17 @@ class Sampler:
 
     def __init__(self, state_dir: Path, *, every: float | None = None) -> None:
         self.disk_path = state_dir if state_dir.exists() else Path.home()
-        self.smi = shutil.which("nvidia-smi")
+        self.nvml = Nvml.open()
+        self.smi = None if self.nvml is not None else shutil.which("nvidia-smi")
         self._loop = _SmiLoop(self.smi, every) if self.smi and every else None
         psutil.cpu_percent(interval=None)     # the next call measures from here
         self._primed = time.monotonic()
 
     def _gpus(self) -> list[GpuSample]:
+        if self.nvml is not None:
+            with contextlib.suppress(self.nvml.lib.NVMLError):
+                return self.nvml.sample()
+            return []
         if self.smi is None:
             return []
         if self._loop is not None and self._loop.latest:
@@ -156,3 +154,5 @@ class Sampler:
     def close(self) -> None:
         if self._loop is not None:
             self._loop.close()
+        if self.nvml is not None:
+            self.nvml.close()

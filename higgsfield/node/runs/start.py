@@ -42,6 +42,7 @@ from higgsfield.contract.errors import RunError, RunNameInUse
 from higgsfield.contract.runspec import ACTIVE, STARTING, RunSpec
 from higgsfield.node.gang import queue
 from higgsfield.node.runs.stop import refresh
+from higgsfield.node.runtime.gpus import Nvml
 from higgsfield.node.state import pids
 from higgsfield.node.state.locks import exclusive
 from higgsfield.node.state.placement import NodeRun, Placement
@@ -49,7 +50,15 @@ from higgsfield.node.state.records import RunDir, RunRecord
 
 
 def detect_gpus() -> int:
-    """Number of GPUs ``nvidia-smi -L`` lists (0 without a driver)."""
+    """Number of GPUs NVML counts, else ``nvidia-smi -L`` lists (0 without a driver)."""
+    nvml = Nvml.open()
+    if nvml is not None:
+        try:
+            return nvml.count()
+        except nvml.lib.NVMLError:
+            pass
+        finally:
+            nvml.close()
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return 0
