@@ -36,9 +36,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from higgsfield.contract.failure import Failure
 from higgsfield.contract.layout import KILL, REQUEST, REQUEST_VERSION, SECRETS, SPEC
 from higgsfield.contract.runspec import FAILED, KILLED, QUEUED, RUNNING, SUCCEEDED, RunSpec, SpecError
 from higgsfield.node.runs.failure import describe, read_end
@@ -193,21 +195,21 @@ def batch(rd: RunDir, master: str, command: list[str]) -> int:
         write_record(rd, record)
         return 0
     fail = failure(rd, hosts, spec.nproc or 1, rc, since)
-    record.failed_node, record.failed_rank, record.failed_at = fail["node"], fail["rank"], fail["at"]
-    record.error_tail = list(fail["tail"])
+    record.failed_node, record.failed_rank, record.failed_at = fail.node, fail.rank, fail.at
+    record.error_tail = list(fail.tail)
     if restart < max_restarts and job_id:
         record.state = QUEUED
-        record.reason = f"requeued after: {fail['reason']} (restart {restart + 1} of {max_restarts})"
+        record.reason = f"requeued after: {fail.reason} (restart {restart + 1} of {max_restarts})"
         write_record(rd, record)
         put_secrets_back(rd, secrets)
         subprocess.run(["scontrol", "requeue", job_id], check=False)  # noqa: S607 - Slurm ends this step now
         return rc
-    record.state, record.reason = FAILED, fail["reason"]
+    record.state, record.reason = FAILED, fail.reason
     write_record(rd, record)
     return rc
 
 
-def failure(rd: RunDir, hosts: list[str], nproc: int, rc: int, since: float) -> dict[str, Any]:
+def failure(rd: RunDir, hosts: list[str], nproc: int, rc: int, since: float) -> Failure:
     """The run's first failure: :func:`describe`'s rank and reason, with the node that rank ran on.
 
     Group ranks follow the sorted host names (torch's c10d rendezvous sorts its
@@ -216,20 +218,18 @@ def failure(rd: RunDir, hosts: list[str], nproc: int, rc: int, since: float) -> 
     named by srun's own line ``srun: error: NODE: task T: ...``.
     """
     fail = describe(rd, "", rc, since)
-    rank = fail.get("rank")
-    node: str | None = None
-    if isinstance(rank, int) and 0 <= rank // nproc < len(hosts):
-        node = sorted(hosts)[rank // nproc]
+    reason, node = fail.reason, None
+    if fail.rank is not None and 0 <= fail.rank // nproc < len(hosts):
+        node = sorted(hosts)[fail.rank // nproc]
     else:
         text = read_end(rd.launcher_log, 64 * 1024)
         found = _SRUN_TASK_ERROR.findall(text)
         if found:
             node = found[0][0]
-            fail["reason"] = f"{fail['reason']} ({found[0][2].strip()})"
-    fail["node"] = node
+            reason = f"{reason} ({found[0][2].strip()})"
     if node:
-        fail["reason"] = f"{fail['reason']} on node {node}"
-    return fail
+        reason = f"{reason} on node {node}"
+    return replace(fail, node=node, reason=reason)
 
 
 def _read_record(rd: RunDir) -> RunRecord | None:

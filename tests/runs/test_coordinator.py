@@ -107,12 +107,13 @@ def test_the_first_failure_by_its_own_time_is_every_node_s_verdict(run: Run) -> 
     # n1 reports first, but n2's rank failed earlier: n1's ranks failed because n2's died
     members[1].send("failed", failure={"rank": 1, "at": t, "reason": "rank 1: connection reset", "tail": []})
     abort = _expect(run, "abort")
-    assert {a["failure"]["node"] for a in abort} == {"n1"}
+    assert {a["verdict"].failure.node for a in abort} == {"n1"}
     members[2].send("failed", failure={"rank": 2, "at": t - 0.5, "reason": "rank 2: RuntimeError", "tail": ["x"]})
     members[0].send("stopped")
     verdict = _expect(run, "verdict")
-    assert [(v["failure"]["node"], v["failure"]["rank"]) for v in verdict] == [("n2", 2)] * 3
-    assert all(m.verdict_final.is_set() and m.verdict["failure"]["tail"] == ["x"] for m in members)
+    assert [(v["verdict"].failure.node, v["verdict"].failure.rank) for v in verdict] == [("n2", 2)] * 3
+    assert all(m.verdict_final.is_set() and m.verdict is not None and m.verdict.failure is not None
+               and m.verdict.failure.tail == ["x"] for m in members)
     _expect(run, "bye")
 
 
@@ -129,8 +130,8 @@ def test_a_silent_node_is_lost_within_seconds_and_the_others_abort(run: Run) -> 
     t0 = time.monotonic()
     aborts = [_next(inbox, 10) for inbox in run.inboxes]
     took = time.monotonic() - t0
-    assert all(a and a["t"] == "abort" and a["failure"]["node"] == "n2" and a["failure"]["lost"] for a in aborts)
-    assert "no heartbeat" in aborts[0]["failure"]["reason"] and took < wire.LOST_S + 2   # type: ignore[index]
+    assert all(a and a["t"] == "abort" and a["verdict"].failure.node == "n2" and a["verdict"].failure.lost for a in aborts)
+    assert "no heartbeat" in aborts[0]["verdict"].failure.reason and took < wire.LOST_S + 2   # type: ignore[index]
     for m in members:
         m.send("stopped")
     assert run.coordinator.wait(5)
@@ -142,21 +143,21 @@ def test_a_node_whose_connection_drops_is_lost_at_once(run: Run) -> None:
     members = [run.join(i) for i in range(3)]
     members[2]._chan.sock.close()   # type: ignore[union-attr]  # the node died: the kernel closes its socket
     aborts = [_next(run.inboxes[i], 3) for i in (0, 1)]
-    assert all(a and a["failure"]["node"] == "n2" and "was lost" in a["failure"]["reason"] for a in aborts)
+    assert all(a and a["verdict"].failure.node == "n2" and "was lost" in a["verdict"].failure.reason for a in aborts)
 
 
 def test_members_see_the_coordinator_vanish(run: Run) -> None:
     run.join(1)
     run.coordinator.close()          # node 0 died
     lost = _next(run.inboxes[0], 5)
-    assert lost and lost["t"] == "lost" and lost["failure"]["node"] == "n0"
-    assert "coordinator is gone" in lost["failure"]["reason"]
+    assert lost and lost["t"] == "lost" and lost["verdict"].failure.node == "n0"
+    assert "coordinator is gone" in lost["verdict"].failure.reason
 
 
 def test_a_kill_on_one_node_stops_the_others_as_killed(run: Run) -> None:
     members = [run.join(i) for i in range(3)]
     members[1].send("killed")
-    assert all(a["kind"] == "killed" and a["node"] == "n1" for a in _expect(run, "abort"))
+    assert all(a["verdict"].kind == "killed" and a["verdict"].node == "n1" for a in _expect(run, "abort"))
 
 
 def test_a_wrong_token_or_a_stranger_never_joins(run: Run) -> None:
@@ -188,7 +189,7 @@ def test_a_node_that_never_joins_fails_the_run(monkeypatch: pytest.MonkeyPatch) 
         r.join(0)
         r.join(1)
         aborts = [_next(inbox, 5) for inbox in r.inboxes]
-        assert all(a and a["failure"]["node"] == "n2" and "never joined" in a["failure"]["reason"] for a in aborts)
+        assert all(a and a["verdict"].failure.node == "n2" and "never joined" in a["verdict"].failure.reason for a in aborts)
     finally:
         r.close()
 

@@ -98,11 +98,11 @@ def test_a_failing_rank_leaves_when_and_how_it_failed(tmp_path: Path, how: str, 
     summary = f"Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : {rc}\n"
     (rd.logs / "launcher.log").write_text(summary)
     f = failure.describe(rd, "n1", 1, since=t0)
-    assert (f["node"], f["rank"], f["at"]) == ("n1", 0, error["time"])
+    assert (f.node, f.rank, f.at) == ("n1", 0, error["time"])
     expected = {"raise": "rank 0: ValueError: bad value", "abort": "rank 0 was killed by SIGABRT",
                 "kill9": "rank 0 was killed by SIGKILL (out of memory?)"}[how]
-    assert f["reason"] == expected and "started" in f["tail"]
-    assert failure.describe(rd, "n1", 1, since=time.time() + 60)["rank"] == 0   # older errors: the summary's rank
+    assert f.reason == expected and "started" in f.tail
+    assert failure.describe(rd, "n1", 1, since=time.time() + 60).rank == 0   # older errors: the summary's rank
 
 
 def test_a_node_whose_torchrun_died_reports_torchrun(tmp_path: Path) -> None:
@@ -110,5 +110,5 @@ def test_a_node_whose_torchrun_died_reports_torchrun(tmp_path: Path) -> None:
     rd.make()
     (rd.logs / "launcher.log").write_text("[higgsfield] ...\n")
     f = failure.describe(rd, "n2", 137, since=0)
-    assert f["rank"] is None and f["reason"] == "torchrun was killed by SIGKILL (out of memory?)"
+    assert f.rank is None and f.reason == "torchrun was killed by SIGKILL (out of memory?)"
     assert failure.exit_words(-11) == "was killed by SIGSEGV" and failure.exit_words(3) == "exited 3"

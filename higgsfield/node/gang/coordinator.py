@@ -41,6 +41,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from higgsfield.contract.decode import DecodeError
+from higgsfield.contract.failure import Failure, Verdict
 from higgsfield.node.gang import wire
 
 SETTLE_S = 1.0      # after the first failure, how long later reports may still name an earlier one
@@ -84,10 +86,9 @@ class _Conn:
     last_seen_wall: float = field(default_factory=time.time)
 
 
-def lost_failure(node: str, why: str, at: float) -> dict[str, Any]:
+def lost_failure(node: str, why: str, at: float) -> Failure:
     """The failure of a node that vanished: no rank, the time it was last heard of."""
-    return {"node": node, "rank": None, "at": at, "reason": f"node {node} was lost: {why}", "tail": [],
-            "lost": True}
+    return Failure(node=node, rank=None, at=at, reason=f"node {node} was lost: {why}", lost=True)
 
 
 class Coordinator:
@@ -107,10 +108,10 @@ class Coordinator:
         self.preparing = False
         self.port: int | None = None
         self.final: dict[int, str] = {}
-        self.candidates: list[dict[str, Any]] = []
+        self.candidates: list[Failure] = []
         self.abort_kind: str | None = None
         self.abort_at = 0.0
-        self.verdict: dict[str, Any] | None = None
+        self.verdict: Verdict | None = None
         self.verdict_sent = False
         self.done = threading.Event()
         self._stop = threading.Event()
@@ -266,14 +267,18 @@ class Coordinator:
             self.final[rank] = t
         elif t == "failed":
             self.final[rank] = t
-            given = msg.get("failure")
-            failure: dict[str, Any] = dict(given) if isinstance(given, dict) else {}
-            self._fail({**failure, "node": self.nodes[rank]})
+            try:
+                given = msg.get("failure")   # the node is the sender's, whatever the report says
+                failure = Failure.from_dict({**given, "node": self.nodes[rank]} if isinstance(given, dict) else given)
+            except DecodeError as e:   # still a failure of that node: the run stops, naming it
+                failure = Failure(self.nodes[rank], None, time.time(), f"node {self.nodes[rank]} failed "
+                                                                       f"(its report did not decode: {e})")
+            self._fail(failure)
         elif t == "killed":
             self.final[rank] = t
             if self.abort_kind is None:
                 self.abort_kind, self.abort_at = "killed", time.monotonic()
-                self.verdict = {"kind": "killed", "node": self.nodes[rank]}
+                self.verdict = Verdict("killed", node=self.nodes[rank])
                 self._broadcast(self._abort_msg("abort"))
         if not self.preparing and self.port is None and self.abort_kind is None \
                 and len(self.admitted) == len(self.nodes):
@@ -286,27 +291,26 @@ class Coordinator:
         try:
             self.port = self.pick_port()
         except Exception as e:  # noqa: BLE001 - no port: the run cannot start anywhere
-            self._fail({"node": self.nodes[0], "rank": None, "at": time.time(), "tail": [],
-                        "reason": f"no free rendezvous port on {self.nodes[0]}: {e}"})
+            self._fail(Failure(self.nodes[0], None, time.time(), f"no free rendezvous port on {self.nodes[0]}: {e}"))
             return
         self.say(f"every node admitted: go (rendezvous port {self.port})")
         self._broadcast({"t": "go", "port": self.port})
 
-    def _fail(self, failure: dict[str, Any]) -> None:
+    def _fail(self, failure: Failure) -> None:
         self.candidates.append(failure)
         if self.abort_kind is None:
             self.abort_kind, self.abort_at = "failed", time.monotonic()
-            self.say(f"abort: {failure.get('reason')}")
+            self.say(f"abort: {failure.reason}")
             self._broadcast(self._abort_msg("abort"))
 
     def _abort_msg(self, t: str) -> dict[str, Any]:
         if self.abort_kind == "failed":
-            return {"t": t, "kind": "failed", "failure": self._first()}
-        return {"t": t, **(self.verdict or {"kind": "killed"})}
+            return Verdict("failed", self._first()).to_message(t)
+        return (self.verdict or Verdict("killed")).to_message(t)
 
-    def _first(self) -> dict[str, Any]:
+    def _first(self) -> Failure:
         """The failure that happened first (by the failing side's own clock), lost nodes on ties."""
-        return min(self.candidates, key=lambda f: (float(f.get("at") or 0.0), not f.get("lost")))
+        return min(self.candidates, key=Failure.sort_key)
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -330,8 +334,8 @@ class Coordinator:
         if settled and not self.verdict_sent:
             self.verdict_sent = True
             if self.abort_kind == "failed":
-                self.verdict = {"kind": "failed", "failure": self._first()}
-            self._broadcast({"t": "verdict", **(self.verdict or {})})
+                self.verdict = Verdict("failed", self._first())
+            self._broadcast((self.verdict or Verdict("killed")).to_message("verdict"))
         if len(self.final) == len(self.nodes) and (self.abort_kind is None or self.verdict_sent):
             self._broadcast({"t": "bye"})
             self.done.set()

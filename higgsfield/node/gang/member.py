@@ -6,8 +6,9 @@ a thread keeps the connection: it sends a heartbeat every second and hands every
 message from the coordinator to the supervisor's inbox (a ``queue.Queue``). When the
 coordinator goes away (its connection drops, or it is silent for
 :data:`~higgsfield.node.gang.wire.LOST_S` seconds: node 0 died, froze or is cut off),
-the inbox gets ``{"t": "lost", "failure": ...}`` naming node 0, and the supervisor
-stops its part of the run.
+the inbox gets ``{"t": "lost", "verdict": Verdict}`` whose failure names node 0, and the
+supervisor stops its part of the run. The coordinator's ``abort`` and ``verdict`` reach
+the inbox decoded (``{"t", "verdict": Verdict}``, :mod:`higgsfield.contract.failure`).
 
 Use::
 
@@ -31,6 +32,8 @@ from typing import Any
 
 from tenacity import Retrying, retry_if_exception_type, wait_fixed
 
+from higgsfield.contract.decode import DecodeError
+from higgsfield.contract.failure import Failure, Verdict
 from higgsfield.node.gang import wire
 from higgsfield.node.gang.coordinator import lost_failure
 
@@ -42,7 +45,7 @@ class Member:
         self.token, self.run, self.rank, self.node = token, run, rank, node
         self.coordinator_node = coordinator_node
         self.inbox = inbox
-        self.verdict: dict[str, Any] | None = None       # the latest abort/verdict the coordinator sent
+        self.verdict: Verdict | None = None       # the latest abort/verdict the coordinator sent
         self.verdict_final = threading.Event()           # set by "verdict" (or when the coordinator is gone)
         self._chan: wire.Channel | None = None
         self._closing = threading.Event()
@@ -133,13 +136,22 @@ class Member:
             if t == "hb":
                 continue
             if t in ("abort", "verdict"):
-                self.verdict = msg
+                msg = {"t": t, "verdict": self._decode(msg)}
+                self.verdict = msg["verdict"]
                 if t == "verdict":
                     self.verdict_final.set()
             if t == "bye":
                 self._closing.set()
                 self.verdict_final.set()
             self.inbox.put(msg)
+
+    def _decode(self, msg: dict[str, Any]) -> Verdict:
+        """The coordinator's verdict; one that does not decode still ends the run, naming the coordinator."""
+        try:
+            return Verdict.from_message(msg)
+        except DecodeError as e:
+            return Verdict("failed", Failure(self.coordinator_node, None, time.time(),
+                                             f"the run's coordinator sent a verdict that did not decode: {e}"))
 
     def _lose(self, why: str) -> None:
         with self._lose_lock:
@@ -148,9 +160,9 @@ class Member:
             self._lost = True
         failure = lost_failure(self.coordinator_node, f"the run's coordinator is gone ({why})", self._last_rx_wall)
         if self.verdict is None:
-            self.verdict = {"t": "lost", "kind": "failed", "failure": failure}
+            self.verdict = Verdict("failed", failure)
         self.verdict_final.set()
-        self.inbox.put({"t": "lost", "failure": failure})
+        self.inbox.put({"t": "lost", "verdict": Verdict("failed", failure)})
         if self._chan is not None:
             with contextlib.suppress(OSError):
                 self._chan.close()

@@ -1,7 +1,7 @@
 """What failed on this node, read from the run's directory once torchrun ended non-zero.
 
-A failure is a small dict that travels to the coordinator and into every node's
-record: ``{"node", "rank", "at", "reason", "tail"}``. ``at`` is when the rank
+A failure (:class:`higgsfield.contract.failure.Failure`) travels to the coordinator and
+into every node's record: node, rank, at, reason, tail. ``at`` is when the rank
 failed by its own account, so the coordinator can tell the first failure from the
 ones it caused on other nodes (ranks blocked in a collective fail when a peer dies):
 
@@ -27,9 +27,9 @@ import signal
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from higgsfield.contract.decode import DecodeError, cut, from_fields, read_json
+from higgsfield.contract.failure import Failure
 from higgsfield.node.state.records import RunDir
 
 TAIL_LINES = 12
@@ -39,7 +39,7 @@ _RANK = re.compile(r"^\s*rank\s*:\s*(\d+)", re.M)
 _EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.M)
 
 
-def describe(rd: RunDir, node: str, rc: int, since: float) -> dict[str, Any]:
+def describe(rd: RunDir, node: str, rc: int, since: float) -> Failure:
     """The failure of this node's part of the run (torchrun ended with ``rc``; it started at ``since``)."""
     error = first_error(rd, since)
     root = torchrun_root_cause(rd.launcher_log)
@@ -58,8 +58,8 @@ def describe(rd: RunDir, node: str, rc: int, since: float) -> dict[str, Any]:
         reason = f"torchrun {exit_words(rc)}"
     log = rd.rank_log(rank) if rank is not None else rd.launcher_log
     tail = tail_lines(log) or tail_lines(rd.launcher_log)
-    return {"node": node, "rank": rank, "at": error.time if error else time.time(),
-            "reason": reason[:LINE_CHARS * 2], "tail": tail}
+    return Failure(node=node, rank=rank, at=error.time if error else time.time(), reason=reason[:LINE_CHARS * 2],
+                   tail=tail)
 
 
 def exit_words(code: int) -> str:

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from higgsfield.contract.errors import RunError
+from higgsfield.contract.failure import Failure, Verdict
 from higgsfield.contract.runspec import FAILED, KILLED, QUEUED, RUNNING, SUCCEEDED
 from higgsfield.node.gang import queue, wire
 from higgsfield.node.gang.coordinator import Coordinator, lost_failure
@@ -66,7 +67,7 @@ def say(msg: str) -> None:
 class Outcome:
     state: str
     rc: int | None = None
-    failure: dict[str, Any] | None = None
+    failure: Failure | None = None
 
 
 def supervise(state_dir: Path, project: str, run: str, listen_fd: int | None = None) -> int:
@@ -211,10 +212,10 @@ class Supervisor:
         """The run ended on another node (or node 0 was lost) before or while this node ran it."""
         if msg["t"] != "lost":
             self.member.verdict_final.wait(VERDICT_WAIT_S)
-        verdict = self.member.verdict or msg
-        if verdict.get("kind") == "killed":
+        verdict: Verdict = self.member.verdict or msg["verdict"]
+        if verdict.kind == "killed":
             return Outcome(KILLED)
-        return Outcome(FAILED, None, verdict.get("failure") or msg.get("failure"))
+        return Outcome(FAILED, None, verdict.failure or msg["verdict"].failure)
 
     # -- running ---------------------------------------------------------------------------------------
 
@@ -277,7 +278,8 @@ class Supervisor:
                         cause, grace = {"t": "killed"}, self.node_run.placement.stop_grace
                     elif msg is not None and msg["t"] in ("abort", "lost"):
                         cause, grace = msg, ABORT_GRACE_S
-                        why = (msg.get("failure") or {}).get("reason") or msg.get("kind") or "abort"
+                        told: Verdict = msg["verdict"]
+                        why = told.failure.reason if told.failure else told.kind
                         say(f"stopping: {why}")
                     if cause is not None:
                         handle.terminate(grace)
@@ -290,16 +292,16 @@ class Supervisor:
 
     def _own_end(self, outcome: Outcome) -> Outcome:
         """This node's part failed: report it, then take the coordinator's verdict (the run's first failure)."""
-        say(f"failed: {(outcome.failure or {}).get('reason')}")
-        self.member.send("failed", failure=outcome.failure)
+        say(f"failed: {outcome.failure.reason if outcome.failure else None}")
+        self.member.send("failed", failure=outcome.failure.to_dict() if outcome.failure else None)
         self.member.verdict_final.wait(VERDICT_WAIT_S)
         verdict = self.member.verdict
-        if verdict and verdict.get("kind") == "failed" and verdict.get("failure"):
-            outcome.failure = verdict["failure"]
+        if verdict and verdict.kind == "failed" and verdict.failure:
+            outcome.failure = verdict.failure
         return outcome
 
-    def _own_failure(self, reason: str) -> dict[str, Any]:
-        return {"node": self.node, "rank": None, "at": time.time(), "reason": reason, "tail": []}
+    def _own_failure(self, reason: str) -> Failure:
+        return Failure(self.node, None, time.time(), reason)
 
     def _set_state(self, state: str) -> None:
         record = self.rd.read()

@@ -49,6 +49,7 @@ from higgsfield.contract.decode import (
     tail,
 )
 from higgsfield.contract.errors import RunError
+from higgsfield.contract.failure import Failure
 from higgsfield.contract.names import NAME_RE, check_node_name, is_run_name
 from higgsfield.contract.runspec import FAILED, QUEUED, STATES, TERMINAL
 from higgsfield.contract.text import has_control, one_line, shown
@@ -220,7 +221,7 @@ class RunDir:
             return False
 
 
-def finish(rd: RunDir, state: str, rc: int | None = None, fail: dict[str, Any] | None = None) -> RunRecord:
+def finish(rd: RunDir, state: str, rc: int | None = None, fail: Failure | None = None) -> RunRecord:
     """Write the final record: ``state``, the exit code and, for a failed run, its first failure."""
     rd.legacy_secrets_path.unlink(missing_ok=True)  # left by an older invoker's docker runtime
     record = rd.read()
@@ -229,12 +230,10 @@ def finish(rd: RunDir, state: str, rc: int | None = None, fail: dict[str, Any] |
         record.exit_code = rc
     record.state = state
     if record.state == FAILED:
-        fail = fail or {"node": record.node, "rank": None, "at": time.time(),
-                        "reason": record.reason or f"torchrun exited {rc}", "tail": []}
-        record.failed_node, record.failed_rank = fail.get("node"), fail.get("rank")
-        record.failed_at = fail.get("at")
-        record.reason = str(fail.get("reason") or record.reason or "failed")
-        record.error_tail = _tail_of(fail.get("tail"))
+        fail = fail or Failure(record.node, None, time.time(), record.reason or f"torchrun exited {rc}")
+        record.failed_node, record.failed_rank, record.failed_at = fail.node, fail.rank, fail.at
+        record.reason = fail.reason or record.reason or "failed"
+        record.error_tail = _tail_of(fail.tail)
     rd.write(record)
     return record
 
