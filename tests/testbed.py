@@ -279,3 +279,32 @@ def describe(hosts: int | None = None, docker: bool = True, image: bool = True) 
         docker=docker or image,
         base_image=BASE_IMAGE if image else None,
     )
+
+
+def shared_node_venv(state_dir: Path, system_python: str = "/usr/bin/python3") -> Path:
+    """The bed's one venv for every node user (tests/runs and tests/slurm): editable higgsfield, its deps, torch.
+
+    Kept between sessions on a machine that keeps the bed; rebuilt when pyproject.toml's dependencies
+    change (the stamp holds them), so an added dependency reaches the nodes' invoker as `setup` would
+    bring it to real nodes.
+    """
+    import hashlib
+    import shutil
+
+    venv = state_dir / "runs-invoker-venv"
+    stamp = venv / ".ready"
+    want = hashlib.sha256((REPO_ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if stamp.exists() and stamp.read_text().strip() == want and (venv / "bin" / "higgsfield").exists():
+        return venv
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([system_python, "-m", "venv", str(venv)], check=True)
+    # The machine's own pip configuration (its index and wheel cache): the bed's image wheels are only
+    # downloaded when the image is built, and a cached image leaves a fresh checkout without them.
+    pip = [str(venv / "bin" / "pip"), "install", "--quiet"]
+    subprocess.run([*pip, "--upgrade", "setuptools>=64", "wheel"], check=True)  # PEP 660 editable installs
+    subprocess.run([*pip, "--no-build-isolation", "-e", str(REPO_ROOT), "torch==2.13.0"], check=True)
+    stamp.write_text(want + "\n")
+    for p in [venv, *venv.rglob("*")]:
+        if p.is_dir():
+            p.chmod(p.stat().st_mode | 0o755)
+    return venv

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from runs_helpers import SECRET, STATE, Cluster, exe
+from testbed import shared_node_venv
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = 3
@@ -43,26 +43,6 @@ def bed():  # type: ignore[no-untyped-def]
     if len(up) < NODES or not st["dockerd"]["answers"] or not st["images"].get(tb.BASE_IMAGE):
         pytest.skip("test bed not up: python3 scripts/testbed/testbed.py up")
     return tb
-
-
-def _node_venv(tb) -> Path:  # type: ignore[no-untyped-def]
-    """One venv for every node user: editable higgsfield + deps + torch from the bed's wheels."""
-    venv = tb.state_dir() / "runs-invoker-venv"
-    stamp = venv / ".ready"
-    if stamp.exists() and (venv / "bin" / "higgsfield").exists():
-        return venv
-    shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([SYSTEM_PYTHON, "-m", "venv", str(venv)], check=True)
-    # The machine's own pip configuration (its index and wheel cache): the bed's image wheels are only
-    # downloaded when the image is built, and a cached image leaves a fresh checkout without them.
-    pip = [str(venv / "bin" / "pip"), "install", "--quiet"]
-    subprocess.run([*pip, "--upgrade", "setuptools>=64", "wheel"], check=True)  # PEP 660 editable installs
-    subprocess.run([*pip, "--no-build-isolation", "-e", str(REPO), "torch==2.13.0"], check=True)
-    stamp.write_text("ok\n")
-    for p in [venv, *venv.rglob("*")]:
-        if p.is_dir():
-            p.chmod(p.stat().st_mode | 0o755)
-    return venv
 
 
 def _install_invoker(tb, venv: Path, i: int) -> None:  # type: ignore[no-untyped-def]
@@ -137,7 +117,7 @@ def _git(d: Path, *args: str) -> None:
 
 def make_cluster(bed, directory: Path, indices: tuple[int, ...]) -> Cluster:  # type: ignore[no-untyped-def]
     """A git project at ``directory`` (its name is the project's) on hosts ``indices`` of the bed, invoker linked."""
-    venv = _node_venv(bed)
+    venv = shared_node_venv(bed.state_dir(), SYSTEM_PYTHON)
     for i in indices:
         _install_invoker(bed, venv, i)
     d = directory

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from slurm_helpers import EXPERIMENT, Cluster
+from testbed import shared_node_venv
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "slurm-testbed.sh"
@@ -75,29 +76,12 @@ def login(slurm: None) -> Any:
     return {"bed": bed, "host": h}
 
 
-def _venv(state_dir: Path) -> Path:
-    """The bed's shared node venv (tests/runs builds the same one): editable higgsfield + torch."""
-    venv = state_dir / "runs-invoker-venv"
-    if (venv / ".ready").exists() and (venv / "bin" / "higgsfield").exists():
-        return venv
-    shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([SYSTEM_PYTHON, "-m", "venv", str(venv)], check=True)
-    pip = [str(venv / "bin" / "pip"), "install", "--quiet"]
-    subprocess.run([*pip, "--upgrade", "setuptools>=64", "wheel"], check=True)
-    subprocess.run([*pip, "--no-build-isolation", "-e", str(REPO), "torch==2.13.0"], check=True)
-    (venv / ".ready").write_text("ok\n")
-    for p in [venv, *venv.rglob("*")]:
-        if p.is_dir():
-            p.chmod(p.stat().st_mode | 0o755)
-    return venv
-
-
 @pytest.fixture(scope="session")
 def workdir(login: Any) -> Iterator[Path]:
     """The run's shared workdir in hfnode20's home: venv link, project code; removed afterwards."""
     user = login["host"].user
     pw = pwd.getpwnam(user)
-    venv = _venv(login["bed"].state_dir)
+    venv = shared_node_venv(login["bed"].state_dir, SYSTEM_PYTHON)
     d = Path(pw.pw_dir) / f"hf-slurm-{uuid.uuid4().hex[:8]}"
     (d / "code" / "src").mkdir(parents=True)
     (d / "code" / "src" / "slurmprobe.py").write_text(EXPERIMENT)
