@@ -84,6 +84,7 @@ def test_setup_deploy_run_logs_status_kill_and_ci_on_slurm(cluster_project: tupl
          "--detach")
     st = user.wait("requeued", lambda s: s.get("state") in ("succeeded", "failed", "killed"), 240)
     assert st["state"] == "succeeded", st
+    assert (st["params"]["steps"], st["params"]["crash_at"]) == (6, 3), st   # status --json: the run's real params
     rank0 = by_rank(user("logs", "requeued").stdout)[0][1]
     assert "resumed at step 0" in rank0 and "resumed at step 3" in rank0, rank0
     assert (workdir / "checkpoints" / "lab" / "requeued" / "step").read_text() == "6"
