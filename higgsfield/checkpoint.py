@@ -90,6 +90,9 @@ were, and keep-last-k only ever prunes after a newer checkpoint is complete, so
 the last good one is never deleted because a newer one failed. Leftovers of a
 save that was killed (``.tmp-*``) are removed before the next save writes, for
 the same reason. Catching the error on every rank and training on is safe.
+
+One concept, the save/load pair and what "complete" means across ranks and nodes, so one
+public module (over 800 lines); the mirror's uploads live in :mod:`higgsfield._lib.ckpt_mirror`.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ Use::
 
     cfg = Config.model_validate({"name": "demo", "nodes": [{"host": "gpu-1"}]})
     cfg.node_port(cfg.nodes[0])      # 22
+
+One typed model of higgsfield.yml in one module (over 400 lines): the JSON Schema that
+editors complete from, and every error's field path, come from these classes together.
 """
 
 from __future__ import annotations

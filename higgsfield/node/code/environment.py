@@ -33,8 +33,9 @@ one, which a running run keeps using until it ends.
   aimed at the new venv (``pip --python``), without compiling; ``compileall`` then
   uses every core.
 
-Stdlib only: both sides import it (the control side's ``doctor`` reads :func:`status`
-through the invoker).
+The control side's ``doctor`` reads :func:`status` through the invoker. One concept, the
+project environment's life (its key, build, status, prune), so one module of a little
+over 400 lines.
 """
 
 from __future__ import annotations
