@@ -4,6 +4,7 @@ them), the run view the page gets (RunStatus plus queue places, no record intern
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -15,8 +16,12 @@ from helpers_project import cli_env
 
 pytest.importorskip("starlette")
 
+from starlette.testclient import TestClient  # noqa: E402
+
+from higgsfield.contract import runspec  # noqa: E402
 from higgsfield.contract.errors import HiggsfieldError, ParamError  # noqa: E402
 from higgsfield.control.config import load_config  # noqa: E402
+from higgsfield.control.ui.app import STATIC, create_app  # noqa: E402
 from higgsfield.control.ui.hub import Hub  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
@@ -99,6 +104,17 @@ def test_the_page_sees_status_json_and_queue_places_but_no_internals(hub: Hub) -
         assert internal not in text
     assert set(first) >= {"version", "project", "experiment", "run", "state", "nodes", "failed_node",
                           "failed_rank", "error_tail", "params"}
+
+
+def test_the_page_gets_the_run_states_from_the_contract(hub: Hub) -> None:
+    """The state filter's options are runspec.STATES, served with the session; the script writes none of them."""
+    with TestClient(create_app(hub, "t0ken")) as client:
+        session = client.get("/api/session").json()
+    assert session["states"] == list(runspec.STATES)
+    script = (STATIC / "app.js").read_text()
+    listed = [m for m in re.findall(r"\[([^\[\]]*)\]", script)
+              if all(f'"{s}"' in m or f"'{s}'" in m for s in runspec.STATES)]
+    assert not listed, f"app.js lists the run states itself (take them from /api/session's states): {listed}"
 
 
 def test_ui_refuses_a_bad_or_busy_port_in_one_line(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ Use::
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -150,6 +150,49 @@ class Session(Protocol):
         """Stop the run ``target`` (or every active run of that experiment); their statuses after."""
 
 
+#: How a :class:`Fleet` tells the dashboard what changed: ``"runs"`` (records, queue) or ``"node"`` (a machine).
+Changed = Callable[[str], None]
+
+
+class Fleet(Protocol):
+    """The runs and machines of one backend, kept up to date for as long as the dashboard runs.
+
+    The dashboard (:mod:`higgsfield.control.ui`) sees a backend's runs and machines only
+    through this (:meth:`Backend.fleet` makes one); every action and every run page goes
+    through the backend's own :class:`Session` (:meth:`session`). The shared words of the
+    node view (``up``, ``down``, ...) are in :mod:`higgsfield.control.backends.fleet`.
+    """
+
+    label: str
+    """What the dashboard runs against, in words (``3 node(s)``, ``Slurm partition gpu through login``)."""
+
+    async def start(self) -> None:
+        """Connect (a host key that is not the pinned one refuses the dashboard) and start watching."""
+
+    async def close(self) -> None: ...
+
+    def runs(self) -> list[RunStatus]:
+        """Every run of the project, oldest first (a part that stopped answering: its last known runs)."""
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """The node view's cards: name, host, state (up/down), reason, sample, history, queue."""
+
+    def places(self, status: RunStatus) -> dict[str, Any]:
+        """What the runs table adds to ``status``: ``stale_nodes``, per-node ``queue`` places, ``queue_position``."""
+
+    def session(self, nodes: Sequence[str] | None = None) -> Session:
+        """The backend's Session over the fleet's open connections (``nodes``: only those SSH nodes)."""
+
+    def where(self, plan: Plan) -> str:
+        """Where ``plan`` would run, in words (``on a, b`` / ``as a Slurm job of 2 node(s) on partition gpu``)."""
+
+    def learn(self, handle: RunHandle) -> None:
+        """A run the page just started: shown at once, before the next news from the backend."""
+
+    def poke(self) -> None:
+        """Something changed from here (a kill): look again now rather than at the next tick."""
+
+
 class Backend(Protocol):
     """Where this project's runs happen: plans runs without I/O, opens sessions, deploys the code."""
 
@@ -166,3 +209,7 @@ class Backend(Protocol):
     def describe(self, handle: RunHandle) -> str:
         """Where a started run went, in words (``on gpu-1, gpu-2`` / ``as Slurm job 42``)."""
 
+    def fleet(self, changed: Changed, *, sample_every: float | None = None, silent: float | None = None) -> Fleet:
+        """What the dashboard watches for its whole life (no I/O until :meth:`Fleet.start`): ``changed`` is told
+        of news; ``sample_every`` paces the machine samples (or Slurm's polls), ``silent`` is how long an SSH
+        node may say nothing before it is shown down (both: the backend's defaults when None)."""

@@ -6,9 +6,9 @@ run (:class:`higgsfield.contract.runspec.RunStatus`, the JSON of ``status --json
 
 - :mod:`~higgsfield.control.ui.security`: the token in the URL (then a cookie), CSRF and
   Host/Origin checks on every request, the response headers;
-- :mod:`~higgsfield.control.ui.nodes`: one live feed per node over the one SSH connection the
-  dashboard keeps open (``invoker stats --follow``: samples, run records, queue);
-- :mod:`~higgsfield.control.ui.hub`: the dashboard's state and its actions (kill, re-run);
+- :mod:`~higgsfield.control.ui.hub`: the dashboard's state and its actions (kill, re-run), over the
+  backend's :class:`~higgsfield.control.backends.backend.Fleet` (``Backend.fleet``: for SSH nodes one
+  live feed per node over the one connection the dashboard keeps open, for Slurm the login node asked);
 - :mod:`~higgsfield.control.ui.runfeed`: a run's merged logs and step metrics, shared by every viewer;
 - :mod:`~higgsfield.control.ui.app` / :mod:`~higgsfield.control.ui.server`: the routes and the server;
 - ``static/``: the page (plain HTML, JS and CSS; uPlot vendored; no build step, no CDN).

@@ -4,7 +4,7 @@
 
     GET  /                              the page (static/index.html; the views are #runs, #run/NAME, #nodes)
     GET  /static/...                    its script, style and the vendored uPlot
-    GET  /api/session                   {"project", "csrf", "backend", "where"}: what the page needs
+    GET  /api/session                   {"project", "csrf", "backend", "where", "states"}: what the page needs
     GET  /api/events                    SSE: "runs" (every run, RunStatus + queue places) and "nodes"
     GET  /api/runs/{run}/events         SSE: the run's "lines" (node, rank, text) and "points" (StepMetrics)
     GET  /api/experiments/{exp}/form    the typed form of the experiment (?run=NAME: filled from that run)
@@ -42,6 +42,7 @@ from starlette.types import Receive, Scope, Send
 
 from higgsfield.contract.errors import HiggsfieldError
 from higgsfield.contract.names import is_run_name
+from higgsfield.contract.runspec import STATES
 from higgsfield.contract.text import one_line, shown
 from higgsfield.control.ui.hub import Hub
 from higgsfield.control.ui.runfeed import Event
@@ -176,7 +177,7 @@ def create_app(hub: Hub, token: str) -> Starlette:
 
     async def session(request: Request) -> Response:
         return JSONResponse({"project": hub.cfg.name, "csrf": csrf, "backend": hub.backend.name,
-                             "where": hub.fleet.label})
+                             "where": hub.fleet.label, "states": list(STATES)})   # the state filter's options
 
     slots = StreamSlots()
 

@@ -1,8 +1,8 @@
 """The dashboard's state and actions: every run, every node, and kill / re-run, for every open page.
 
-One hub per ``higgsfield ui``. It watches the project's backend through a
-:class:`~higgsfield.control.ui.fleet.Fleet` for the UI's whole life (the SSH nodes' pushed
-feeds, or a Slurm cluster asked through its login node): a run on the page is the
+One hub per ``higgsfield ui``. It watches the project's backend through its
+:class:`~higgsfield.control.backends.backend.Fleet` (``Backend.fleet``) for the UI's whole life (the SSH
+nodes' pushed feeds, or a Slurm cluster asked through its login node): a run on the page is the
 backend's :class:`~higgsfield.contract.runspec.RunStatus` (``status --json``'s schema) plus what
 only the page shows (each node's queue place and slots).
 
@@ -37,12 +37,9 @@ from typing import Any
 from higgsfield.contract.errors import RunError
 from higgsfield.contract.runspec import RunStatus
 from higgsfield.control.backends import RunRequest, backend_for
-from higgsfield.control.backends.backend import Backend, Plan
-from higgsfield.control.backends.nodes.status import resolve_target
-from higgsfield.control.backends.slurm.backend import SlurmBackend
+from higgsfield.control.backends.backend import Plan
 from higgsfield.control.config import Config
 from higgsfield.control.project.discovery import DiscoveredExperiment, discover, find_experiment
-from higgsfield.control.ui.fleet import Changed, Fleet
 from higgsfield.control.ui.runfeed import Event, RunFeed
 from higgsfield.control.workflows.ci_inputs import form_nodes_when_empty, form_total_nodes, run_inputs
 from higgsfield.control.workflows.form import form_inputs
@@ -54,25 +51,13 @@ SUBSCRIBER_BACKLOG = 64
 NODE_FIELDS = ("state", "slots", "exit_code", "started_at", "ended_at", "reason", "exclusive", "nproc")
 
 
-def fleet_for(backend: Backend, changed: Changed, *, sample_every: float | None = None,
-              silent: float | None = None) -> Fleet:
-    """How the dashboard watches ``backend`` (:func:`~higgsfield.control.backends.nodes.backend_for` chose it)."""
-    if isinstance(backend, SlurmBackend):
-        from higgsfield.control.ui.cluster import ClusterFleet
-
-        return ClusterFleet(backend, changed, every=sample_every)
-    from higgsfield.control.ui.nodes import NodesFleet
-
-    return NodesFleet(backend.cfg, changed, every=sample_every, silent=silent)
-
-
 class Hub:
     """What every page of one dashboard shows, and what it may do."""
 
     def __init__(self, cfg: Config, *, sample_every: float | None = None, silent: float | None = None) -> None:
         self.cfg = cfg
         self.backend = backend_for(cfg)
-        self.fleet = fleet_for(self.backend, self._changed, sample_every=sample_every, silent=silent)
+        self.fleet = self.backend.fleet(self._changed, sample_every=sample_every, silent=silent)
         self.subscribers: set[asyncio.Queue[Event]] = set()
         self.run_feeds: dict[str, RunFeed] = {}
         self._dirty: set[str] = set()
@@ -100,9 +85,6 @@ class Hub:
         """Every run of the project, oldest first, as ``higgsfield status`` shows them (a node or login
         node that is down contributes its last known runs; the page marks them so)."""
         return self.fleet.runs()
-
-    def find(self, target: str) -> RunStatus:
-        return resolve_target(self.runs(), target)[0]
 
     def run_view(self, status: RunStatus) -> dict[str, Any]:
         """``status --json``'s object for one run, plus per-node records, queue places and slots."""

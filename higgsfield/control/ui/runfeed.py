@@ -21,7 +21,7 @@ from typing import Any
 
 from higgsfield.contract.runspec import RunStatus
 from higgsfield.control.backends import Session
-from higgsfield.control.ui.nodes import why
+from higgsfield.control.backends.fleet import why
 from higgsfield.metrics import Skipped
 
 KEEP_LINES = 20000

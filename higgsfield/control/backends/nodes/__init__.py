@@ -4,8 +4,9 @@ One module a concept: :mod:`.start` (validate and launch), :mod:`.status` (node
 records merged into a run's status), :mod:`.logs` (merged streams, followed with
 re-attach), :mod:`.metrics` (a run's step metrics, from its node 0), :mod:`.kill`,
 :mod:`.deploy`, :mod:`.prune`, :mod:`.pull`. The CLI reaches them through the
-:class:`~higgsfield.control.backends.backend.Backend` seam: :mod:`.backend` wraps these for the SSH nodes,
-as :mod:`higgsfield.control.backends.slurm.backend` does for a Slurm cluster. The async calls take a connected
+:class:`~higgsfield.control.backends.backend.Backend` seam: :mod:`.backend` and :mod:`.session` wrap these
+for the SSH nodes, and :mod:`.fleet` is the dashboard's live view of them (one feed per node), as
+:mod:`higgsfield.control.backends.slurm` does for a Slurm cluster. The async calls take a connected
 :class:`~higgsfield.control.remote.Group` (:func:`connect`), so one command reuses its
 connections for all its steps; ``start_run``, ``list_runs``, ``get_run`` and ``kill``
 run their own event loop, for callers that do one thing.

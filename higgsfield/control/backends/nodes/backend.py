@@ -6,55 +6,20 @@ connected :class:`~higgsfield.control.remote.Group`, so the SSH path stays exact
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from higgsfield.contract.errors import ConfigError
-from higgsfield.contract.runspec import RunStatus
-from higgsfield.control.backends.backend import Plan, RunList, RunRequest
+from higgsfield.control.backends.backend import Changed, Fleet, Plan, RunRequest
 from higgsfield.control.backends.nodes.connect import connect
 from higgsfield.control.backends.nodes.deploy import DeployResult, deploy
-from higgsfield.control.backends.nodes.kill import kill_runs
-from higgsfield.control.backends.nodes.logs import LOST_AFTER_S, LogLine, follow, stream_logs
-from higgsfield.control.backends.nodes.metrics import read_metrics
-from higgsfield.control.backends.nodes.start import RunHandle, RunPlan, launch, plan_run
-from higgsfield.control.backends.nodes.status import final_status, find_run, merge, query_runs, skipped_lines
+from higgsfield.control.backends.nodes.fleet import NodesFleet
+from higgsfield.control.backends.nodes.session import NodesSession
+from higgsfield.control.backends.nodes.start import RunHandle, RunPlan, plan_run
 from higgsfield.control.config import Config
-from higgsfield.control.remote import Group
-from higgsfield.metrics import MetricsItem
 
-
-class NodesSession:
-    def __init__(self, cfg: Config, group: Group) -> None:
-        self.cfg, self.group = cfg, group
-
-    async def start(self, plan: RunPlan, secrets: Mapping[str, str] | None = None) -> RunHandle:
-        return await launch(self.group, self.cfg, plan, secrets=dict(secrets or {}))
-
-    def follow(self, handle: RunHandle) -> AsyncIterator[LogLine]:
-        return follow(self.group, self.cfg, merge(handle.records)[0])
-
-    async def final_status(self, run: str) -> RunStatus:
-        return await final_status(self.group, self.cfg, run)
-
-    async def runs(self) -> RunList:
-        runs, results = await query_runs(self.group, self.cfg)
-        return RunList(runs, {r.node: r.reason for r in results if not r.ok}, skipped_lines(results))
-
-    async def find(self, target: str) -> RunStatus:
-        return await find_run(self.group, self.cfg, target)
-
-    def logs(self, status: RunStatus, *, follow: bool = False, node: str | None = None,
-             ranks: tuple[int, ...] = (), since: float | None = None) -> AsyncIterator[LogLine]:
-        return stream_logs(self.group, self.cfg, status, follow=follow, node=node, ranks=ranks, since=since,
-                           lost_after=LOST_AFTER_S if follow else None)
-
-    def metrics(self, status: RunStatus, *, follow: bool = False) -> AsyncIterator[MetricsItem]:
-        return read_metrics(self.group, self.cfg, status, follow=follow)
-
-    async def kill(self, target: str) -> list[RunStatus]:
-        return await kill_runs(self.group, self.cfg, target)
+__all__ = ["NodesBackend", "NodesSession"]
 
 
 class NodesBackend:
@@ -82,3 +47,7 @@ class NodesBackend:
 
     def describe(self, handle: RunHandle) -> str:
         return f"on {', '.join(handle.nodes)}"
+
+    def fleet(self, changed: Changed, *, sample_every: float | None = None, silent: float | None = None) -> Fleet:
+        """The dashboard's view of the nodes: one feed per node, pushed over the connection it holds."""
+        return NodesFleet(self.cfg, changed, every=sample_every, silent=silent)

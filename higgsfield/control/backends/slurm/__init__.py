@@ -8,7 +8,11 @@
 - :mod:`~higgsfield.control.backends.slurm.parse`: squeue's and sacct's answers as :class:`Job`, sbatch's reason;
 - :mod:`~higgsfield.control.backends.slurm.runstatus`: a run's status merged from Slurm's view and the job's record;
 - :mod:`~higgsfield.control.backends.slurm.listing`: the script that lists a project's runs on the login node;
-- :mod:`~higgsfield.control.backends.slurm.machines`: the partition's compute nodes as ``sinfo -N`` sees them (the dashboard's).
+- :mod:`~higgsfield.control.backends.slurm.machines`: the partition's compute nodes as ``sinfo -N`` sees them (the dashboard's);
+- :mod:`~higgsfield.control.backends.slurm.backend` and :mod:`~higgsfield.control.backends.slurm.session`: the
+  :class:`~higgsfield.control.backends.backend.Backend` / ``Session`` pair;
+- :mod:`~higgsfield.control.backends.slurm.fleet`: the dashboard's view (the login node asked every few seconds);
+- :mod:`~higgsfield.control.backends.slurm.pull`: ``higgsfield pull`` through the login node.
 
 Inside the allocation the node side takes over: :mod:`higgsfield.node.slurm_task`. Stdlib and
 the control side's own packages only, never torch.

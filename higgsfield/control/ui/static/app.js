@@ -145,7 +145,6 @@ function onRuns(data) {
   S.runs = data.runs;
   S.experiments = data.experiments;
   fillSelect($("#f-exp"), [...new Set(S.runs.map((r) => r.experiment))].sort());
-  fillSelect($("#f-state"), ["queued", "starting", "running", "succeeded", "failed", "killed"]);
   fillSelect($("#new-exp"), S.experiments, false);
   if (S.view === "runs") renderRuns();
   if (S.run) renderRunHead();
@@ -470,6 +469,7 @@ async function main() {
   $("#project").textContent = s.project;
   $("#project").title = `runs on ${s.where}`;
   $("#where").textContent = s.where;
+  fillSelect($("#f-state"), s.states);   // the run states of higgsfield.contract.runspec.STATES
   document.title = `higgsfield · ${s.project}`;
   $("#f-exp").onchange = $("#f-state").onchange = renderRuns;
   $("#l-node").onchange = $("#l-rank").onchange = rerenderLines;

@@ -1,8 +1,9 @@
 """SSH nodes for the dashboard: one live feed per node, over the connection it holds open for its whole life.
 
-:class:`NodesFleet` is the dashboard's :class:`~higgsfield.control.ui.fleet.Fleet` for a project
-of SSH nodes: one :class:`NodeFeed` per node, their records merged as ``higgsfield
-status`` merges them, and the SSH backend's Session over the same connections.
+:class:`NodesFleet` is the dashboard's :class:`~higgsfield.control.backends.backend.Fleet` for a project
+of SSH nodes (:meth:`~higgsfield.control.backends.nodes.backend.NodesBackend.fleet`): one
+:class:`NodeFeed` per node, their records merged as ``higgsfield status`` merges them, and the
+SSH backend's Session over the same connections.
 
 Each node runs ``higgsfield invoker stats --follow --project P`` (see
 :mod:`higgsfield.node.observe.watch`) on the dashboard's connection to it: a machine sample
@@ -24,17 +25,18 @@ import contextlib
 import json
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.runspec import ACTIVE, NodeRunView, RunStatus
 from higgsfield.contract.text import one_line
-from higgsfield.control.backends import nodes as orchestrator
-from higgsfield.control.backends.backend import Plan
-from higgsfield.control.backends.nodes import RunHandle, RunPlan
-from higgsfield.control.backends.nodes.backend import NodesSession
+from higgsfield.control.backends.backend import Changed, Plan, RunHandle
+from higgsfield.control.backends.fleet import CONNECTING, DOWN, HISTORY, UP, why
+from higgsfield.control.backends.nodes.session import NodesSession
+from higgsfield.control.backends.nodes.start import RunPlan
+from higgsfield.control.backends.nodes.status import merge
 from higgsfield.control.config import Config
 from higgsfield.control.remote import Group, Member
 from higgsfield.control.remote.invoker import invoker_argv
@@ -43,9 +45,6 @@ SAMPLE_EVERY_S = 2.0
 SILENT_S = 6.0          # no line for this long: the node is not answering
 WATCH_EVERY_S = 1.0
 RETRY_MAX_S = 4.0
-HISTORY = 90            # samples kept for the sparklines (3 minutes at 2 s)
-
-UP, DOWN, CONNECTING = "up", "down", "connecting"
 
 
 @dataclass
@@ -102,7 +101,7 @@ class NodeFeed:
     node's records or queue changed.
     """
 
-    def __init__(self, cfg: Config, member: Member, changed: Callable[[str], None], *,
+    def __init__(self, cfg: Config, member: Member, changed: Changed, *,
                  every: float = SAMPLE_EVERY_S, silent: float = SILENT_S) -> None:
         self.cfg = cfg
         self.member = member
@@ -203,16 +202,10 @@ class NodeFeed:
             self.changed("runs")
 
 
-def why(e: BaseException) -> str:
-    """An error as one reason for the page (a remote error's own reason, else its text, else its type)."""
-    reason = getattr(e, "reason", None)
-    return str(reason or e) or type(e).__name__
-
-
 class NodesFleet:
     """The SSH nodes of higgsfield.yml: their feeds (pushed, never polled) and the SSH backend's Session."""
 
-    def __init__(self, cfg: Config, changed: Callable[[str], None], *, every: float | None = None,
+    def __init__(self, cfg: Config, changed: Changed, *, every: float | None = None,
                  silent: float | None = None) -> None:
         self.cfg = cfg
         self.changed = changed
@@ -239,7 +232,7 @@ class NodesFleet:
 
     def runs(self) -> list[RunStatus]:
         """The nodes' records merged as ``higgsfield status`` merges them (a node that is down: its last known)."""
-        return orchestrator.merge([rec for f in self.feeds for rec in f.state.records.values()])
+        return merge([rec for f in self.feeds for rec in f.state.records.values()])
 
     def nodes(self) -> list[dict[str, Any]]:
         out = []

@@ -1,9 +1,10 @@
 """A Slurm cluster for the dashboard: its runs and its partition's nodes, asked of Slurm through the login node.
 
-:class:`ClusterFleet` is the dashboard's :class:`~higgsfield.control.ui.fleet.Fleet` for a project
-with a ``slurm:`` block. Slurm pushes nothing and its nodes run no higgsfield feed, so the
-fleet asks, over the one connection the dashboard holds to the login node (the backend's
-:class:`~higgsfield.control.backends.slurm.backend.SlurmSession`):
+:class:`ClusterFleet` is the dashboard's :class:`~higgsfield.control.backends.backend.Fleet` for a project
+with a ``slurm:`` block (:meth:`~higgsfield.control.backends.slurm.backend.SlurmBackend.fleet`). Slurm
+pushes nothing and its nodes run no higgsfield feed, so the fleet asks, over the one connection
+the dashboard holds to the login node (the backend's
+:class:`~higgsfield.control.backends.slurm.session.SlurmSession`):
 
 - the runs every ``RUNS_EVERY_S`` (one read of the workdir's run records, one squeue, one
   sacct: the very ``status`` of the CLI), and at once after the page kills or starts one;
@@ -22,18 +23,17 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Sequence
-from contextlib import AsyncExitStack
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from typing import Any
 
 from higgsfield.contract.errors import RunError
 from higgsfield.contract.runspec import QUEUED, RUNNING, RunStatus
-from higgsfield.control.backends.backend import Plan
-from higgsfield.control.backends.nodes import RunHandle
+from higgsfield.control.backends.backend import Changed, Plan, RunHandle
+from higgsfield.control.backends.fleet import CONNECTING, DOWN, HISTORY, UP, why
 from higgsfield.control.backends.slurm import ClusterNode
-from higgsfield.control.backends.slurm.backend import SlurmBackend, SlurmPlan, SlurmSession
-from higgsfield.control.ui.fleet import Changed
-from higgsfield.control.ui.nodes import CONNECTING, DOWN, HISTORY, UP, why
+from higgsfield.control.backends.slurm.session import SlurmPlan, SlurmSession
+from higgsfield.control.config import Config, NodeConfig
 
 RUNS_EVERY_S = 2.0
 NODES_EVERY_S = 5.0
@@ -41,15 +41,20 @@ MIB = 1 << 20
 
 
 class ClusterFleet:
-    """The runs and nodes of the cluster of ``cfg``'s ``slurm:`` block, as Slurm reports them."""
+    """The runs and nodes of the cluster of ``cfg``'s ``slurm:`` block, as Slurm reports them.
 
-    def __init__(self, backend: SlurmBackend, changed: Changed, *, every: float | None = None) -> None:
-        self.cfg = backend.cfg
+    ``login`` is the cluster's login node, ``partition`` the project's (None: the cluster's default),
+    ``connect`` opens the backend's session to the login node (held for the fleet's whole life).
+    """
+
+    def __init__(self, cfg: Config, login: NodeConfig, partition: str | None,
+                 connect: Callable[[], AbstractAsyncContextManager[SlurmSession]], changed: Changed, *,
+                 every: float | None = None) -> None:
+        self.cfg = cfg
         self.changed = changed
-        self.backend = backend
-        login = self.backend.login_cfg.nodes[0]
+        self.connect = connect
         self.login_name, self.login_host = str(login.name), str(login.host)
-        self.partition = self.backend.settings.partition
+        self.partition = partition
         self.every = every if every is not None else RUNS_EVERY_S
         self.label = f"Slurm partition {self.partition or '(default)'} through {self.login_name}"
         self.state: str = CONNECTING
@@ -67,7 +72,7 @@ class ClusterFleet:
     # -- life ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._session = await self._stack.enter_async_context(self.backend.session())
+        self._session = await self._stack.enter_async_context(self.connect())
         self._task = asyncio.create_task(self._watch(), name="slurm-watch")
 
     async def close(self) -> None:

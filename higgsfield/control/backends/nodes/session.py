@@ -1,0 +1,54 @@
+"""The SSH nodes, connected, for one command: the :class:`~higgsfield.control.backends.backend.Session` of
+:class:`~higgsfield.control.backends.nodes.backend.NodesBackend` (and of the dashboard's
+:class:`~higgsfield.control.backends.nodes.fleet.NodesFleet`, over the connections it holds).
+
+Every call is one of the orchestrator's own functions over one connected
+:class:`~higgsfield.control.remote.Group`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+
+from higgsfield.contract.runspec import RunStatus
+from higgsfield.control.backends.backend import RunList
+from higgsfield.control.backends.nodes.kill import kill_runs
+from higgsfield.control.backends.nodes.logs import LOST_AFTER_S, LogLine, follow, stream_logs
+from higgsfield.control.backends.nodes.metrics import read_metrics
+from higgsfield.control.backends.nodes.start import RunHandle, RunPlan, launch
+from higgsfield.control.backends.nodes.status import final_status, find_run, merge, query_runs, skipped_lines
+from higgsfield.control.config import Config
+from higgsfield.control.remote import Group
+from higgsfield.metrics import MetricsItem
+
+
+class NodesSession:
+    def __init__(self, cfg: Config, group: Group) -> None:
+        self.cfg, self.group = cfg, group
+
+    async def start(self, plan: RunPlan, secrets: Mapping[str, str] | None = None) -> RunHandle:
+        return await launch(self.group, self.cfg, plan, secrets=dict(secrets or {}))
+
+    def follow(self, handle: RunHandle) -> AsyncIterator[LogLine]:
+        return follow(self.group, self.cfg, merge(handle.records)[0])
+
+    async def final_status(self, run: str) -> RunStatus:
+        return await final_status(self.group, self.cfg, run)
+
+    async def runs(self) -> RunList:
+        runs, results = await query_runs(self.group, self.cfg)
+        return RunList(runs, {r.node: r.reason for r in results if not r.ok}, skipped_lines(results))
+
+    async def find(self, target: str) -> RunStatus:
+        return await find_run(self.group, self.cfg, target)
+
+    def logs(self, status: RunStatus, *, follow: bool = False, node: str | None = None,
+             ranks: tuple[int, ...] = (), since: float | None = None) -> AsyncIterator[LogLine]:
+        return stream_logs(self.group, self.cfg, status, follow=follow, node=node, ranks=ranks, since=since,
+                           lost_after=LOST_AFTER_S if follow else None)
+
+    def metrics(self, status: RunStatus, *, follow: bool = False) -> AsyncIterator[MetricsItem]:
+        return read_metrics(self.group, self.cfg, status, follow=follow)
+
+    async def kill(self, target: str) -> list[RunStatus]:
+        return await kill_runs(self.group, self.cfg, target)
