@@ -111,7 +111,7 @@ class Mirror:
             try:
                 import fsspec
             except ImportError:
-                raise RuntimeError("a checkpoint mirror needs fsspec: pip install 'higgsfield[mirror]'") from None
+                raise RuntimeError("a checkpoint mirror needs fsspec: reinstall higgsfield from its repository with the 'mirror' extra (README: Install)") from None
             self._fs, self._path = fsspec.core.url_to_fs(self.root)
             self._path = self._path.rstrip("/")
         return self._fs, self._path

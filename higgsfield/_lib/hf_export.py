@@ -66,7 +66,7 @@ def export_step(step_dir: Path, out: Path) -> Path:
         from transformers import AutoConfig, AutoModelForCausalLM
     except ImportError as e:
         raise ExportError(f"exporting {step_dir.name} to Hugging Face needs torch and transformers here "
-                          f"({e.name or e} is missing): pip install 'higgsfield[train]'") from None
+                          f"({e.name or e} is missing): reinstall higgsfield from its repository with the 'train' extra (README: Install)") from None
     config = AutoConfig.from_pretrained(meta)
     state = _deepspeed_weights(step_dir) if (step_dir / "deepspeed").is_dir() else _dcp_weights(step_dir)
     with torch.device("meta"):
@@ -144,7 +144,7 @@ def _deepspeed_weights(step_dir: Path) -> dict[str, Any]:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     except ImportError as e:
         raise ExportError(f"{step_dir.name} was saved by DeepSpeed; exporting it needs deepspeed here "
-                          f"({e.name or e} is missing): pip install 'higgsfield[train]'") from None
+                          f"({e.name or e} is missing): reinstall higgsfield from its repository with the 'train' extra (README: Install)") from None
     return dict(get_fp32_state_dict_from_zero_checkpoint(str(step_dir), tag="deepspeed"))
 
 

@@ -94,7 +94,7 @@ def serve(cfg: Config, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
         from higgsfield.control.ui.app import create_app
     except ImportError as e:
         raise UIError(f"the dashboard needs the 'ui' extra ({e.name} is missing): "
-                      "pip install 'higgsfield[ui]'") from None
+                      "reinstall higgsfield from its repository with the 'ui' extra (README: Install)") from None
     sock = bind(host, port)
     bound_port = int(sock.getsockname()[1])
     address = Address(host, bound_port, token or new_token())
