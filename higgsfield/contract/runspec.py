@@ -136,7 +136,7 @@ class RunSpec:
             raise SpecError(
                 f"run spec version {version!r} is not the version this node's higgsfield reads ({SPEC_VERSION}): "
                 + ("the nodes are older than this higgsfield; upgrade them with 'higgsfield setup'" if newer
-                   else "this higgsfield is older than the nodes'; upgrade it (pip install -U higgsfield), "
+                   else "this higgsfield is older than the nodes'; upgrade it the way you installed it (README: Install), "
                         "then run 'higgsfield setup'"))
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
