@@ -284,16 +284,16 @@ def describe(hosts: int | None = None, docker: bool = True, image: bool = True) 
 def shared_node_venv(state_dir: Path, system_python: str = "/usr/bin/python3") -> Path:
     """The bed's one venv for every node user (tests/runs and tests/slurm): editable higgsfield, its deps, torch.
 
-    Kept between sessions on a machine that keeps the bed; rebuilt when pyproject.toml's dependencies
-    change (the stamp holds them), so an added dependency reaches the nodes' invoker as `setup` would
-    bring it to real nodes.
+    Kept between sessions on a machine that keeps the bed; rebuilt when pyproject.toml changes or the
+    checkout moves (the stamp holds both), so an added dependency reaches the nodes' invoker as `setup`
+    would bring it to real nodes, and a second clone's suite runs its own code there.
     """
     import hashlib
     import shutil
 
     venv = state_dir / "runs-invoker-venv"
     stamp = venv / ".ready"
-    want = hashlib.sha256((REPO_ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    want = hashlib.sha256((REPO_ROOT / "pyproject.toml").read_bytes() + str(REPO_ROOT).encode()).hexdigest()
     if stamp.exists() and stamp.read_text().strip() == want and (venv / "bin" / "higgsfield").exists():
         return venv
     shutil.rmtree(venv, ignore_errors=True)
