@@ -40,9 +40,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from higgsfield.contract.decode import DecodeError, read_json
 from higgsfield.contract.failure import Failure
-from higgsfield.contract.layout import KILL, REQUEST, REQUEST_VERSION, SECRETS, SPEC
-from higgsfield.contract.runspec import FAILED, KILLED, QUEUED, RUNNING, SUCCEEDED, RunSpec, SpecError
+from higgsfield.contract.layout import KILL, REQUEST, SECRETS, SPEC
+from higgsfield.contract.runspec import FAILED, KILLED, QUEUED, RUNNING, SUCCEEDED, RunSpec
+from higgsfield.contract.slurmjob import SlurmRequest, WrongVersion
 from higgsfield.node.runs.failure import describe, read_end
 from higgsfield.node.state.placement import STOP_GRACE_S
 from higgsfield.node.state.records import RunDir, RunRecord, write_json
@@ -57,6 +59,10 @@ class TaskError(Exception):
     """The job cannot run as asked (its request is missing or malformed, its secrets are gone)."""
 
 
+class BadRequest(TaskError):
+    """The request is this version's but a field of it is wrong: the job records it as its start failure."""
+
+
 # -- the run directory ----------------------------------------------------------
 
 def run_dir(path: str) -> RunDir:
@@ -65,15 +71,20 @@ def run_dir(path: str) -> RunDir:
     return RunDir(p.parents[2], p.parent.name, p.name)
 
 
-def read_request(rd: RunDir) -> dict[str, Any]:
+def read_request(rd: RunDir) -> SlurmRequest:
+    """The run's ``request.json``, decoded once: :class:`TaskError` when it is unreadable or of another version
+    (``REQUEST_VERSION``), :class:`BadRequest` naming the field that is wrong."""
+    path = rd.path / REQUEST
     try:
-        req = json.loads((rd.path / REQUEST).read_text())
-    except (OSError, ValueError) as e:
-        raise TaskError(f"cannot read {rd.path / REQUEST}: {e}") from None
-    if not isinstance(req, dict) or req.get("version") != REQUEST_VERSION:
-        raise TaskError(f"{rd.path / REQUEST} is not a version-{REQUEST_VERSION} request: "
-                        "the login node's higgsfield and the job's differ; run 'higgsfield setup'")
-    return req
+        data = read_json(path)
+    except (OSError, DecodeError) as e:
+        raise TaskError(f"cannot read {path}: {e}") from None
+    try:
+        return SlurmRequest.from_dict(data, where=str(path))
+    except WrongVersion as e:
+        raise TaskError(str(e)) from None
+    except DecodeError as e:
+        raise BadRequest(f"the run's request: {e}") from None
 
 
 def take_secrets(rd: RunDir, names: Sequence[str]) -> dict[str, str]:
@@ -127,40 +138,38 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def pin_spec(req: dict[str, Any], hosts: list[str], master: str) -> RunSpec:
+def pin_spec(req: SlurmRequest, hosts: list[str], master: str) -> RunSpec:
     """The control side's spec, pinned to this allocation: its nodes in SLURM_NODEID order, node 0's view."""
-    try:
-        template = RunSpec.from_dict(req["spec"])
-    except (SpecError, KeyError) as e:
-        raise TaskError(f"the run's request: {e}") from None
+    template = req.spec
     return template.replace(nodes=tuple(hosts), node=hosts[0], node_rank=0, master_addr=master,
-                            nproc=template.nproc or max(1, int(req.get("gpus_per_node") or 0)))
+                            nproc=template.nproc or max(1, req.gpus_per_node))
 
 
 def batch(rd: RunDir, master: str, command: list[str]) -> int:
     """The batch step: see the module's docstring. Returns the job's exit status."""
-    req = read_request(rd)
-    names = [str(n) for n in req.get("secret_names") or []]
+    try:
+        req = read_request(rd)   # TaskError (unreadable, another version's): main says so, nothing recorded
+    except BadRequest as e:      # a field of it is wrong: a start failure, its secrets gone with it
+        (rd.path / SECRETS).unlink(missing_ok=True)
+        return _start_failed(rd, None, str(e))
     job_id = os.environ.get("SLURM_JOB_ID", "")
     restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-    max_restarts = int(req.get("max_restarts") or 0)
+    max_restarts = req.max_restarts
     since = _now()
     try:
-        secrets = take_secrets(rd, names)
+        secrets = take_secrets(rd, req.secret_names)
         hosts = hostnames()
         spec = pin_spec(req, hosts, master)
     except (TaskError, subprocess.CalledProcessError, ValueError) as e:
-        _record_start_failure(rd, req, str(e))
-        print(f"higgsfield: {e}", file=sys.stderr, flush=True)
-        return 2
+        return _start_failed(rd, req.spec, str(e))
     rd.make()
-    placement = {"gpus": int(req.get("gpus_per_node") or 0), "checkpoint_dir": str(req.get("checkpoint_dir") or ""),
-                 "cache_dir": str(req.get("cache_dir") or ""), "container": "", "python": sys.executable}
+    placement = {"gpus": req.gpus_per_node, "checkpoint_dir": req.checkpoint_dir,
+                 "cache_dir": req.cache_dir, "container": "", "python": sys.executable}
     write_json(rd.path / SPEC, {**spec.to_dict(), **placement})
     previous = _read_record(rd)
     record = RunRecord(project=spec.project, experiment=spec.experiment, run=spec.run, node=hosts[0], node_rank=0,
                        nnodes=len(hosts), nproc=spec.nproc or 1, state=RUNNING, runtime="slurm", command=command,
-                       created_at=previous.created_at if previous else float(req.get("submitted_at") or since),
+                       created_at=previous.created_at if previous else (req.submitted_at or since),
                        started_at=since,
                        reason=f"Slurm job {job_id}" + (f", restart {restart} of {max_restarts}" if restart else ""))
     write_record(rd, record)
@@ -239,12 +248,18 @@ def _read_record(rd: RunDir) -> RunRecord | None:
         return None
 
 
-def _record_start_failure(rd: RunDir, req: dict[str, Any], reason: str) -> None:
-    spec = req.get("spec") or {}
+def _start_failed(rd: RunDir, spec: RunSpec | None, reason: str) -> int:
+    """The job could not start the run: recorded as failed (``reason``), said on stderr; the job's exit status."""
+    _record_start_failure(rd, spec, reason)
+    print(f"higgsfield: {reason}", file=sys.stderr, flush=True)
+    return 2
+
+
+def _record_start_failure(rd: RunDir, spec: RunSpec | None, reason: str) -> None:
     try:
         rd.make()
-        write_record(rd, RunRecord(project=str(spec.get("project") or rd.path.parent.name),
-                                   experiment=str(spec.get("experiment") or "?"), run=rd.path.name,
+        write_record(rd, RunRecord(project=spec.project if spec else rd.path.parent.name,
+                                   experiment=spec.experiment if spec else "?", run=rd.path.name,
                                    node=socket.gethostname(), node_rank=0, nnodes=0, nproc=0, state=FAILED,
                                    runtime="slurm", reason=reason, exit_code=2, started_at=_now(), ended_at=_now()))
     except OSError:

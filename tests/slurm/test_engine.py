@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from slurm_helpers import SECRET, Cluster
 
+from higgsfield.contract.slurmjob import SlurmJob, SlurmRequest
+
 pytestmark = [pytest.mark.slow, pytest.mark.sshd]
 _seq = iter(range(1, 10_000))
 
@@ -92,7 +94,9 @@ def test_two_nodes_all_reduce_logs_and_success(cluster: Cluster, workdir: Path) 
     s = spec(cluster, workdir, "allreduce")
     job = cluster(cluster.engine.submit(s, {"HF_SLURM_SECRET": SECRET}))
     assert job.job_id.isdigit()
-    assert json.loads(Path(job.paths.job).read_text())["job_id"] == job.job_id   # the record keeps the job id
+    assert SlurmJob.from_dict(json.loads(Path(job.paths.job).read_text())).job_id == job.job_id   # kept, typed
+    req = SlurmRequest.from_dict(json.loads(Path(job.paths.request).read_text()))   # what the job read
+    assert req.spec == s and req.secret_names == ["HF_SLURM_SECRET"] and req.checkpoint_dir == job.paths.checkpoints
     st = wait_state(cluster, s, {"succeeded", "failed", "killed"})
     assert st.state == "succeeded", (st.reason, st.error_tail, launcher(cluster, s))
     assert st.exit_code == 0 and len(st.nodes) == 2, st
@@ -116,7 +120,7 @@ def test_two_nodes_all_reduce_logs_and_success(cluster: Cluster, workdir: Path) 
     from higgsfield.control.backends.slurm.runstatus import merge
 
     record = cluster(cluster.engine.record(s.project, s.run))
-    assert merge({"job_id": job.job_id}, None, record).state == "succeeded"   # the job long purged
+    assert merge(SlurmJob(job.job_id), None, record).state == "succeeded"   # the job long purged
 
 
 @pytest.mark.timeout(300)

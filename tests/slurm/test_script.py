@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from higgsfield.contract.errors import ConfigError
 from higgsfield.contract.names import MAX_RUN_NAME
+from higgsfield.contract.slurmjob import SlurmJob, SlurmRequest
 from higgsfield.control.backends.slurm import layout
 from higgsfield.control.backends.slurm.client import template_spec
 from higgsfield.control.backends.slurm.layout import RunPaths
@@ -111,11 +112,12 @@ def test_no_run_name_project_or_workdir_breaks_the_script(tmp_path: Path, run: s
 
 def test_the_node_side_reads_the_file_names_the_control_side_writes() -> None:
     from higgsfield.contract import layout as contract
-    from higgsfield.control.backends.slurm import client
+    from higgsfield.contract import slurmjob
 
     names = (contract.REQUEST, contract.SECRETS, contract.REQUEST_VERSION)
-    assert (layout.REQUEST, layout.SECRETS, client.REQUEST_VERSION) == names
-    assert (slurm_task.REQUEST, slurm_task.SECRETS, slurm_task.REQUEST_VERSION) == names
+    assert (layout.REQUEST, layout.SECRETS, slurmjob.REQUEST_VERSION) == names
+    spec = template_spec(project="p", experiment="e", run="r", module="e", code_dir="/w/code", params={})
+    assert (slurm_task.REQUEST, slurm_task.SECRETS, SlurmRequest(spec=spec).version) == names
 
 
 def test_the_task_parses_its_command_line_with_the_srun_line_after_the_dashes(tmp_path: Path,
@@ -126,6 +128,57 @@ def test_the_task_parses_its_command_line_with_the_srun_line_after_the_dashes(tm
     rd = tmp_path / "runs" / "proj" / "r1"
     assert slurm_task.main(["batch", str(rd), "--master", "n1", "--", "srun", "--master", "x"]) == 0
     assert seen == {"rd": rd, "m": "n1", "c": ["srun", "--master", "x"]}
+
+
+def test_the_job_reads_its_request_once_typed_and_refuses_another_version(tmp_path: Path) -> None:
+    rd = slurm_task.run_dir(str(tmp_path / "runs" / "p" / "r"))
+    rd.path.mkdir(parents=True)
+    spec = template_spec(project="p", experiment="e", run="r", module="e", code_dir="/w/code", params={"lr": 1})
+    path = rd.path / "request.json"
+    path.write_text(json.dumps(SlurmRequest(spec=spec, secret_names=["A_KEY"], gpus_per_node=2).to_dict()))
+    req = slurm_task.read_request(rd)
+    assert (req.spec, req.secret_names, req.gpus_per_node) == (spec, ["A_KEY"], 2)
+    path.write_text(json.dumps({**req.to_dict(), "version": 2}))
+    with pytest.raises(slurm_task.TaskError) as e:
+        slurm_task.read_request(rd)
+    assert not isinstance(e.value, slurm_task.BadRequest)
+    assert str(e.value) == (f"{path} is not a version-1 request: the login node's higgsfield and the job's "
+                            "differ; run 'higgsfield setup'")
+    path.write_text(json.dumps({**req.to_dict(), "max_restarts": "2"}))
+    with pytest.raises(slurm_task.BadRequest, match=r"^the run's request: 'max_restarts' must be an integer"):
+        slurm_task.read_request(rd)
+
+
+def test_a_request_with_a_bad_field_is_the_runs_start_failure_its_secrets_gone(tmp_path: Path) -> None:
+    rd = slurm_task.run_dir(str(tmp_path / "runs" / "p" / "r"))
+    rd.path.mkdir(parents=True)
+    spec = template_spec(project="p", experiment="e", run="r", module="e", code_dir="/w/code", params={})
+    bad = {**SlurmRequest(spec=spec, secret_names=["A_KEY"]).to_dict(), "spec": {**spec.to_dict(), "version": 9}}
+    (rd.path / "request.json").write_text(json.dumps(bad))
+    (rd.path / "secrets.json").write_text('{"A_KEY": "v"}')
+    assert slurm_task.batch(rd, "n1", ["srun", "true"]) == 2
+    assert not (rd.path / "secrets.json").exists()
+    record = rd.read()
+    assert record.state == "failed" and record.exit_code == 2 and record.project == "p"
+    assert record.reason and record.reason.startswith("the run's request: run spec version 9")
+
+
+def test_the_listing_decodes_each_job_record_and_skips_one_that_does_not(tmp_path: Path) -> None:
+    from higgsfield.control.backends.slurm.listing import _LIST_RUNS, listed_runs
+
+    root = tmp_path / "runs" / "p"
+    for name, job in (("a", {"job_id": "7", "project": "p", "run": "a"}), ("b", {"job_id": "x"}),
+                      ("c", {"job_id": "8", "version": 3})):
+        (root / name).mkdir(parents=True)
+        (root / name / "job.json").write_text(json.dumps(job))
+    (root / "a" / "run.json").write_text('{"state": "running"}')
+    (root / "c" / "run.json").write_text('[1]')
+    out = subprocess.run([sys.executable, "-c", _LIST_RUNS, str(root)], capture_output=True, text=True, check=True)
+    items, skipped = listed_runs(out.stdout, "p")
+    assert [(i.run, i.job.job_id, i.record) for i in items] == [("a", "7", {"state": "running"})]
+    assert skipped == ["runs/p/b/job.json: 'job_id' 'x' is not a Slurm job id",
+                       "runs/p/c/job.json: job.json is of version 3 (this higgsfield reads 1): upgrade higgsfield "
+                       "here, the run was submitted by a newer one"]
 
 
 def test_the_secrets_file_is_deleted_as_it_is_read(tmp_path: Path) -> None:
@@ -158,8 +211,8 @@ def test_the_checkpoint_mirror_reaches_the_ranks_as_on_ssh_nodes(mirror: str) ->
     spec.json -> a node's env) and arrives as HIGGSFIELD_CHECKPOINT_MIRROR; its credentials only as secrets."""
     spec = template_spec(project="p", experiment="e", run="r", module="src.e", code_dir="/w/code", params={},
                          checkpoint_mirror=mirror)
-    req = json.loads(json.dumps({"spec": spec.to_dict(), "gpus_per_node": 0}))  # as request.json carries it
-    pinned = slurm_task.pin_spec(req, ["n1", "n2"], "n1")
+    req = json.loads(json.dumps(SlurmRequest(spec=spec).to_dict()))  # as request.json carries it
+    pinned = slurm_task.pin_spec(SlurmRequest.from_dict(req), ["n1", "n2"], "n1")
     written = json.loads(json.dumps({**pinned.to_dict(), "checkpoint_dir": "/w/checkpoints/p/r"}))  # spec.json
     base = {"PATH": "/usr/bin", "AWS_SECRET_ACCESS_KEY": "s3cr3t-7f2e", slurm_task.SECRET_NAMES_VAR: "AWS_SECRET_ACCESS_KEY"}
     env = slurm_task.node_env(written, slurm_task.run_dir("/w/runs/p/r"), "n2", base)
@@ -219,15 +272,15 @@ def test_merge_takes_the_rank_and_node_from_the_record_and_the_state_from_slurm(
 
     record = {"state": "failed", "reason": "rank 3: RuntimeError: boom on node n2", "failed_node": "n2",
               "failed_rank": 3, "error_tail": ["boom"], "node": "n1", "started_at": 5.0, "ended_at": 9.0}
-    st = merge({"job_id": "4", "project": "p", "run": "r", "submitted_at": 1.0},
+    st = merge(SlurmJob.from_dict({"job_id": "4", "project": "p", "run": "r", "submitted_at": 1.0}),
                Job("4", "FAILED", "NonZeroExitCode", 1, ("n1", "n2")), record)
     assert (st.state, st.failed_node, st.failed_rank, st.exit_code) == ("failed", "n2", 3, 1)
     assert st.reason == record["reason"] and list(st.nodes) == ["n1", "n2"]
-    timeout = merge({"job_id": "4"}, Job("4", "TIMEOUT"), record)
+    timeout = merge(SlurmJob("4"), Job("4", "TIMEOUT"), record)
     assert timeout.reason and timeout.reason.startswith("TIMEOUT") and "boom" in timeout.reason
-    gone = merge({"job_id": "4"}, None, {**record, "state": "succeeded"})   # no accounting, job purged
+    gone = merge(SlurmJob("4"), None, {**record, "state": "succeeded"})   # no accounting, job purged
     assert gone.state == "succeeded"
-    assert merge({"job_id": "4"}, None, None).state == "queued"
+    assert merge(SlurmJob("4"), None, None).state == "queued"
 
 
 # -- settings ---------------------------------------------------------------------------------

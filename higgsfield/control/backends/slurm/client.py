@@ -33,11 +33,12 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from higgsfield.contract.decode import MAX_FILE_BYTES, DecodeError, loads
 from higgsfield.contract.errors import RunError
-from higgsfield.contract.layout import REQUEST_VERSION
 from higgsfield.contract.runspec import ACTIVE, RunSpec, RunStatus
+from higgsfield.contract.slurmjob import SlurmJob, SlurmRequest
 from higgsfield.control.backends.slurm.layout import RunPaths
-from higgsfield.control.backends.slurm.listing import _LIST_RUNS
+from higgsfield.control.backends.slurm.listing import _LIST_RUNS, listed_runs
 from higgsfield.control.backends.slurm.machines import ClusterNode, parse_sinfo_nodes, sinfo_nodes_argv
 from higgsfield.control.backends.slurm.parse import Job, parse_sacct, parse_squeue, sbatch_error
 from higgsfield.control.backends.slurm.runstatus import merge
@@ -117,12 +118,11 @@ class SlurmCluster:
         job = self.batch_job(paths, spec.max_restarts)
         script = render(job)  # ValueError for a value sbatch would misread: before anything is sent
         submitted_at = time.time()
-        request = {"version": REQUEST_VERSION, "spec": spec.to_dict(), "secret_names": sorted(secrets or {}),
-                   "max_restarts": spec.max_restarts, "gpus_per_node": self.settings.gpus_per_node,
-                   "checkpoint_dir": paths.checkpoints,
-                   "cache_dir": posixpath.join(self.settings.workdir, "cache", spec.project),
-                   "submitted_at": submitted_at}
-        await t.put_bytes(_json(request), paths.request, mode=0o600)
+        request = SlurmRequest(spec=spec, secret_names=sorted(secrets or {}), max_restarts=spec.max_restarts,
+                               gpus_per_node=self.settings.gpus_per_node, checkpoint_dir=paths.checkpoints,
+                               cache_dir=posixpath.join(self.settings.workdir, "cache", spec.project),
+                               submitted_at=submitted_at)
+        await t.put_bytes(_json(request.to_dict()), paths.request, mode=0o600)
         if secrets:
             await t.put_bytes(_json(dict(secrets)), paths.secrets, mode=0o600)
         await t.put_bytes(script.encode(), paths.script, mode=0o700)
@@ -136,10 +136,9 @@ class SlurmCluster:
         job_id = result.stdout.strip().split(";", 1)[0]
         if not job_id.isdigit():
             raise SlurmError(f"sbatch on {t.node} printed {result.stdout.strip()[:100]!r}, not a job id")
-        record = {"job_id": job_id, "submitted_at": submitted_at, "login": t.node,
-                  "sbatch": job.sbatch_options(), "project": spec.project, "experiment": spec.experiment,
-                  "run": spec.run, "params": dict(spec.params)}
-        await t.put_bytes(_json(record), paths.job, mode=0o600)
+        record = SlurmJob(job_id=job_id, submitted_at=submitted_at, login=t.node, sbatch=job.sbatch_options(),
+                          project=spec.project, experiment=spec.experiment, run=spec.run, params=dict(spec.params))
+        await t.put_bytes(_json(record.to_dict()), paths.job, mode=0o600)
         return Submitted(job_id, paths, submitted_at)
 
     def _hint(self, stderr: str) -> str:
@@ -188,13 +187,22 @@ class SlurmCluster:
                                      check=False)
         return {k: v for k, v in parse_sacct(r.stdout).items() if k in job_ids} if r.ok else {}
 
-    async def job_id(self, project: str, run: str) -> str:
+    async def submission(self, project: str, run: str) -> SlurmJob:
+        """The run's ``job.json``, decoded: its Slurm job id, when and with what it was submitted."""
         paths = self.paths(project, run)
         r = await self.transport.run(["cat", paths.job], check=False)
         if not r.ok:
             raise SlurmError(f"no Slurm run '{run}' of project '{project}' in {self.settings.workdir} "
                              f"on {self.transport.node}")
-        return str(json.loads(r.stdout)["job_id"])
+        try:
+            if len(r.stdout) > MAX_FILE_BYTES:
+                raise DecodeError(f"too big (over {MAX_FILE_BYTES} bytes)")
+            return SlurmJob.from_dict(loads(r.stdout))
+        except DecodeError as e:
+            raise SlurmError(f"{paths.job} on {self.transport.node}: {e}") from None
+
+    async def job_id(self, project: str, run: str) -> str:
+        return (await self.submission(project, run)).job_id
 
     async def record(self, project: str, run: str) -> dict[str, Any] | None:
         """The job's own record of the run (``run.json``), once the job has started."""
@@ -209,30 +217,28 @@ class SlurmCluster:
 
     async def status(self, project: str, run: str) -> RunStatus:
         """The run as ``status --json`` shows it: Slurm's state mapped, the job's record for the details."""
-        paths = self.paths(project, run)
-        jr = await self.transport.run(["cat", paths.job], check=False)
-        if not jr.ok:
-            raise SlurmError(f"no Slurm run '{run}' of project '{project}' in {self.settings.workdir} "
-                             f"on {self.transport.node}")
-        submitted = json.loads(jr.stdout)
-        job_id = str(submitted["job_id"])
-        jobs, record = await asyncio.gather(self.jobs([job_id]), self.record(project, run))
-        return merge(submitted, jobs.get(job_id), record)
+        submitted = await self.submission(project, run)
+        jobs, record = await asyncio.gather(self.jobs([submitted.job_id]), self.record(project, run))
+        return merge(submitted, jobs.get(submitted.job_id), record)
 
     async def statuses(self, project: str) -> list[RunStatus]:
         """Every run of ``project`` in the workdir (oldest first): one read of the records, one squeue, one sacct."""
-        r = await self.transport.run(["python3", "-c", _LIST_RUNS, posixpath.join(self.settings.workdir, "runs",
-                                                                                  project)], check=False)
+        return (await self.listing(project))[0]
+
+    async def listing(self, project: str) -> tuple[list[RunStatus], list[str]]:
+        """:meth:`statuses`, and one line for each run directory whose ``job.json`` does not decode (skipped)."""
+        root = posixpath.join(self.settings.workdir, "runs", project)
+        r = await self.transport.run(["python3", "-c", _LIST_RUNS, root], check=False)
         if not r.ok:
             raise SlurmError(f"cannot list the runs in {self.settings.workdir} on {self.transport.node}: "
                              f"{sbatch_error(r.stderr)}")
         try:
-            items = [i for i in json.loads(r.stdout) if isinstance(i, dict) and isinstance(i.get("job"), dict)]
-        except ValueError:
+            items, skipped = listed_runs(r.stdout, project)
+        except DecodeError:
             raise SlurmError(f"{self.transport.node} listed the runs as {r.stdout[:100]!r}, not JSON") from None
-        jobs = await self.jobs([str(i["job"].get("job_id", "")) for i in items])
-        out = [merge(i["job"], jobs.get(str(i["job"].get("job_id", ""))), i.get("record")) for i in items]
-        return sorted(out, key=lambda st: st.created_at)
+        jobs = await self.jobs([i.job.job_id for i in items])
+        out = [merge(i.job, jobs.get(i.job.job_id), i.record) for i in items]
+        return sorted(out, key=lambda st: st.created_at), skipped
 
     async def placement(self, project: str, run: str) -> dict[str, Any] | None:
         """The spec the job pinned to its allocation (``spec.json``: its nodes in node-rank order, nproc)."""

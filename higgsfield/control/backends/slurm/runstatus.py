@@ -14,12 +14,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from higgsfield.contract.runspec import ACTIVE, FAILED, KILLED, QUEUED, RunStatus
+from higgsfield.contract.slurmjob import SlurmJob
 from higgsfield.control.backends.slurm.parse import Job
 from higgsfield.control.backends.slurm.states import map_state
 
 
-def merge(submitted: Mapping[str, Any], job: Job | None, record: Mapping[str, Any] | None) -> RunStatus:
-    """One RunStatus from the submission record, Slurm's view of the job and the job's own run record.
+def merge(submitted: SlurmJob, job: Job | None, record: Mapping[str, Any] | None) -> RunStatus:
+    """One RunStatus from the submission record (``job.json``, decoded), Slurm's view of the job and the job's
+    own run record (``run.json``).
 
     Slurm decides the state while it knows the job; the job's record adds what only
     the node side knows (the failing rank and node, the error's last lines). Without
@@ -46,14 +48,14 @@ def merge(submitted: Mapping[str, Any], job: Job | None, record: Mapping[str, An
     node_state = state
     hosts = job.nodes if job and job.nodes else ((str(rec["node"]),) if rec.get("node") else ())
     return RunStatus(
-        project=str(submitted.get("project") or rec.get("project") or ""),
-        experiment=str(submitted.get("experiment") or rec.get("experiment") or ""),
-        run=str(submitted.get("run") or rec.get("run") or ""),
+        project=submitted.project or str(rec.get("project") or ""),
+        experiment=submitted.experiment or str(rec.get("experiment") or ""),
+        run=submitted.run or str(rec.get("run") or ""),
         state=state,
         nodes={str(h): {"state": node_state} for h in hosts if h},
-        created_at=float(submitted.get("submitted_at") or rec.get("created_at") or 0.0),
+        created_at=float(submitted.submitted_at or rec.get("created_at") or 0.0),
         started_at=(job.started_at if job and job.started_at else rec.get("started_at")),
         ended_at=(job.ended_at if job and job.ended_at and state not in ACTIVE else rec.get("ended_at")),
         exit_code=(job.exit_code if job and job.exit_code is not None else rec.get("exit_code")),
         failed_node=failed_node, failed_rank=failed_rank, reason=reason, error_tail=tail,
-        params=dict(submitted.get("params") or {}))
+        params=dict(submitted.params))
