@@ -1,6 +1,8 @@
 """The contract both sides read: what crosses from the laptop to a node and back, stdlib only.
 
-The run spec, records, status and failure (:mod:`.runspec`), the prune request
+The run spec, node records and status (:mod:`.runspec`), a run's failure and the
+coordinator's verdict (:mod:`.failure`), the run directory's names (:mod:`.layout`),
+a Slurm run's request and submission files (:mod:`.slurmjob`), the prune request
 (:mod:`.prunespec`), the defensive decoder every reader goes through
 (:mod:`.decode`), the error tree (:mod:`.errors`), and the small vocabularies both
 sides check the same way: names, params, ports, units, text and Slurm syntax.
