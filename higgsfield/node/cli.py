@@ -1,7 +1,8 @@
 """``higgsfield invoker ...``: the node-side agent, called by the control side over a transport.
 
 Hidden from ``--help``. Input arrives as JSON on stdin (so secrets never appear in
-argv; ``deploy`` reads a tar there), output is JSON on stdout (``logs`` prints
+argv; ``deploy`` reads a tar there), output is JSON on stdout, each verb's reply a typed, versioned
+:mod:`higgsfield.contract.replies` object (``logs`` prints
 ``RANK<TAB>LINE`` per line, and ``#hb`` lines as a heartbeat with ``--heartbeat``).
 
     version | deployed | deploy | build | env | start | status | logs | kill | queue
@@ -41,7 +42,9 @@ def invoker(ctx: click.Context, state_dir: str) -> None:
 @invoker.command()
 def version() -> None:
     """Print this invoker's version."""
-    _emit({"version": __version__, "python": sys.executable})
+    from higgsfield.contract.replies import VersionReply
+
+    _emit(VersionReply(version=__version__, python=sys.executable).to_dict())
 
 
 @invoker.command()
@@ -49,9 +52,11 @@ def version() -> None:
 @click.pass_context
 def deployed(ctx: click.Context, project: str) -> None:
     """Print what is deployed for PROJECT on this node (null if nothing)."""
+    from higgsfield.contract.replies import Deployment
     from higgsfield.node.code.deploy import deployed as _deployed
 
-    _emit(_deployed(_state(ctx), project))
+    info = _deployed(_state(ctx), project)
+    _emit(None if info is None else Deployment.from_dict(info).to_dict())
 
 
 @invoker.command()
@@ -61,9 +66,10 @@ def deployed(ctx: click.Context, project: str) -> None:
 @click.pass_context
 def deploy(ctx: click.Context, project: str, commit: str, dirty: bool) -> None:
     """Unpack the project tar on stdin as the new release; prints the verified deployment."""
+    from higgsfield.contract.replies import Deployment
     from higgsfield.node.code.deploy import unpack
 
-    _emit(unpack(_state(ctx), project, commit, sys.stdin.buffer, dirty=dirty))
+    _emit(Deployment.from_dict(unpack(_state(ctx), project, commit, sys.stdin.buffer, dirty=dirty)).to_dict())
 
 
 @invoker.command()
@@ -76,10 +82,11 @@ def deploy(ctx: click.Context, project: str, commit: str, dirty: bool) -> None:
 def build(ctx: click.Context, project: str, code_dir: str | None, dockerfile: str, base_image: str | None,
           runtime: str) -> None:
     """Build the project's image unless its tag exists already."""
+    from higgsfield.contract.replies import BuildReply
     from higgsfield.node.code.deploy import build as _build
 
-    _emit(_build(_state(ctx), project, code_dir=Path(code_dir) if code_dir else None, dockerfile=dockerfile,
-                 base_image=base_image, runtime=runtime))
+    _emit(BuildReply.from_dict(_build(_state(ctx), project, code_dir=Path(code_dir) if code_dir else None,
+                                      dockerfile=dockerfile, base_image=base_image, runtime=runtime)).to_dict())
 
 
 @invoker.command("env")
@@ -89,14 +96,16 @@ def build(ctx: click.Context, project: str, code_dir: str | None, dockerfile: st
 @click.pass_context
 def env_cmd(ctx: click.Context, project: str, code_dir: str | None, check: bool) -> None:
     """Build the project's environment for runtime: process (JSON lines: progress, then the result)."""
+    from higgsfield.contract.replies import EnvLine, EnvReply
     from higgsfield.node.code import environment
 
     code = Path(code_dir) if code_dir else None
     if check:
-        _emit(environment.status(_state(ctx), project, code))
+        _emit(EnvReply.from_dict(environment.status(_state(ctx), project, code)).to_dict())
         return
-    result = environment.build(_state(ctx), project, code_dir=code, progress=lambda m: _emit({"progress": m}))
-    _emit({"result": result})
+    result = environment.build(_state(ctx), project, code_dir=code,
+                               progress=lambda m: _emit(EnvLine(progress=m).to_dict()))
+    _emit(EnvLine(result=EnvReply.from_dict(result)).to_dict())
 
 
 @invoker.command("queue")
@@ -120,6 +129,7 @@ def start(ctx: click.Context) -> None:
     this start made nothing here (and must not stop the run holding the name).
     """
     from higgsfield.contract.errors import RunNameInUse
+    from higgsfield.contract.replies import NameInUseReply, StartReply
     from higgsfield.contract.runspec import RunSpec, SpecError
     from higgsfield.node.runs.start import start_run
 
@@ -133,9 +143,9 @@ def start(ctx: click.Context) -> None:
     try:
         record = start_run(_state(ctx), spec, payload.get("secrets") or {}, str(payload.get("token") or ""))
     except RunNameInUse as e:
-        _emit({"name_in_use": True, "run": spec.run, "state": e.state, "node": spec.node})
+        _emit(NameInUseReply(name_in_use=True, run=spec.run, state=e.state, node=spec.node).to_dict())
         raise
-    _emit(record.to_dict())
+    _emit(StartReply.from_dict(record.to_dict()).to_dict())
 
 
 @invoker.command(hidden=True)
@@ -206,23 +216,28 @@ def logs(ctx: click.Context, project: str, run_name: str, follow: bool, ranks: t
 def kill(ctx: click.Context, project: str, run_name: str | None, target: str | None, grace: float,
          missing_ok: bool, attempt: str | None) -> None:
     """Stop a run on this node; prints its final record (with --target: {"matched", "killed": [records]})."""
+    from higgsfield.contract.replies import KillReply, KillTargetReply
+    from higgsfield.contract.runspec import NodeRunView
     from higgsfield.node.runs.stop import kill as _kill
     from higgsfield.node.runs.stop import kill_attempt, kill_target
     from higgsfield.node.state.records import RunDir
 
     if target is not None:
-        _emit(kill_target(_state(ctx), project, target, grace=grace))
+        found = kill_target(_state(ctx), project, target, grace=grace)
+        _emit(KillTargetReply(matched=found["matched"],
+                              killed=[NodeRunView.from_dict(r) for r in found["killed"]]).to_dict())
         return
     if run_name is None:
         raise click.UsageError("give --run or --target")
     if attempt is not None:
         record = kill_attempt(_state(ctx), project, run_name, attempt, grace=grace)
-        _emit({"missing": True, "run": run_name} if record is None else record.to_dict())
+        _emit((KillReply(missing=True, run=run_name) if record is None
+               else KillReply.from_dict(record.to_dict())).to_dict())
         return
     if missing_ok and not RunDir(_state(ctx), project, run_name).exists():
-        _emit({"missing": True, "run": run_name})
+        _emit(KillReply(missing=True, run=run_name).to_dict())
         return
-    _emit(_kill(_state(ctx), project, run_name, grace=grace).to_dict())
+    _emit(KillReply.from_dict(_kill(_state(ctx), project, run_name, grace=grace).to_dict()).to_dict())
 
 
 
@@ -242,9 +257,10 @@ invoker.add_command(_metrics)
 @click.pass_context
 def files(ctx: click.Context, project: str, run_name: str, step: str | None, logs: bool) -> None:
     """(pull) List a run's checkpoint steps, or one step's files or its logs, with sizes and sha256."""
+    from higgsfield.contract.replies_disk import FilesReply
     from higgsfield.node.observe.files import describe
 
-    _emit(describe(_state(ctx), project, run_name, step=step, logs=logs))
+    _emit(FilesReply.from_dict(describe(_state(ctx), project, run_name, step=step, logs=logs)).to_dict())
 
 
 @invoker.command(hidden=True)
@@ -260,6 +276,7 @@ def prune(ctx: click.Context, project: str, dry_run: bool) -> None:
     from dataclasses import replace
 
     from higgsfield.contract.prunespec import PrunePolicy
+    from higgsfield.contract.replies_disk import PruneReply
     from higgsfield.node.runs.prune import PruneError
     from higgsfield.node.runs.prune import prune as _prune
 
@@ -269,7 +286,8 @@ def prune(ctx: click.Context, project: str, dry_run: bool) -> None:
     except ValueError:
         raise PruneError("the prune request on stdin is not JSON") from None
     policy = PrunePolicy.from_dict(data)
-    _emit(_prune(_state(ctx), project, replace(policy, dry_run=policy.dry_run or dry_run)))
+    _emit(PruneReply.from_dict(_prune(_state(ctx), project, replace(policy, dry_run=policy.dry_run or dry_run)))
+          .to_dict())
 
 
 @invoker.command(hidden=True)
@@ -277,6 +295,7 @@ def prune(ctx: click.Context, project: str, dry_run: bool) -> None:
 @click.pass_context
 def usage(ctx: click.Context, project: str) -> None:
     """(doctor) Bytes in the state dir and the project's checkpoints, and the free space where they are."""
+    from higgsfield.contract.replies_disk import UsageReply
     from higgsfield.node.runs.prune import usage as _usage
 
-    _emit(_usage(_state(ctx), project))
+    _emit(UsageReply.from_dict(_usage(_state(ctx), project)).to_dict())

@@ -345,4 +345,4 @@ def test_killing_a_damaged_run_by_name_is_one_line_and_leaves_the_rest(project: 
     assert "Traceback" not in r.stderr and "internal error" not in r.stderr
     r = hf(project, "invoker", "--state-dir", state, "kill", "--project", PROJECT, "--target", "probe")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == {"matched": len(HEALTHY), "killed": []}   # every run of it ended already
+    assert json.loads(r.stdout) == {"matched": len(HEALTHY), "killed": [], "version": 1}   # every run of it ended already

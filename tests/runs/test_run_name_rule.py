@@ -129,7 +129,7 @@ def test_a_failed_starts_clean_up_stops_only_its_own_attempt(project: Path) -> N
         assert out.returncode == 0, out.stderr
         return dict(json.loads(out.stdout))
 
-    assert stop("0123abcd0123abcd") == {"missing": True, "run": "held"}   # another start's clean-up
+    assert stop("0123abcd0123abcd") == {"missing": True, "run": "held", "version": 1}   # another start's clean-up
     time.sleep(1)
     assert local_record(project, "held")["state"] == "running"
     assert stop(rec["attempt"])["state"] == "killed"                        # its own start's clean-up

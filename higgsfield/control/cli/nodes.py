@@ -387,15 +387,14 @@ def _render_prune(result: Any) -> None:
         click.echo(f"{node}: {verb} {len(n.runs)} run(s), {len(n.checkpoints)} checkpoint dir(s), "
                    f"{len(n.images)} image(s): {human_bytes(n.freed_bytes)}")
         for r in n.runs:
-            click.echo(f"  run {inert(str(r.get('run')))} ({inert(str(r.get('state')))}) "
-                       f"{human_bytes(int(r.get('bytes') or 0))}")
+            click.echo(f"  run {inert(r.run)} ({inert(r.state)}) {human_bytes(r.bytes)}")
         for c in n.checkpoints:
-            click.echo(f"  checkpoints {inert(str(c.get('path')))} {human_bytes(int(c.get('bytes') or 0))}")
+            click.echo(f"  checkpoints {inert(c.path)} {human_bytes(c.bytes)}")
         for i in n.images:
-            click.echo(f"  image {inert(str(i.get('tag')))} {human_bytes(int(i.get('bytes') or 0))}")
+            click.echo(f"  image {inert(i.tag)} {human_bytes(i.bytes)}")
         for k in n.kept:
-            what = f"run {k['run']}" if "run" in k else f"image {k.get('image')}"
-            click.echo(f"  kept {inert(str(what))}: {inert(str(k.get('why')))}")
+            what = f"run {k.run}" if k.run is not None else f"image {k.image}"
+            click.echo(f"  kept {inert(what)}: {inert(k.why)}")
         for line in n.skipped:
             click.echo(f"  skipped {inert(line)}")
         for line in n.notes:

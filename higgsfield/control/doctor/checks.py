@@ -15,9 +15,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import higgsfield
+from higgsfield.contract.decode import DecodeError
+from higgsfield.contract.replies import EnvReply, Typed
+from higgsfield.contract.replies_disk import UsageReply
 from higgsfield.contract.units import human_bytes
 from higgsfield.control.backends.slurm import preflight as pf
 from higgsfield.control.doctor.probe import (
@@ -36,6 +39,8 @@ from higgsfield.control.doctor.probe import (
 from higgsfield.control.doctor.report import NodeDiagnosis, Probe
 from higgsfield.control.remote.base import CommandResult
 from higgsfield.control.remote.probe import Clock
+
+R = TypeVar("R", bound=Typed)
 
 if TYPE_CHECKING:
     from higgsfield.control.config import Config, NodeConfig
@@ -59,6 +64,17 @@ def _slurm(cfg: Config, f: Facts, d: NodeDiagnosis) -> None:
     test = f(pf.test_only_argv(s))
     sub = pf.submit(s, test.ok, test.stdout, test.stderr)
     d.checks["account"] = Probe(sub.ok, sub.summary, sub.problem, sub.fix)
+
+
+def _reply(r: CommandResult, reply: type[R]) -> tuple[R | None, str]:
+    """An invoker verb's reply, decoded (None: it did not answer one), and why not in one line."""
+    why = (r.stderr.strip().splitlines() or ["no answer"])[-1]
+    if not r.ok:
+        return None, why
+    try:
+        return reply.from_dict(json.loads(r.stdout)), why
+    except ValueError as e:   # not JSON (the stderr says why), or a reply that does not decode (it says)
+        return None, str(e) if isinstance(e, DecodeError) else why
 
 
 def _json(r: CommandResult) -> dict[str, Any]:
@@ -157,22 +173,19 @@ def _usage(cfg: Config, node: NodeConfig, f: Facts) -> Probe:
     """The state dir's and the checkpoints' bytes, and the free space where they are: below
     MIN_FREE_FRACTION free, the fix is ``higgsfield prune`` (retention: makes deploy do it)."""
     r = f(_usage_argv(cfg, node))
-    got = _json(r)
-    free = [e for e in got.get("free") or [] if isinstance(e, dict)] if isinstance(got.get("free"), list) else []
-    if not isinstance(got.get("state_bytes"), int) or not free:
-        why = (r.stderr.strip().splitlines() or ["no answer"])[-1]
+    got, why = _reply(r, UsageReply)
+    if got is None or not got.free:
         return Probe(False, "?", f"cannot read the state dir's disk usage ({why})", "higgsfield setup --step invoker")
-    data = {k: got.get(k) for k in ("state_dir", "state_bytes", "checkpoint_bytes", "free")}
+    data = {"state_dir": got.state_dir, "state_bytes": got.state_bytes, "checkpoint_bytes": got.checkpoint_bytes,
+            "free": [e.to_dict() for e in got.free]}
     gib = 1024 ** 3
-    low = [e for e in free if int(e.get("total_bytes") or 0) > 0
-           and int(e.get("free_bytes") or 0) < MIN_FREE_FRACTION * int(e["total_bytes"])]
-    least = min(free, key=lambda e: int(e.get("free_bytes") or 0))
-    ckpt = int(got.get("checkpoint_bytes") or 0)
-    summary = (f"state {human_bytes(got['state_bytes'])}, checkpoints {human_bytes(ckpt)}, "
-               f"{human_bytes(int(least.get('free_bytes') or 0))} free")
+    low = [e for e in got.free if e.total_bytes > 0 and e.free_bytes < MIN_FREE_FRACTION * e.total_bytes]
+    least = min(got.free, key=lambda e: e.free_bytes)
+    summary = (f"state {human_bytes(got.state_bytes)}, checkpoints {human_bytes(got.checkpoint_bytes)}, "
+               f"{human_bytes(least.free_bytes)} free")
     if low:
-        where = ", ".join(f"{e.get('what')} ({e.get('path')}: {int(e.get('free_bytes') or 0) / gib:.1f} of "
-                          f"{int(e.get('total_bytes') or 0) / gib:.0f} GiB)" for e in low)
+        where = ", ".join(f"{e.what} ({e.path}: {e.free_bytes / gib:.1f} of {e.total_bytes / gib:.0f} GiB)"
+                          for e in low)
         return Probe(False, summary, f"less than {MIN_FREE_FRACTION:.0%} free for {where}",
                      "higgsfield prune --dry-run, then higgsfield prune (set retention: so deploy prunes)", data)
     return Probe(True, summary, data=data)
@@ -184,21 +197,17 @@ def _environment(cfg: Config, node: NodeConfig, f: Facts) -> Probe:
     if argv is None:
         return Probe(True, "not used (runtime: docker)")
     r = f(argv)
-    try:
-        st = json.loads(r.stdout) if r.ok else None
-    except ValueError:
-        st = None
-    if not isinstance(st, dict) or "state" not in st:
-        why = (r.stderr.strip().splitlines() or ["no answer"])[-1]
+    st, why = _reply(r, EnvReply)
+    if st is None or st.state is None:
         return Probe(False, "?", f"cannot read the project environment ({why})", "higgsfield setup --step invoker")
-    state = str(st["state"])
-    data = {k: st.get(k) for k in ("state", "key", "wanted", "python", "torch")}
+    state = st.state
+    data = {"state": st.state, "key": st.key, "wanted": st.wanted, "python": st.python, "torch": st.torch}
     if state == "present":
-        return Probe(True, f"present {st.get('key')}, torch {st.get('torch') or '?'}", data=data)
+        return Probe(True, f"present {st.key}, torch {st.torch or '?'}", data=data)
     # runtime auto uses it only where no image runs; there a missing environment is not (yet) a problem
     ok = cfg.runtime == "auto"
     if state == "stale":
-        return Probe(ok, f"stale {st.get('key')}", "the project environment was built for another "
+        return Probe(ok, f"stale {st.key}", "the project environment was built for another "
                      "requirements.txt than the deployed one", "higgsfield deploy", data)
     return Probe(ok, "missing", "no project environment for runtime: process (a venv with torch and "
                  "requirements.txt)", "higgsfield deploy", data)

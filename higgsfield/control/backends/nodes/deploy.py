@@ -40,8 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from higgsfield.contract.errors import DeployError
+from higgsfield.contract.replies import BuildReply, Deployment, EnvLine, EnvReply
 from higgsfield.control.backends.backend import DeployResult, NodeDeploy
-from higgsfield.control.backends.nodes.output import decode, invoke
+from higgsfield.control.backends.nodes.output import decode_reply, invoke_reply, invoke_reply_or_none
 from higgsfield.control.backends.nodes.prune import apply_retention
 from higgsfield.control.config import Config
 from higgsfield.control.remote import Group, Member, Transport, open_group
@@ -123,24 +124,23 @@ async def deploy_async(cfg: Config, *, dirty: bool = False, console: Any = None)
             nd.commit = commit
             build_args += ["--code-dir", str(cfg.project_dir)]
         else:
-            have = await invoke(t, cfg, ["deployed", "--project", cfg.name], timeout=60, nullable=True)
-            if not have or have.get("commit") != commit:
-                got = await invoke(t, cfg, ["deploy", "--project", cfg.name, "--commit", commit]
-                                    + (["--dirty"] if dirty else []), input=archive)
+            have = await invoke_reply_or_none(t, cfg, ["deployed", "--project", cfg.name], Deployment, timeout=60)
+            if have is None or have.commit != commit:
+                have = await invoke_reply(t, cfg, ["deploy", "--project", cfg.name, "--commit", commit]
+                                          + (["--dirty"] if dirty else []), Deployment, input=archive)
                 nd.shipped = True
-                have = got
-            if not have or have.get("commit") != commit:
-                raise DeployError(f"{t.node}: deployed commit is {have and have.get('commit')}, expected {commit}")
-            nd.commit = have["commit"]
+            if have.commit != commit:
+                raise DeployError(f"{t.node}: deployed commit is {have.commit}, expected {commit}")
+            nd.commit = have.commit
         b0 = time.monotonic()
-        built = await invoke(t, cfg, build_args, timeout=max(cfg.ssh.command_timeout, 3600))
+        built = await invoke_reply(t, cfg, build_args, BuildReply, timeout=max(cfg.ssh.command_timeout, 3600))
         nd.build_seconds = time.monotonic() - b0
-        nd.image, nd.built, nd.skipped_build = built.get("tag"), bool(built.get("built")), built.get("skipped")
+        nd.image, nd.built, nd.skipped_build = built.tag, bool(built.built), built.skipped
         if nd.image is None and cfg.runtime in ("process", "auto"):
             e0 = time.monotonic()
             env = await _build_env(t, cfg, node.is_local, say)
             nd.env_seconds = time.monotonic() - e0
-            nd.env, nd.env_built, nd.env_python = env.get("key"), bool(env.get("built")), env.get("python")
+            nd.env, nd.env_built, nd.env_python = env.key, bool(env.built), env.python
         nd.seconds = time.monotonic() - started
         what = "shipped" if nd.shipped else ("local tree" if node.is_local else "up to date")
         img = (f"image {nd.image} {'built' if nd.built else 'unchanged'}" if nd.image
@@ -161,26 +161,27 @@ async def deploy_async(cfg: Config, *, dirty: bool = False, console: Any = None)
     return result
 
 
-async def _build_env(t: Transport, cfg: Config, local: bool, say: Any) -> dict[str, Any]:
+async def _build_env(t: Transport, cfg: Config, local: bool, say: Any) -> EnvReply:
     """``invoker env`` on one node: its progress lines are shown as they come, its result returned."""
     args = ["env", "--project", cfg.name] + (["--code-dir", str(cfg.project_dir)] if local else [])
     argv = [*invoker_argv(cfg, cfg.node(t.node)), *args]
-    result: dict[str, Any] = {}
+    result: EnvReply | None = None
 
     async def consume() -> None:
+        nonlocal result
         async for line in t.stream(argv):
-            msg = decode(t.node, line, expect=dict)
-            if "progress" in msg:
-                say(f"  {t.node}: environment: {msg['progress']}")
-            elif "result" in msg:
-                result.update(msg["result"])
+            msg = decode_reply(t.node, line, EnvLine)
+            if msg.progress is not None:
+                say(f"  {t.node}: environment: {msg.progress}")
+            elif msg.result is not None:
+                result = msg.result
 
     limit = max(cfg.ssh.command_timeout, ENV_TIMEOUT_S)
     try:
         await asyncio.wait_for(consume(), limit)
     except asyncio.TimeoutError:
         raise DeployError(f"{t.node}: building the project environment took over {limit:.0f}s") from None
-    if not result:
+    if result is None:
         raise DeployError(f"{t.node}: the invoker built no project environment (no result line)")
     return result
 

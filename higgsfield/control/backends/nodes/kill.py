@@ -15,11 +15,11 @@ Use::
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from higgsfield.contract.errors import NoSuchRun, RunError
+from higgsfield.contract.replies import KillReply, KillTargetReply
 from higgsfield.contract.runspec import RunStatus
-from higgsfield.control.backends.nodes.output import invoke
+from higgsfield.control.backends.nodes.output import invoke_reply
 from higgsfield.control.backends.nodes.status import merge
 from higgsfield.control.backends.timeouts import QUERY_S, step_timeout
 from higgsfield.control.config import Config
@@ -27,7 +27,7 @@ from higgsfield.control.remote import Group, Member, NodeResult, open_group
 
 
 async def stop_run(group: Group, cfg: Config, run: str, *, missing_ok: bool = False,
-                   attempt: str | None = None) -> list[NodeResult[Any]]:
+                   attempt: str | None = None) -> list[NodeResult[KillReply]]:
     """Kill ``run`` on every node of ``group``; with ``missing_ok`` a node without it answers {"missing": true}.
 
     With ``attempt`` (a failed start's clean-up) a node stops the run only if that start
@@ -38,8 +38,9 @@ async def stop_run(group: Group, cfg: Config, run: str, *, missing_ok: bool = Fa
     if attempt is not None:
         extra += ["--attempt", attempt]
 
-    async def one(m: Member) -> Any:
-        return await invoke(m.transport, cfg, ["kill", "--project", cfg.name, "--run", run, *extra], timeout=QUERY_S)
+    async def one(m: Member) -> KillReply:
+        return await invoke_reply(m.transport, cfg, ["kill", "--project", cfg.name, "--run", run, *extra], KillReply,
+                                  timeout=QUERY_S)
 
     return await group.run(one, timeout=step_timeout(cfg, QUERY_S))
 
@@ -50,13 +51,13 @@ async def kill_runs(group: Group, cfg: Config, target: str) -> list[RunStatus]:
     Returns the killed runs' final status; raises GroupError (after stopping the
     rest) if a node can't be reached.
     """
-    async def one(m: Member) -> Any:
-        return await invoke(m.transport, cfg, ["kill", "--project", cfg.name, "--target", target],
-                            timeout=QUERY_S, keys=("matched", "killed"))
+    async def one(m: Member) -> KillTargetReply:
+        return await invoke_reply(m.transport, cfg, ["kill", "--project", cfg.name, "--target", target],
+                                  KillTargetReply, timeout=QUERY_S)
 
     results = await group.run(one, timeout=step_timeout(cfg, QUERY_S))
-    records = [rec for r in results if r.ok and r.value for rec in r.value.get("killed", [])]
-    matched = sum(int(r.value.get("matched", 0)) for r in results if r.ok and r.value)
+    records = [rec for r in results if r.ok and r.value for rec in r.value.killed]
+    matched = sum(r.value.matched for r in results if r.ok and r.value)
     failed = [r for r in results if not r.ok]
     if not records:
         if failed:

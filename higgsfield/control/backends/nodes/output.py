@@ -1,12 +1,20 @@
-"""Calling a node's invoker and decoding what it prints: JSON of the expected shape, or one clear
-error naming the node."""
+"""Calling a node's invoker and decoding what it prints: the verb's typed reply
+(:mod:`higgsfield.contract.replies`), or one clear error naming the node.
+
+Use::
+
+    built = await invoke_reply(t, cfg, ["build", ...], BuildReply)     # a BuildReply; CommandError if not
+    have = await invoke_reply_or_none(t, cfg, ["deployed", ...], Deployment)
+"""
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.errors import CommandError
+from higgsfield.contract.replies import Typed
 from higgsfield.control.remote.invoker import invoker_argv
 
 if TYPE_CHECKING:
@@ -14,6 +22,8 @@ if TYPE_CHECKING:
     from higgsfield.control.remote import Transport
 
 UPGRADE_HINT = "run 'higgsfield setup' to upgrade the invoker"
+
+R = TypeVar("R", bound=Typed)
 
 
 def decode(node: str, stdout: str, *, expect: type | None = None, keys: tuple[str, ...] = (),
@@ -54,3 +64,34 @@ async def invoke(t: Transport, cfg: Config, args: list[str], *, input: bytes | s
     res = await t.run([*invoker_argv(cfg, cfg.node(t.node)), *args], input=input,
                       timeout=timeout or cfg.ssh.command_timeout)
     return decode(t.node, res.stdout, expect=expect, keys=keys, nullable=nullable)
+
+
+def decode_reply(node: str, stdout: str, reply: type[R]) -> R:
+    """``stdout`` (one JSON object) as ``reply``: a reply that does not decode, or of another version, is one
+    line naming ``node`` and saying to run ``higgsfield setup``."""
+    return as_reply(node, decode(node, stdout, expect=None), reply, stdout=stdout)
+
+
+def as_reply(node: str, data: object, reply: type[R], *, stdout: str | None = None) -> R:
+    """Parsed JSON as ``reply`` (:func:`decode_reply`'s error)."""
+    try:
+        return reply.from_dict(data)
+    except DecodeError as e:
+        raise CommandError(node, f"unexpected invoker output: {e} ({UPGRADE_HINT})", stdout=stdout or "") from None
+
+
+async def invoke_reply(t: Transport, cfg: Config, args: list[str], reply: type[R], *,
+                       input: bytes | str | None = None, timeout: float | None = None) -> R:
+    """Run ``higgsfield invoker ARGS`` on ``t``'s node; its reply, decoded once into ``reply``."""
+    res = await t.run([*invoker_argv(cfg, cfg.node(t.node)), *args], input=input,
+                      timeout=timeout or cfg.ssh.command_timeout)
+    return decode_reply(t.node, res.stdout, reply)
+
+
+async def invoke_reply_or_none(t: Transport, cfg: Config, args: list[str], reply: type[R], *,
+                               input: bytes | str | None = None, timeout: float | None = None) -> R | None:
+    """:func:`invoke_reply` for a verb that answers null when there is nothing (``deployed``)."""
+    res = await t.run([*invoker_argv(cfg, cfg.node(t.node)), *args], input=input,
+                      timeout=timeout or cfg.ssh.command_timeout)
+    data = decode(t.node, res.stdout, expect=None, nullable=True)
+    return None if data is None else as_reply(t.node, data, reply, stdout=res.stdout)

@@ -25,8 +25,9 @@ from typing import Any
 
 from higgsfield.contract.errors import NoSuchRun, RunError
 from higgsfield.contract.prunespec import PrunePolicy
+from higgsfield.contract.replies_disk import Kept, PrunedCheckpoint, PrunedImage, PrunedRun, PruneReply
 from higgsfield.contract.units import human_bytes
-from higgsfield.control.backends.nodes.output import invoke
+from higgsfield.control.backends.nodes.output import invoke_reply
 from higgsfield.control.backends.timeouts import step_timeout
 from higgsfield.control.config import Config
 from higgsfield.control.config.schema import RetentionConfig
@@ -47,29 +48,20 @@ class NodePrune:
     """What one node removed (or, in a dry run, would remove)."""
 
     node: str
-    runs: list[dict[str, Any]] = field(default_factory=list)
-    checkpoints: list[dict[str, Any]] = field(default_factory=list)
-    images: list[dict[str, Any]] = field(default_factory=list)
-    kept: list[dict[str, Any]] = field(default_factory=list)
+    runs: list[PrunedRun] = field(default_factory=list)
+    checkpoints: list[PrunedCheckpoint] = field(default_factory=list)
+    images: list[PrunedImage] = field(default_factory=list)
+    kept: list[Kept] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     freed_bytes: int = 0
 
     @classmethod
-    def from_json(cls, node: str, d: dict[str, Any]) -> NodePrune:
-        def items(key: str) -> list[Any]:
-            v = d.get(key)
-            return list(v) if isinstance(v, list) else []
-
-        freed = d.get("freed_bytes")
-        return cls(node, runs=[e for e in items("runs") if isinstance(e, dict)],
-                   checkpoints=[e for e in items("checkpoints") if isinstance(e, dict)],
-                   images=[e for e in items("images") if isinstance(e, dict)],
-                   kept=[e for e in items("kept") if isinstance(e, dict)],
-                   skipped=[str(s) for s in items("skipped")], missing=[str(s) for s in items("missing")],
-                   notes=[str(s) for s in items("notes")],
-                   freed_bytes=freed if isinstance(freed, int) and not isinstance(freed, bool) else 0)
+    def from_reply(cls, node: str, r: PruneReply) -> NodePrune:
+        return cls(node, runs=list(r.runs), checkpoints=list(r.checkpoints), images=list(r.images),
+                   kept=list(r.kept), skipped=list(r.skipped), missing=list(r.missing), notes=list(r.notes),
+                   freed_bytes=r.freed_bytes)
 
 
 @dataclass
@@ -106,9 +98,9 @@ def policy_for(cfg: Config, *, older_than_s: float | None = None, runs: tuple[st
 
 async def prune_node(t: Transport, cfg: Config, policy: PrunePolicy) -> NodePrune:
     """``invoker prune`` on one node; what it removed."""
-    got = await invoke(t, cfg, ["prune", "--project", cfg.name], input=policy.to_json(), timeout=PRUNE_S,
-                       keys=("runs", "freed_bytes"))
-    return NodePrune.from_json(t.node, got)
+    got = await invoke_reply(t, cfg, ["prune", "--project", cfg.name], PruneReply, input=policy.to_json(),
+                             timeout=PRUNE_S)
+    return NodePrune.from_reply(t.node, got)
 
 
 async def prune_group(group: Group, cfg: Config, policy: PrunePolicy) -> PruneResult:
@@ -135,7 +127,7 @@ def _refuse_named(policy: PrunePolicy, results: list[NodeResult[NodePrune]]) -> 
     Group.check(results, "prune")   # every node must answer: a name cannot be called unknown otherwise
     nodes = [r.value for r in results if r.value is not None]
     for run in policy.runs:
-        active = [(n.node, str(k.get("why"))) for n in nodes for k in n.kept if k.get("run") == run]
+        active = [(n.node, k.why) for n in nodes for k in n.kept if k.run == run]
         if active:
             where = ", ".join(node for node, _ in active)
             raise PruneRefused(f"run '{run}' is {active[0][1]} on {where}: prune never touches an active run "

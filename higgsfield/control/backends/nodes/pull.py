@@ -49,8 +49,9 @@ from pathlib import Path
 from typing import Any
 
 from higgsfield.contract.errors import RunError
+from higgsfield.contract.replies_disk import FilesReply
 from higgsfield.contract.runspec import RunStatus
-from higgsfield.control.backends.nodes.output import decode
+from higgsfield.control.backends.nodes.output import decode_reply
 from higgsfield.control.backends.nodes.status import find_run
 from higgsfield.control.config import Config
 from higgsfield.control.remote import Transport, open_group
@@ -132,7 +133,7 @@ async def pull_parts(status: RunStatus, parts: Sequence[Part], dest: Path | None
                 progress: Progress) -> PullResult:
     dest = dest or Path("pulled") / status.run
     listed = await asyncio.gather(*(_list(p, status, ["--project", status.project]) for p in parts))
-    name = choose_step(status.run, [(p.name, r.get("steps")) for p, r in zip(parts, listed, strict=True)], step)
+    name = choose_step(status.run, [(p.name, r.steps) for p, r in zip(parts, listed, strict=True)], step)
     steps = await asyncio.gather(*(_list(p, status, ["--project", status.project, "--step", name]) for p in parts))
     files = merge_parts([_files(p.name, r) for p, r in zip(parts, steps, strict=True)])
     result = PullResult(dest, name, [p.name for p in parts])
@@ -156,8 +157,7 @@ async def pull_parts(status: RunStatus, parts: Sequence[Part], dest: Path | None
         result.bytes += copied or 0
 
     await asyncio.gather(*(one(p, f, local) for p, f, local in jobs))
-    marker = steps[0].get("marker")
-    write_marker(dest / name, marker if isinstance(marker, dict) else {}, status.run, [p.name for p in parts])
+    write_marker(dest / name, steps[0].marker or {}, status.run, [p.name for p in parts])
     return result
 
 
@@ -165,10 +165,10 @@ def parts_by(parts: Sequence[Part], node: str) -> Part:
     return next(p for p in parts if p.name == node)
 
 
-async def _list(p: Part, status: RunStatus, args: list[str]) -> dict[str, Any]:
-    """``invoker files`` on one node; its reply, checked to be an object (the run not there: one line)."""
+async def _list(p: Part, status: RunStatus, args: list[str]) -> FilesReply:
+    """``invoker files`` on one node; its reply, decoded (the run not there: one line)."""
     res = await p.transport.run([*p.invoker, "files", *args, "--run", status.run], timeout=LIST_S)
-    return dict(decode(p.name, res.stdout, expect=dict, keys=("root",)))
+    return decode_reply(p.name, res.stdout, FilesReply)
 
 
 def choose_step(run: str, per_node: Sequence[tuple[str, object]], step: str | int | None) -> str:
@@ -200,20 +200,16 @@ def step_name(step: str | int) -> str:
     raise PullError(f"--step {text!r}: give a step number, step_XXXXXXXX or 'latest'")
 
 
-def _files(node: str, reply: dict[str, Any]) -> list[RemoteFile]:
-    """The listing's files, each checked (what comes back from a node is untrusted: no path leaves the root)."""
-    root, files = reply.get("root"), reply.get("files")
-    if not isinstance(root, str) or not isinstance(files, list):
+def _files(node: str, reply: FilesReply) -> list[RemoteFile]:
+    """The listing's files, each checked (what comes back from a node is untrusted: no path leaves the root;
+    the sizes and digests were checked as the reply was decoded)."""
+    if reply.files is None:
         raise RunError(f"{node}: unexpected invoker output: no files listed (run 'higgsfield setup' to upgrade)")
     out = []
-    for f in files:
-        rel = f.get("path") if isinstance(f, dict) else None
-        size = f.get("size") if isinstance(f, dict) else None
-        sha = f.get("sha256") if isinstance(f, dict) else None
-        if not (isinstance(rel, str) and safe_rel(rel) and isinstance(size, int) and size >= 0
-                and isinstance(sha, str) and SHA_RE.fullmatch(sha)):
-            raise RunError(f"{node}: unexpected invoker output: a bad file entry {str(f)[:120]!r}")
-        out.append(RemoteFile(node, f"{root.rstrip('/')}/{rel}", rel, size, sha))
+    for f in reply.files:
+        if not (safe_rel(f.path) and f.size >= 0 and SHA_RE.fullmatch(f.sha256)):
+            raise RunError(f"{node}: unexpected invoker output: a bad file entry {str(f.to_dict())[:120]!r}")
+        out.append(RemoteFile(node, f"{reply.root.rstrip('/')}/{f.path}", f.path, f.size, f.sha256))
     return out
 
 

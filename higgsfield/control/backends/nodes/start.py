@@ -40,12 +40,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.errors import CommandError, RunError, RunNameInUse
 from higgsfield.contract.params import check_run_name, resolve
+from higgsfield.contract.replies import NameInUseReply, StartReply
 from higgsfield.contract.runspec import ACTIVE, Coordinator, RunSpec
 from higgsfield.control.backends.backend import RunHandle
 from higgsfield.control.backends.nodes.kill import stop_run
-from higgsfield.control.backends.nodes.output import UPGRADE_HINT, invoke
+from higgsfield.control.backends.nodes.output import UPGRADE_HINT, invoke_reply
 from higgsfield.control.backends.timeouts import START_S, step_timeout
 from higgsfield.control.config import Config, NodeConfig
 from higgsfield.control.project.discovery import find_experiment
@@ -95,7 +97,7 @@ async def launch(group: Group, cfg: Config, plan: RunPlan, *,
     attempt = _random.token_hex(8)  # marks what this start makes, so its clean-up stops nothing else
 
     def launcher(coordinator: Coordinator | None) -> Any:
-        async def one(m: Member) -> dict[str, Any]:
+        async def one(m: Member) -> StartReply:
             spec = RunSpec(
                 project=cfg.name, experiment=plan.experiment, run=plan.run, module=plan.module,
                 code_dir=_code_dir(cfg, m.node), params=plan.params, node=m.name, node_rank=m.rank,
@@ -105,7 +107,7 @@ async def launch(group: Group, cfg: Config, plan: RunPlan, *,
                 checkpoint_mirror=cfg.checkpoint.mirror or "")
             payload = json.dumps({"spec": spec.to_dict(), "secrets": secrets or {}, "token": token})
             try:
-                return dict(await invoke(m.transport, cfg, ["start"], input=payload, keys=("state", "run")))
+                return await invoke_reply(m.transport, cfg, ["start"], StartReply, input=payload)
             except CommandError as e:
                 refusal = _name_in_use(e, plan.run, m.name)
                 if refusal is None:
@@ -116,7 +118,7 @@ async def launch(group: Group, cfg: Config, plan: RunPlan, *,
     # Node 0 first: its start binds the run's coordinator port, which the others are started with.
     timeout = step_timeout(cfg, START_S)
     results = await group[:1].run(launcher(None), timeout=timeout)
-    port = results[0].value.get("coord_port") if results[0].ok and results[0].value else None
+    port = results[0].value.coord_port if results[0].ok and results[0].value else None
     if results[0].ok and not port:
         results[0] = NodeResult(names[0], 0, error=RunError(
             f"the invoker on {names[0]} started no run coordinator ({UPGRADE_HINT})"))
@@ -125,19 +127,19 @@ async def launch(group: Group, cfg: Config, plan: RunPlan, *,
         results += await group[1:].run(launcher(coordinator), timeout=timeout)
     if any(not r.ok for r in results):
         await _clean_up(group, cfg, plan.run, attempt, results)
-    return RunHandle(cfg.name, plan.experiment, plan.run, names, [r.value for r in results if r.value is not None])
+    return RunHandle(cfg.name, plan.experiment, plan.run, names,
+                     [r.value.record() for r in results if r.value is not None])
 
 
 def _name_in_use(err: CommandError, run: str, node: str) -> RunNameInUse | None:
     """The node's refusal of a name an active run holds ({"name_in_use": true} on its stdout), else None."""
     try:
-        data = json.loads(err.stdout) if err.stdout else None
-    except ValueError:
+        reply = NameInUseReply.from_dict(json.loads(err.stdout)) if err.stdout else None
+    except (ValueError, DecodeError):
         return None
-    if not isinstance(data, dict) or data.get("name_in_use") is not True:
+    if reply is None:
         return None
-    state = data.get("state")
-    return RunNameInUse(run, state if isinstance(state, str) and state in ACTIVE else "active", node)
+    return RunNameInUse(run, reply.state if reply.state in ACTIVE else "active", node)
 
 
 async def _clean_up(group: Group, cfg: Config, run: str, attempt: str,
@@ -153,7 +155,7 @@ async def _clean_up(group: Group, cfg: Config, run: str, attempt: str,
     reached = {r.node for r in results if r not in refused}
     kills = await stop_run(Group([m for m in group.members if m.name in reached]), cfg, run, missing_ok=True,
                            attempt=attempt) if reached else []
-    stopped = [k.node for k in kills if k.ok and k.value and not k.value.get("missing")]
+    stopped = [k.node for k in kills if k.ok and k.value and not k.value.missing]
     unkilled = "; ".join(f"{k.node}: {k.reason}" for k in kills if not k.ok)
     detail = "; ".join(f"{r.node}: {r.reason}" for r in failed)
     if refused:
