@@ -2,7 +2,8 @@
 
 The run spec, node records and status (:mod:`.runspec`), a run's failure and the
 coordinator's verdict (:mod:`.failure`), the run directory's names (:mod:`.layout`),
-a Slurm run's request and submission files (:mod:`.slurmjob`), the prune request
+a Slurm run's request and submission files (:mod:`.slurmjob`), every invoker verb's
+reply (:mod:`.replies`, :mod:`.replies_disk`), the prune request
 (:mod:`.prunespec`), the defensive decoder every reader goes through
 (:mod:`.decode`), the error tree (:mod:`.errors`), and the small vocabularies both
 sides check the same way: names, params, ports, units, text and Slurm syntax.
