@@ -82,9 +82,10 @@ def test_wheel_holds_every_package(installed: tuple[Path, Path]) -> None:
 def test_wheel_holds_the_dashboard(installed: tuple[Path, Path]) -> None:
     wheel, _ = installed
     names = set(zipfile.ZipFile(wheel).namelist())
-    static = {p.relative_to(REPO / "higgsfield").as_posix() for p in (REPO / "higgsfield/ui/static").rglob("*")
+    static = {p.relative_to(REPO / "higgsfield").as_posix() for p in (REPO / "higgsfield/control/ui/static").rglob("*")
               if p.is_file()}
-    assert {"ui/static/index.html", "ui/static/app.js", "ui/static/vendor/uPlot.iife.min.js"} <= static
+    assert {"control/ui/static/index.html", "control/ui/static/app.js",
+            "control/ui/static/vendor/uPlot.iife.min.js"} <= static
     assert {f"higgsfield/{p}" for p in static} <= names
     assert "higgsfield/control/ui/app.py" in names and "higgsfield/metrics.py" in names
 
