@@ -1,7 +1,7 @@
 """How long ``higgsfield --help`` takes to start, next to a bare ``python -c pass``.
 
 The control-side CLI must feel instant on a laptop, so it imports neither torch
-nor pydantic/rich/asyncssh for ``--help`` (see higgsfield/cli/__init__.py). This
+nor pydantic/rich/asyncssh for ``--help`` (see higgsfield/control/cli/__init__.py). This
 times the console script of the venv that runs this file, best and median of
 N runs after a warm-up, and the bare interpreter start as a baseline, so the
 figure can be read as a ratio on any machine. Target: best <= 0.15 s.
