@@ -263,7 +263,9 @@ def run(spec: RunSpec) -> int:
         if p not in sys.path:
             sys.path.insert(0, p)
     from higgsfield.experiment import registry, seed_everything
+    from higgsfield.node.runtime.attempts import isolate_restart_store
 
+    isolate_restart_store()   # a restarted worker must not read the dead workers' addresses
     importlib.import_module(spec.module)
     exp = registry().get(spec.experiment)
     if exp is None:
