@@ -14,12 +14,14 @@ from pathlib import Path
 
 from higgsfield.contract.params import parse_assignments
 from higgsfield.experiment import registry, seed_everything
+from higgsfield.node.runtime.attempts import isolate_restart_store
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def main(argv: list[str]) -> None:
     name, pairs = argv[0], argv[1:]
+    isolate_restart_store()   # as the entrypoint does: a restarted worker keys the store by its attempt
     spec = importlib.util.spec_from_file_location(name, SRC / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -4,9 +4,12 @@ Two torchrun agents (``--nnodes 2 --node_rank 0/1`` on 127.0.0.1) run tiny_llama
 with a different ``HIGGSFIELD_CHECKPOINT_DIR`` each, so no rank of node 1 can see
 a file of node 0: a load that needed one would fail. What must hold: each node
 keeps only its own ranks' shards (plus its own metadata, trainer state, rng and
-marker), a restart of both resumes from the last step complete on both with the
-losses of an uninterrupted run (the interrupted run itself, which ran on to step 9
-past its last save at 8, and saved asynchronously in the FSDP case), a step missing
+marker); a worker of node 1 that dies makes torchrun (``--max-restarts 1``) restart
+the workers of both nodes, which go on from the last step complete on both with the
+losses the dead attempt had; a restart of both resumes from the last step complete
+on both with the losses of an uninterrupted run (the interrupted run itself, which
+ran on to step 9 past its last save at 8, and saved asynchronously in the FSDP
+case), a step missing
 on node 1 makes the load fall back to the previous one, and with nothing in common
 every rank stops with one line naming node 1 and its directory. Keep-last-k prunes
 on both nodes. The last step, merged as ``pull`` merges it and converted as
@@ -34,10 +37,18 @@ STEPS, EVERY = 12, 4
 BASE = {"steps": STEPS, "checkpoint_every": EVERY, "precision": "fp32"}
 
 
-def two_nodes(tmp: Path, params: dict[str, Any], run: str,
-              timeout: float = 400) -> tuple[list[subprocess.CompletedProcess[str]], list[dict[str, Any]]]:
+def two_nodes(tmp: Path, params: dict[str, Any], run: str, timeout: float = 400, max_restarts: int = 0
+              ) -> tuple[list[subprocess.CompletedProcess[str]], list[dict[str, Any]]]:
     """tiny_llama on 2 torchrun agents x 2 ranks, node N's checkpoints in ``tmp/nodeN``; rank 0's metrics."""
-    return finish_two_nodes(*start_two_nodes(tmp, params, run), timeout=timeout)
+    return finish_two_nodes(*start_two_nodes(tmp, params, run, max_restarts=max_restarts), timeout=timeout)
+
+
+def _resumed(lines: list[dict[str, Any]], at: int) -> None:
+    """Attempt 0 crashed; torchrun's restart (attempt 1) went on from step ``at`` with attempt 0's losses."""
+    first = {m["step"]: m["loss"] for m in lines if m["attempt"] == 0}
+    again = {m["step"]: m["loss"] for m in lines if m["attempt"] == 1}
+    assert again and min(again) == at, f"the restarted workers began at {min(again, default=None)}, not {at}"
+    _close(first, again, range(at, max(first) + 1))
 
 
 def _ok(procs: list[subprocess.CompletedProcess[str]]) -> None:
@@ -56,10 +67,14 @@ def _close(a: dict[int, float], b: dict[int, float], steps: range) -> None:
 
 @pytest.mark.timeout(900)
 def test_fsdp_node_local_saves_resume_fall_back_and_prune(tmp_path):
-    # Cut after step 9 (saves after steps 3 and 7, written in the background): each node holds its own part.
-    procs, first = two_nodes(tmp_path, {**BASE, "engine": "fsdp", "stop_after": 9, "async_save": True}, run="cut")
+    # Rank 3 (node 1) dies at step 8 with the save after step 3 complete and the one after step 7 still in flight
+    # (saves are written in the background): torchrun restarts the workers of both nodes, which go on from step 4,
+    # each node reading only its own part. Cut after step 9: each node holds its own part.
+    procs, first = two_nodes(tmp_path, {**BASE, "engine": "fsdp", "stop_after": 9, "async_save": True,
+                                        "crash_at": 8}, run="cut", max_restarts=1)
     _ok(procs)
-    ref = losses(first)   # uninterrupted up to step 9: what a resume at step 8 must give again
+    _resumed(first, 4)
+    ref = losses(first)   # the restarted run up to step 9: what a resume at step 8 must give again
     assert sorted(ref) == list(range(10))
     node0, node1 = tmp_path / "node0" / "cut", tmp_path / "node1" / "cut"
     assert _steps(node0) == _steps(node1) == ["step_00000004", "step_00000008"]
@@ -106,8 +121,10 @@ def test_fsdp_node_local_saves_resume_fall_back_and_prune(tmp_path):
 def test_deepspeed_zero3_node_local_resumes_from_each_nodes_own_files(tmp_path):
     """ZeRO-3 writes every rank's model and optimizer partition itself; a node's lead adds trainer state."""
     params = {**BASE, "engine": "deepspeed", "zero_stage": 3}
-    procs, first = two_nodes(tmp_path, {**params, "stop_after": 9}, run="cut")
+    # a worker of node 1 dies at step 6: torchrun restarts both nodes' workers from the save after step 3
+    procs, first = two_nodes(tmp_path, {**params, "stop_after": 9, "crash_at": 6}, run="cut", max_restarts=1)
     _ok(procs)
+    _resumed(first, 4)
     node0, node1 = tmp_path / "node0" / "cut", tmp_path / "node1" / "cut"
     assert _steps(node0) == _steps(node1) == ["step_00000004", "step_00000008"]
     for node, ranks in ((node0, (0, 1)), (node1, (2, 3))):
@@ -118,7 +135,7 @@ def test_deepspeed_zero3_node_local_resumes_from_each_nodes_own_files(tmp_path):
     procs, second = two_nodes(tmp_path, {**params, "logits_file": saved}, run="cut")
     _ok(procs)
     assert sorted(losses(second)) == list(range(8, STEPS))
-    _close(losses(first), losses(second), range(8, 10))   # the cut run was uninterrupted up to step 9
+    _close(losses(first), losses(second), range(8, 10))   # the cut (restarted) run was uninterrupted from 4 to 9
     # `pull --hf` of ZeRO-3 partitions (each node wrote its ranks' own): consolidated, the trained logits
     check = export_and_compare([node0 / "step_00000012", node1 / "step_00000012"], tmp_path, saved)
     assert check["max_diff"] < 1e-4 and check["sum"] == "12+34=", check

@@ -50,8 +50,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_two_nodes(tmp: Path, params: dict[str, Any], run: str,
-                    env: dict[str, str] | None = None) -> tuple[list[subprocess.Popen[str]], Path]:
+def start_two_nodes(tmp: Path, params: dict[str, Any], run: str, env: dict[str, str] | None = None,
+                    max_restarts: int = 0) -> tuple[list[subprocess.Popen[str]], Path]:
     """tiny_llama on 2 torchrun agents x 2 ranks (``--nnodes 2`` on 127.0.0.1), node N's checkpoints in
     ``tmp/nodeN/<run>``: two "nodes" that share no disk. Each agent in its own session, so a kill takes
     its workers too; returns the agents and the file rank 0 appends its metrics to."""
@@ -62,7 +62,7 @@ def start_two_nodes(tmp: Path, params: dict[str, Any], run: str,
     for node in (0, 1):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node),
                "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port),
-               str(LAUNCH), "tiny_llama", *args]
+               "--max-restarts", str(max_restarts), str(LAUNCH), "tiny_llama", *args]
         full = {**os.environ, "OMP_NUM_THREADS": "1", "PROJECT_NAME": "test", "EXPERIMENT_NAME": "tiny_llama",
                 "RUN_NAME": run, "HIGGSFIELD_CHECKPOINT_DIR": str(tmp / f"node{node}" / run),
                 "HIGGSFIELD_NODE": f"fake{node}", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
