@@ -6,7 +6,7 @@ as one at the top). The first test checks this checkout. The others plant one
 violation at a time in a copy of the package and expect its contract to break,
 so no contract can pass by matching nothing.
 The run-time side of "no torch on the control side" is the ``sys.modules``
-probe of ``higgsfield --help`` in tests/test_cli_project.py.
+probe of ``higgsfield --help`` in tests/control/test_cli_project.py.
 """
 
 from __future__ import annotations

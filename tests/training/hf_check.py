@@ -3,7 +3,7 @@
 ``merge_local(parts, dest)`` lays the nodes' parts of one step side by side with the
 pull's own :func:`~higgsfield.control.backends.nodes.pull.merge_parts` and
 :func:`~higgsfield.control.backends.nodes.pull.write_marker` (the copy over SSH is tested in
-tests/test_pull.py and on the bed); ``hf_logits(directory, saved)`` loads an exported
+tests/control/test_pull.py and on the bed); ``hf_logits(directory, saved)`` loads an exported
 directory with ``transformers``' ``AutoModelForCausalLM.from_pretrained`` in a fresh
 process and returns the largest difference between its logits and the ones the trained
 model gave on the same batch (tiny_llama's ``logits_file``).

@@ -202,7 +202,7 @@ def test_a_kill_mid_upload_never_leaves_a_complete_step_with_a_part_missing(tmp_
     # Two kills (each launch costs ~20 s of the suite's budget). On loopback an upload takes
     # milliseconds, so a kill lands inside one only sometimes: what must hold after every kill is
     # the invariant; the partial-upload case itself is tested deterministically on a real path
-    # mirror in tests/test_checkpoint_mirror_config.py (a step with a part missing is never COMPLETE).
+    # mirror in tests/control/test_checkpoint_mirror_config.py (a step with a part missing is never COMPLETE).
     for moment in ("uploading", "after saves"):
         kill_at(moment)
         _assert_whole(fs, run_root)

@@ -1,6 +1,6 @@
 """The typed run contract: a spec survives the wire unchanged, and a node refuses what it cannot read.
 
-    pytest tests/test_runspec.py
+    pytest tests/contract/test_runspec.py
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ nothing, a cut file is completed, a damaged one fetched again, ``--logs`` brings
 and the record, a bad ``--step`` is one line, exit 2, and so is ``--hf`` of a model with no Hugging Face config
 (the positive ``--hf`` is tests/training/test_checkpoint_node_local.py's, on FSDP and ZeRO-3).
 
-    pytest tests/test_pull.py
+    pytest tests/control/test_pull.py
 """
 
 from __future__ import annotations

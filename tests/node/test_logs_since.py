@@ -20,7 +20,7 @@ from higgsfield.node.observe.logindex import start_offset
 from higgsfield.node.observe.logs import read_lines
 from higgsfield.node.state.records import RunDir
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 CHATTY = '''
 import os, sys, time
