@@ -17,6 +17,14 @@ Every ``timer.step`` on rank 0 of a run started by higgsfield also appends its
 :class:`~higgsfield.metrics.StepMetrics` as a JSON line to ``RUN_DIR/metrics.jsonl``
 (:class:`MetricsLog`): what ``higgsfield metrics RUN`` prints and the dashboard plots.
 
+Progress: every ``timer.step`` on *every* rank also calls :func:`progress` (a loop
+without a ``StepTimer`` calls ``higgsfield.training.progress(step)`` itself). The node
+watches it to tell a hung run from a slow one: a run none of whose ranks progresses
+within ``stall_timeout`` (``higgsfield run --stall-timeout``) is stalled, its ranks'
+stacks are taken and it fails, restarts or waits (``--on-stall``). A run that never
+reports steps is judged by its output lines instead. The call costs a clock read per
+step and one small write at most once a second.
+
 Why our own scaler: ``torch.amp.GradScaler`` checks for inf/nan only in the
 gradient shard a rank holds, so with sharded gradients one rank can skip a step
 that another takes and the replicas drift apart. :class:`GradScaler` reduces the
@@ -38,10 +46,69 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from higgsfield.contract.layout import progress_path
 from higgsfield.metrics import METRICS_FILE, RUN_DIR_ENV, StepMetrics
 
 __all__ = ["init_distributed", "device", "clip_grad_norm", "GradScaler", "StepTimer", "StepMetrics",
-           "MetricsLog", "is_rank0", "rank", "world_size"]
+           "MetricsLog", "is_rank0", "rank", "world_size", "progress"]
+
+PROGRESS_EVERY = 1.0   # seconds: a rank writes its progress at most this often
+
+
+class _Progress:
+    """This rank's progress file (``RUN_DIR/progress/rank<RANK>``: ``STEP UNIXTIME``, rewritten in place).
+
+    One fixed-width ``pwrite`` at offset 0, so a reader sees the old line or the new one;
+    at most one each :data:`PROGRESS_EVERY` seconds, and only for a new step.
+    """
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._off = False
+        self._last_write = -math.inf
+        self._last_step: int | None = None
+
+    def report(self, step: int) -> None:
+        if self._off or step == self._last_step:
+            return
+        now = time.monotonic()
+        if now - self._last_write < PROGRESS_EVERY:
+            return
+        if self._fd is None and not self._open():
+            return
+        assert self._fd is not None
+        try:
+            os.pwrite(self._fd, f"{int(step)} {time.time():.3f}".ljust(47).encode() + b"\n", 0)
+        except OSError:
+            return   # a full disk: progress is advisory, training goes on
+        self._last_write, self._last_step = now, step
+
+    def _open(self) -> bool:
+        run_dir = os.environ.get(RUN_DIR_ENV)
+        if not run_dir:
+            self._off = True   # not a higgsfield run: nothing to report to
+            return False
+        path = progress_path(run_dir, int(os.environ.get("RANK", "0")))
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+        except OSError:
+            self._off = True
+            return False
+        return True
+
+
+_progress = _Progress()
+
+
+def progress(step: int) -> None:
+    """Tell the node this rank reached ``step`` (call it every step, on every rank; cheap).
+
+    The node's stall watchdog reads it: a run none of whose ranks progresses within
+    the run's ``stall_timeout`` is stalled. Outside a run higgsfield started it does nothing.
+    :meth:`StepTimer.step` calls it for you.
+    """
+    _progress.report(step)
 
 
 def init_distributed() -> None:
@@ -282,7 +349,10 @@ class StepTimer:
         self._last = time.perf_counter()
 
     def step(self, step: int, loss: float | torch.Tensor, tokens: int, *, lr: float | None = None) -> StepMetrics:
-        """Close the step; ``tokens`` is this rank's token count (multiplied by the world size)."""
+        """Close the step; ``tokens`` is this rank's token count (multiplied by the world size).
+
+        Every rank reports :func:`progress` here; rank 0 also logs the metrics."""
+        progress(step)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         now = time.perf_counter()

@@ -7,6 +7,10 @@
         spec.json           the pinned RunSpec that every worker reads
         kill                the kill marker the supervisor watches
         logs/launcher.log   torchrun's own output; logs/rank<N>.log, .idx, .error.json, .done per rank
+        progress/rank<N>    the rank's last reported step and its wall time (``higgsfield.training.progress``)
+        stacks/rank<N>      where the rank's faulthandler dumps its threads when the node signals it
+                            (``higgsfield.node.runs.stacks``); stacks/rank<N>.json: its pid and main thread
+        stacks.json         every rank's stacks on this node, taken at a stall
         request.json, secrets.json, job.sh, job.json   a Slurm run's submission (the workdir is its state dir)
 
 Both sides spell these names from here, so a file the node writes is the file the
@@ -15,12 +19,30 @@ control side asks for (an SSH node through its invoker, a Slurm workdir directly
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 RUNS = "runs"
 RECORD = "run.json"
 SPEC = "spec.json"
 KILL = "kill"
 LOGS = "logs"
 LAUNCHER_LOG = "launcher.log"
+
+PROGRESS = "progress"
+STACKS = "stacks"
+STACKS_FILE = "stacks.json"
+
+
+def progress_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    """The file rank ``rank`` writes its progress to (``STEP UNIXTIME``, rewritten in place)."""
+    return Path(run_dir) / PROGRESS / f"rank{int(rank)}"
+
+
+def stacks_dump_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    """The file rank ``rank``'s faulthandler appends its threads' stacks to when signalled."""
+    return Path(run_dir) / STACKS / f"rank{int(rank)}"
+
 
 REQUEST = "request.json"
 SECRETS = "secrets.json"

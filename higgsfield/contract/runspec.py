@@ -36,6 +36,7 @@ from typing import Any
 from higgsfield.contract.decode import DecodeError, from_fields, kind, tail
 from higgsfield.contract.errors import RunError
 from higgsfield.contract.names import MAX_NAME, NAME_RE, check_node_name, is_run_name
+from higgsfield.contract.stacks import Diagnosis
 from higgsfield.contract.text import has_control, one_line, shown
 
 SPEC_VERSION = 1
@@ -46,15 +47,19 @@ STATUS_VERSION = 1
 QUEUED = "queued"          # waiting for its slots (or for every node to admit it)
 STARTING = "starting"    # admitted, torchrun or its container coming up
 RUNNING = "running"
+STALLED = "stalled"        # running, but no rank progressed within the stall timeout (on_stall=wait)
 SUCCEEDED = "succeeded"
 FAILED = "failed"
 KILLED = "killed"
 
-STATES = (QUEUED, STARTING, RUNNING, SUCCEEDED, FAILED, KILLED)
-ACTIVE: frozenset[str] = frozenset({QUEUED, STARTING, RUNNING})
+STATES = (QUEUED, STARTING, RUNNING, STALLED, SUCCEEDED, FAILED, KILLED)
+ACTIVE: frozenset[str] = frozenset({QUEUED, STARTING, RUNNING, STALLED})
 TERMINAL: frozenset[str] = frozenset({SUCCEEDED, FAILED, KILLED})
 
 RUNTIMES = ("auto", "docker", "process")
+ON_STALL = ("fail", "restart", "wait")
+"""What a run does when no rank progresses within ``stall_timeout``: fail it (the GPUs go to the next run),
+restart its workers from the last checkpoint (counted against ``max_restarts``), or wait (state ``stalled``)."""
 
 
 class SpecError(RunError):
@@ -107,6 +112,13 @@ class RunSpec:
     checkpoint_mirror: str = ""
     """``checkpoint.mirror`` of higgsfield.yml (an fsspec URL, never a credential): the run's
     ``HIGGSFIELD_CHECKPOINT_MIRROR``. Sent only when set, like ``attempt``."""
+    stall_timeout: float = 600.0
+    """Seconds without progress of any rank (steps reported through ``higgsfield.training.progress``, else
+    output lines) after which the run is stalled; 0: never. Sent only when not the default, like ``attempt``."""
+    startup_timeout: float = 1800.0
+    """Seconds the run may take to its first progress (imports, data loading, compilation); 0: unbounded."""
+    on_stall: str = "fail"
+    """One of :data:`ON_STALL`."""
     version: int = SPEC_VERSION
 
     @property
@@ -123,6 +135,9 @@ class RunSpec:
             del d["attempt"]
         if not self.checkpoint_mirror:
             del d["checkpoint_mirror"]
+        for name, default in _STALL_DEFAULTS.items():   # an older node reads a default spec
+            if d[name] == default:
+                del d[name]
         return d
 
     @classmethod
@@ -164,6 +179,9 @@ class RunSpec:
                 src_dir=_relative(_str(data, "src_dir", default="src")),
                 attempt=_attempt(data.get("attempt")),
                 checkpoint_mirror=_mirror_url(data.get("checkpoint_mirror")),
+                stall_timeout=_seconds(data, "stall_timeout", default=600.0),
+                startup_timeout=_seconds(data, "startup_timeout", default=1800.0),
+                on_stall=_choice(data, "on_stall", ON_STALL, default="fail"),
             )
         except SpecError:
             raise
@@ -203,6 +221,13 @@ def _float(data: dict[str, Any], key: str) -> float:
     v = _get(data, key, _MISSING)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise SpecError(f"run spec: '{key}' must be a number")
+    return float(v)
+
+
+def _seconds(data: dict[str, Any], key: str, default: float) -> float:
+    v = _get(data, key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise SpecError(f"run spec: '{key}' must be a number of seconds >= 0")
     return float(v)
 
 
@@ -287,6 +312,9 @@ def _coordinator(v: object) -> Coordinator | None:
     return Coordinator(host=_str(v, "host"), port=port, node=check_node_name(_str(v, "node")))
 
 
+_STALL_DEFAULTS: dict[str, Any] = {"stall_timeout": 600.0, "startup_timeout": 1800.0, "on_stall": "fail"}
+
+
 # -- one node's part of a run, as the node reports it ---------------------------
 
 NODE_RUNS_VERSION = 1
@@ -324,6 +352,9 @@ class NodeRunView:
     failed_at: float | None = None
     error_tail: list[str] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
+    stall: dict[str, Any] | None = None
+    """The diagnosis at the run's latest stall (:class:`higgsfield.contract.stacks.Diagnosis` as a dict), or None."""
+    stalled_at: float | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -335,7 +366,8 @@ class NodeRunView:
     def from_dict(cls, data: object) -> NodeRunView:
         """The view in ``data`` (one record of a node's reply); :class:`~higgsfield.contract.decode.DecodeError` names
         the field that is wrong."""
-        view = from_fields(cls, data, special={"error_tail": tail, "extra": _no_extra}, what="a run record")
+        view = from_fields(cls, data, special={"error_tail": tail, "extra": _no_extra, "stall": _diagnosis},
+                           what="a run record")
         assert isinstance(data, dict)
         if not NAME_RE.fullmatch(view.project):
             raise DecodeError(f"'project' {shown(view.project)} is not a project name")
@@ -355,6 +387,13 @@ class NodeRunView:
                 raise DecodeError(f"'{key}' {shown(value)} holds a control character or is too long")
         known = {f.name for f in fields(cls)}
         return replace(view, extra={k: v for k, v in data.items() if k not in known})
+
+
+def _diagnosis(v: object) -> dict[str, Any]:
+    try:
+        return Diagnosis.from_dict(v).to_dict()
+    except DecodeError as e:
+        raise TypeError(f"a stall diagnosis ({e})") from None
 
 
 def _no_extra(v: object) -> dict[str, Any]:
@@ -427,6 +466,9 @@ class RunStatus:
     error_tail: list[str] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
     """The run's resolved params (what a re-run starts from); added to schema 1 (readers ignore new keys)."""
+    stall: dict[str, Any] | None = None
+    """The diagnosis of the run's latest stall (:class:`higgsfield.contract.stacks.Diagnosis` as a dict);
+    added to schema 1 like ``params``."""
 
     @property
     def duration(self) -> float | None:
@@ -445,6 +487,7 @@ class RunStatus:
                 "started_at": self.started_at, "ended_at": self.ended_at, "duration": self.duration,
                 "exit_code": self.exit_code, "failed_node": self.failed_node, "failed_rank": self.failed_rank,
                 "reason": self.reason, "error_tail": list(self.error_tail), "params": dict(self.params),
+                "stall": self.stall,
                 "node_states": {n: r.get("state") for n, r in self.nodes.items()}}
 
     @classmethod
@@ -456,4 +499,5 @@ class RunStatus:
                    created_at=float(d["created_at"]), started_at=d.get("started_at"), ended_at=d.get("ended_at"),
                    exit_code=d.get("exit_code"), failed_node=d.get("failed_node"),
                    failed_rank=d.get("failed_rank"), reason=d.get("reason"),
-                   error_tail=list(d.get("error_tail") or []), params=dict(d.get("params") or {}))
+                   error_tail=list(d.get("error_tail") or []), params=dict(d.get("params") or {}),
+                   stall=d.get("stall") if isinstance(d.get("stall"), dict) else None)

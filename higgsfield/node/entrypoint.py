@@ -19,7 +19,10 @@ that failed first. A worker that ends without a Python exception and without
 reaching a clean exit (SIGKILL from the OOM killer, SIGSEGV, SIGABRT, ``os._exit``)
 gets its ``rank<RANK>.error.json`` from the tee, which sees the pipe close at the
 moment it dies, so the first failure across nodes is named by its real time; a clean
-exit leaves ``rank<RANK>.done`` first. The worker dies with its torchrun
+exit leaves ``rank<RANK>.done`` first. Before user code runs, the worker arms a
+``faulthandler`` on :data:`~higgsfield.node.runs.stacks.STACKS_SIGNAL` (SIGRTMIN+7,
+which neither torchrun nor Slurm sends): the node takes every rank's stacks at a
+stall (or for ``higgsfield stacks``) without ptrace. The worker dies with its torchrun
 (PR_SET_PDEATHSIG), so a killed launcher leaves no orphans. Secrets are already in
 the environment (torchrun inherits them from the supervisor, or in a container from
 the launcher, :mod:`higgsfield.node.runtime.launch`). Logs, indexes and markers are private
@@ -188,6 +191,9 @@ def main(argv: list[str] | None = None, *, hard_exit: bool = False) -> int:
     (logs / f"rank{rank}.done").unlink(missing_ok=True)  # a restarted worker starts unfinished
     _redirect(logs, rank)
     _write_private(logs / f"rank{rank}.pid", str(os.getpid()))
+    from higgsfield.node.runs.stacks import arm
+
+    arm(run_dir, rank)
     try:
         code = run(read_run_spec(run_dir / SPEC))
     except SystemExit as e:

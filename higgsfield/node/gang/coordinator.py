@@ -21,6 +21,11 @@ on with the laptop gone):
   died, froze or lost its network), or a node that never joined within ``join_s``,
   makes it broadcast ``abort`` at once: every node stops its torchrun. A ``killed``
   member (``higgsfield kill`` reached that node) aborts the others as killed.
+- **Stalls.** Once it said ``go`` it watches every node's ``progress``
+  (:class:`~higgsfield.node.gang.stall.StallWatch`): a run none of whose ranks
+  progresses within its ``stall_timeout`` is stalled; every node's ranks' stacks are
+  diagnosed, and the run fails (through the fail-fast path below), restarts its
+  workers or waits, as its ``on_stall`` says.
 - **The verdict.** Reports that follow within :data:`SETTLE_S` (ranks that failed
   *because* a peer died) are weighed: the failure that happened first (its ``at``,
   the failing rank's own time) is the run's, broadcast as ``verdict`` so every node
@@ -44,6 +49,7 @@ from typing import Any
 from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.failure import Failure, Verdict
 from higgsfield.node.gang import wire
+from higgsfield.node.gang.stall import StallPolicy, StallWatch
 
 SETTLE_S = 1.0      # after the first failure, how long later reports may still name an earlier one
 JOIN_S = 120.0      # every node's supervisor must have joined by then
@@ -78,7 +84,7 @@ def listen(reserved: Iterable[int] = ()) -> socket.socket:
 @dataclass
 class _Conn:
     sock: socket.socket
-    reader: wire.LineReader = field(default_factory=wire.LineReader)
+    reader: wire.LineReader = field(default_factory=lambda: wire.LineReader(wire.MAX_HELLO))
     nonce: str = field(default_factory=wire.nonce)
     opened: float = field(default_factory=time.monotonic)
     rank: int | None = None            # set once authenticated
@@ -96,7 +102,7 @@ class Coordinator:
 
     def __init__(self, listener: socket.socket, *, token: str, run: str, nodes: list[str],
                  pick_port: Callable[[], int], join_s: float = JOIN_S,
-                 say: Callable[[str], None] = lambda _m: None) -> None:
+                 say: Callable[[str], None] = lambda _m: None, stall: StallPolicy | None = None) -> None:
         self.listener = listener
         self.token, self.run, self.nodes = token, run, nodes
         self.pick_port, self.join_s, self.say = pick_port, join_s, say
@@ -113,6 +119,8 @@ class Coordinator:
         self.abort_at = 0.0
         self.verdict: Verdict | None = None
         self.verdict_sent = False
+        self.stall = StallWatch(stall or StallPolicy(0, 0), nodes, broadcast=self._broadcast, fail=self._fail,
+                                say=say)
         self.done = threading.Event()
         self._stop = threading.Event()
         self._started = time.monotonic()
@@ -206,6 +214,7 @@ class Coordinator:
         assert isinstance(rank, int)
         self.pending.remove(conn)
         conn.rank = rank
+        conn.reader.limit = wire.MAX_LINE
         conn.last_seen, conn.last_seen_wall = time.monotonic(), time.time()
         self.members[rank] = conn
         self.joined.add(rank)
@@ -263,6 +272,10 @@ class Coordinator:
             self.ready.add(rank)
             if len(self.ready) == len(self.nodes):
                 self._go()
+        elif t == "progress":
+            self.stall.progress(rank, time.time())
+        elif t == "stacks":
+            self.stall.stacks(rank, msg.get("ranks"))
         elif t in ("finished", "stopped"):
             self.final[rank] = t
         elif t == "failed":
@@ -294,7 +307,14 @@ class Coordinator:
             self._fail(Failure(self.nodes[0], None, time.time(), f"no free rendezvous port on {self.nodes[0]}: {e}"))
             return
         self.say(f"every node admitted: go (rendezvous port {self.port})")
+        self.stall.start(time.time())
         self._broadcast({"t": "go", "port": self.port})
+
+    # -- stalls (see :mod:`higgsfield.node.gang.stall`) -------------------------------------------------
+
+    def _stall_tick(self) -> None:
+        if self.abort_kind is None and "finished" not in self.final.values():   # a finishing run is not hung
+            self.stall.tick([r for r in self.members if r not in self.final])
 
     def _fail(self, failure: Failure) -> None:
         self.candidates.append(failure)
@@ -313,6 +333,7 @@ class Coordinator:
         return min(self.candidates, key=Failure.sort_key)
 
     def _tick(self) -> None:
+        self._stall_tick()
         now = time.monotonic()
         if now - self._last_hb >= wire.HEARTBEAT_S:
             self._last_hb = now

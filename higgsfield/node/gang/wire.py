@@ -20,9 +20,13 @@ cannot impersonate the coordinator either.
 Messages after the handshake (member -> coordinator):
 ``hb``; ``admitted`` (this node holds its slots); ``unadmitted`` (it lost them to an
 older run); ``ready`` (slots committed after ``prepare``); ``finished`` (torchrun
-exited 0); ``failed`` {failure}; ``killed``; ``stopped`` (it stopped after an abort).
+exited 0); ``failed`` {failure}; ``killed``; ``stopped`` (it stopped after an abort);
+``progress`` {at, steps} (its ranks progressed: a step, or else output); ``stacks``
+{ranks: [RankStacks dicts]} (the answer to ``stall``).
 Coordinator -> member: ``hb``; ``prepare``; ``cancel``; ``go`` {port}; ``abort``
-{kind, failure}; ``verdict`` {kind, failure}; ``bye``.
+{kind, failure}; ``verdict`` {kind, failure}; ``bye``; ``stall`` (take your ranks'
+stacks); ``stalled`` {diagnosis, at}; ``progressing`` (a waited-out stall ended);
+``restart`` (kill your workers: torchrun restarts them).
 
 Only the standard library: the supervisor and the coordinator are small.
 """
@@ -37,7 +41,8 @@ import socket
 import threading
 from typing import Any
 
-MAX_LINE = 1 << 16          # a longer line is a protocol error (a failure's tail is cut well below)
+MAX_LINE = 1 << 24          # a longer line is a protocol error (a node's ranks' stacks stay well below)
+MAX_HELLO = 1 << 16         # before the handshake: a stranger's line is never longer than this
 HEARTBEAT_S = 1.0           # both sides send at least this often
 LOST_S = 5.0                # silence after which the other side counts as lost
 HANDSHAKE_S = 10.0          # a connection that has not authenticated by then is dropped
@@ -68,13 +73,14 @@ def encode(msg: dict[str, Any]) -> bytes:
 class LineReader:
     """Splits a socket's bytes into JSON messages (a dict per line)."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = MAX_LINE) -> None:
         self._buf = b""
+        self.limit = limit
 
     def feed(self, data: bytes) -> list[dict[str, Any]]:
         self._buf += data
         *lines, self._buf = self._buf.split(b"\n")
-        if len(self._buf) > MAX_LINE:
+        if len(self._buf) > self.limit or any(len(line) > self.limit for line in lines):
             raise WireError("message too long")
         out = []
         for line in lines:

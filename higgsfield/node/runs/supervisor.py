@@ -19,7 +19,14 @@ until it ends, with or without the control side (a kill from the node's CLI is
    coordinator itself vanishing (node 0 lost): it stops torchrun at once (SIGTERM,
    SIGKILL after a short grace) so no node waits for the others in torchrun's
    300 s exit barrier;
-4. when torchrun ends non-zero it reports the failure (node, rank, when, reason,
+4. while torchrun runs it also reports its ranks' progress to the coordinator (about
+   once a second, when it advanced: :mod:`higgsfield.node.runs.progress`), and
+   answers the coordinator's stall watchdog: on ``stall`` it takes its ranks'
+   stacks (:mod:`higgsfield.node.runs.stacks`), keeps them in ``stacks.json`` and
+   sends them; on ``stalled`` it keeps the diagnosis in the record (and with
+   ``on_stall=wait`` sets the state ``stalled``, ``running`` again on
+   ``progressing``); on ``restart`` it kills its workers, which torchrun restarts;
+5. when torchrun ends non-zero it reports the failure (node, rank, when, reason,
    the last lines of the rank's error: :mod:`higgsfield.node.runs.failure`), waits
    a moment for the coordinator's verdict (the run's *first* failure, the same on
    every node), writes the final record, then releases its slots.
@@ -40,22 +47,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.errors import RunError
 from higgsfield.contract.failure import Failure, Verdict
-from higgsfield.contract.runspec import FAILED, KILLED, QUEUED, RUNNING, SUCCEEDED
+from higgsfield.contract.runspec import FAILED, KILLED, QUEUED, RUNNING, STALLED, SUCCEEDED
+from higgsfield.contract.stacks import Diagnosis
 from higgsfield.node.gang import queue, wire
 from higgsfield.node.gang.coordinator import Coordinator, lost_failure
 from higgsfield.node.gang.member import Member
-from higgsfield.node.runs import failure
+from higgsfield.node.gang.stall import StallPolicy
+from higgsfield.node.runs import failure, progress
+from higgsfield.node.runs import stacks as rank_stacks
 from higgsfield.node.runtime import torchrun
 from higgsfield.node.state import pids
 from higgsfield.node.state.placement import NodeRun
-from higgsfield.node.state.records import RunDir, finish
+from higgsfield.node.state.records import RunDir, finish, stalled
 
 JOIN_S = 120.0          # how long a supervisor tries to reach its run's coordinator
 ABORT_GRACE_S = 2.0     # SIGTERM to SIGKILL when another node failed (nothing to save)
 VERDICT_WAIT_S = 3.0    # how long a node that stopped waits for the coordinator's verdict
 DONE_WAIT_S = 60.0      # node 0: how long its coordinator waits for the other nodes' last word
+PROGRESS_EVERY_S = 1.0  # how often the run's progress on this node is read (and sent when it advanced)
 
 
 def say(msg: str) -> None:
@@ -102,7 +114,9 @@ class Supervisor:
         self.coordinator = None
         if listener is not None:  # node 0 hosts the coordinator and reaches it on the loopback
             self.coordinator = Coordinator(listener, token=token, run=spec.run, nodes=self.nodes,
-                                           pick_port=lambda: queue.reserve_port(state_dir, self.entry.key), say=say)
+                                           pick_port=lambda: queue.reserve_port(state_dir, self.entry.key), say=say,
+                                           stall=StallPolicy(spec.stall_timeout, spec.startup_timeout, spec.on_stall,
+                                                             spec.max_restarts))
             host, port = "127.0.0.1", run.placement.coord_port or 0
         else:
             host, port = (spec.coordinator.host, spec.coordinator.port) if spec.coordinator else ("", 0)
@@ -264,6 +278,7 @@ class Supervisor:
         cause: dict[str, Any] | None = None
         stop_at = grace = 0.0
         hard = False
+        sent_progress, read_progress = 0.0, 0.0
         try:
             while True:
                 try:
@@ -273,6 +288,15 @@ class Supervisor:
                 if rc is not None:
                     return rc, cause
                 msg = self._next(0.2)
+                if cause is None and time.monotonic() - read_progress >= PROGRESS_EVERY_S:
+                    read_progress = time.monotonic()
+                    p = progress.latest(self.rd)
+                    if p is not None and p.at > sent_progress:
+                        sent_progress = p.at
+                        self.member.send("progress", at=p.at, steps=p.steps)
+                if cause is None and msg is not None and msg["t"] in ("stall", "stalled", "progressing", "restart"):
+                    self._on_stall(msg)
+                    continue
                 if cause is None:
                     if self._stopping():
                         cause, grace = {"t": "killed"}, self.node_run.placement.stop_grace
@@ -289,6 +313,30 @@ class Supervisor:
                     handle.kill()
         finally:
             handle.cleanup()
+
+    def _on_stall(self, msg: dict[str, Any]) -> None:
+        """The coordinator's stall messages (see the module doc); nothing here may stop the watch."""
+        t = msg["t"]
+        try:
+            if t == "stall":
+                taken = rank_stacks.take(self.rd, self.node)
+                rank_stacks.save(self.rd, taken)
+                self.member.send("stacks", ranks=[s.to_dict() for s in taken])
+            elif t == "stalled":
+                d = Diagnosis.from_dict(msg.get("diagnosis"))
+                at = msg.get("at")
+                wait = self.node_run.spec.on_stall == "wait"
+                stalled(self.rd, d, float(at) if isinstance(at, (int, float)) else time.time(),
+                        STALLED if wait else None)
+                say(f"stalled: {d.summary}")
+            elif t == "progressing":
+                self._set_state(RUNNING)
+                say("progressing again")
+            elif t == "restart":
+                killed = rank_stacks.kill_workers(self.rd)
+                say(f"restarting the workers after the stall ({killed} killed)")
+        except (OSError, DecodeError, ValueError) as e:
+            say(f"stall handling ({t}): {type(e).__name__}: {e}")
 
     def _own_end(self, outcome: Outcome) -> Outcome:
         """This node's part failed: report it, then take the coordinator's verdict (the run's first failure)."""

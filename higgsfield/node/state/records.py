@@ -52,6 +52,7 @@ from higgsfield.contract.errors import RunError
 from higgsfield.contract.failure import Failure
 from higgsfield.contract.names import NAME_RE, check_node_name, is_run_name
 from higgsfield.contract.runspec import FAILED, QUEUED, STATES, TERMINAL
+from higgsfield.contract.stacks import Diagnosis
 from higgsfield.contract.text import has_control, one_line, shown
 
 
@@ -101,6 +102,8 @@ class RunRecord:
     master_port: int | None = None     # the rendezvous port, chosen by node 0 when every node is admitted
     coord_port: int | None = None      # node 0: the port of the run's coordinator
     attempt: str | None = None         # the start that made this record (a failed start stops only its own)
+    stall: dict[str, Any] | None = None   # the diagnosis at the run's (latest) stall: Diagnosis.to_dict(), kept
+    stalled_at: float | None = None       # when the coordinator found it stalled
 
     @property
     def terminal(self) -> bool:
@@ -117,7 +120,7 @@ class RunRecord:
         Names are checked as if typed (they become paths and terminal output on the
         control side); the error tail is bounded (:func:`higgsfield.contract.decode.tail`).
         """
-        rec = from_fields(cls, d, special={"error_tail": tail}, what="the record")
+        rec = from_fields(cls, d, special={"error_tail": tail, "stall": _diagnosis}, what="the record")
         if not NAME_RE.fullmatch(rec.project):
             raise DecodeError(f"'project' {shown(rec.project)} is not a project name")
         if not is_run_name(rec.run):
@@ -135,6 +138,14 @@ class RunRecord:
         if rec.state not in STATES:
             raise DecodeError(f"'state' {shown(rec.state)} is not a run state")
         return rec
+
+
+def _diagnosis(v: object) -> dict[str, Any]:
+    """A stall's diagnosis, checked by its contract type (a record holds only one that decodes)."""
+    try:
+        return Diagnosis.from_dict(v).to_dict()
+    except DecodeError as e:
+        raise TypeError(f"a stall diagnosis ({e})") from None
 
 
 class RecordError(DecodeError, RunError):
@@ -234,6 +245,16 @@ def finish(rd: RunDir, state: str, rc: int | None = None, fail: Failure | None =
         record.failed_node, record.failed_rank, record.failed_at = fail.node, fail.rank, fail.at
         record.reason = fail.reason or record.reason or "failed"
         record.error_tail = _tail_of(fail.tail)
+    rd.write(record)
+    return record
+
+
+def stalled(rd: RunDir, diagnosis: Diagnosis, at: float, state: str | None = None) -> RunRecord:
+    """Keep the run's stall (its diagnosis and when) in the record; ``state``: the run's new state, if any."""
+    record = rd.read()
+    record.stall, record.stalled_at = diagnosis.to_dict(), at
+    if state is not None and not record.terminal:
+        record.state = state
     rd.write(record)
     return record
 

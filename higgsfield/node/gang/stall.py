@@ -1,0 +1,135 @@
+"""A run's stall, as its coordinator handles it: watch the nodes' progress, collect the stacks, act.
+
+The coordinator (:mod:`higgsfield.node.gang.coordinator`) owns one :class:`StallWatch`
+and feeds it: ``start`` on ``go``, every member's ``progress`` (stamped with the time
+it arrives there, so the nodes' clocks need not agree) and ``stacks``, and a ``tick``
+about five times a second. The watch runs the run's
+:class:`~higgsfield.node.gang.watchdog.Watchdog` and, when no node progressed within
+``stall_timeout`` (``startup_timeout`` before the first progress):
+
+1. broadcasts ``stall``; each member takes its ranks' stacks and answers ``stacks``;
+2. once every live member answered, or after :data:`STACKS_WAIT_S`, it diagnoses them
+   (:func:`higgsfield.contract.stacks.diagnose`) and broadcasts ``stalled`` with the
+   diagnosis (every node keeps it in its record);
+3. then, per ``on_stall``: ``fail`` fails the run (:func:`stall_failure`: the first odd
+   rank is the failure's node and rank, its reason ``stalled: <summary>``); ``restart``
+   broadcasts ``restart`` (each node kills its workers, torchrun restarts them from the
+   last checkpoint) while restarts are left (``max_restarts``), else fails; ``wait``
+   waits, and broadcasts ``progressing`` when a node progresses again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from higgsfield.contract.decode import DecodeError
+from higgsfield.contract.failure import Failure
+from higgsfield.contract.stacks import Diagnosis, RankStacks, diagnose
+from higgsfield.node.gang.watchdog import Watchdog
+
+STACKS_WAIT_S = 8.0  # after ``stall``: how long the members have to send their ranks' stacks
+
+
+@dataclass(frozen=True)
+class StallPolicy:
+    """The run's stall settings (from its RunSpec): timeouts in seconds (0: off), what to do, restarts allowed."""
+
+    stall_timeout: float = 600.0
+    startup_timeout: float = 1800.0
+    on_stall: str = "fail"
+    max_restarts: int = 0
+
+    @property
+    def off(self) -> bool:
+        return self.stall_timeout <= 0 and self.startup_timeout <= 0
+
+
+def stall_failure(d: Diagnosis, nodes: list[str], at: float) -> Failure:
+    """The failure of a run that stalled: named by its first odd rank (else the first rank of the largest
+    group), the reason ``stalled: <summary>``, the tail that rank's stack."""
+    who = d.first_odd
+    group = next((g for g in d.groups if d.odd and d.odd[0] in g.ranks), d.groups[0] if d.groups else None)
+    if who is None and group is not None and group.ranks:
+        first, _, number = group.ranks[0].rpartition("/")
+        who = (first, int(number)) if number.isdigit() and first else None
+    node: str = who[0] if who is not None else nodes[0]
+    rank: int | None = who[1] if who is not None else None
+    tail = [f"{f.file}:{f.line} in {f.function}" + (f": {f.code}" if f.code else "")
+            for f in (group.frames if group is not None else ())]
+    return Failure(node=node, rank=rank, at=at, reason=f"stalled: {d.summary}", tail=tail[-50:])
+
+
+class StallWatch:
+    """One run's stall handling on its coordinator (see the module doc); single-threaded, like its owner."""
+
+    def __init__(self, policy: StallPolicy, nodes: list[str], *, broadcast: Callable[[dict[str, Any]], None],
+                 fail: Callable[[Failure], None], say: Callable[[str], None] = lambda _m: None) -> None:
+        self.policy, self.nodes = policy, nodes
+        self.broadcast, self.fail, self.say = broadcast, fail, say
+        self.dog: Watchdog | None = None                 # set by start (the run's go)
+        self.phase = "watch"                             # watch | collect (stacks asked) | waiting | failed
+        self.asked_at = 0.0
+        self.collected: dict[int, list[RankStacks]] = {}
+        self.restarts = 0
+        self.diagnosis: Diagnosis | None = None
+
+    def start(self, now: float) -> None:
+        if not self.policy.off:
+            self.dog = Watchdog(self.policy.stall_timeout, self.policy.startup_timeout, now)
+
+    def progress(self, node_rank: int, now: float) -> None:
+        """Node ``node_rank``'s ranks progressed (the message arrived at ``now``)."""
+        if self.dog is None:
+            return
+        self.dog.progress(self.nodes[node_rank], now)
+        if self.phase == "waiting":
+            self.phase = "watch"
+            self.say(f"progress again (node {self.nodes[node_rank]})")
+            self.broadcast({"t": "progressing"})
+
+    def stacks(self, node_rank: int, ranks: object) -> None:
+        """Node ``node_rank``'s answer to ``stall``; each rank named by the sender's node, whatever it says."""
+        if self.phase != "collect" or not isinstance(ranks, list):
+            return
+        got = []
+        for r in ranks[:4096]:
+            try:
+                s = RankStacks.from_dict(r)
+            except DecodeError:
+                continue
+            got.append(RankStacks(self.nodes[node_rank], s.rank, s.pid, s.threads, s.native))
+        self.collected[node_rank] = got
+
+    def tick(self, alive: list[int]) -> None:
+        """Find a stall, wait for the stacks of the ``alive`` members, then act (see the module doc)."""
+        if self.dog is None:
+            return
+        now = time.time()
+        if self.phase == "watch" and self.dog.stalled(now):
+            self.phase, self.asked_at, self.collected = "collect", time.monotonic(), {}
+            self.say(f"stalled: no progress for {self.dog.since(now):.0f}s; taking every rank's stacks")
+            self.broadcast({"t": "stall"})
+        elif self.phase == "collect":
+            if not all(r in self.collected for r in alive) and time.monotonic() - self.asked_at < STACKS_WAIT_S:
+                return
+            self._act(now)
+
+    def _act(self, now: float) -> None:
+        assert self.dog is not None
+        d = self.diagnosis = diagnose([s for r in sorted(self.collected) for s in self.collected[r]])
+        self.say(f"stalled: {d.summary}")
+        self.broadcast({"t": "stalled", "diagnosis": d.to_dict(), "at": now})
+        if self.policy.on_stall == "wait":
+            self.phase = "waiting"
+        elif self.policy.on_stall == "restart" and self.restarts < self.policy.max_restarts:
+            self.restarts += 1
+            self.say(f"restarting the workers ({self.restarts} of {self.policy.max_restarts})")
+            self.dog.restart(now)
+            self.phase = "watch"
+            self.broadcast({"t": "restart"})
+        else:
+            self.phase = "failed"
+            self.fail(stall_failure(d, self.nodes, now))

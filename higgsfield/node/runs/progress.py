@@ -1,0 +1,75 @@
+"""This node's latest progress of a run: the newest step any of its ranks reported, else the newest output line.
+
+Every rank of a run reports its step through :func:`higgsfield.training.progress`
+(``StepTimer.step`` does it) into ``RUN_DIR/progress/rank<N>`` (``STEP UNIXTIME``,
+:func:`higgsfield.contract.layout.progress_path`). The supervisor reads
+:func:`latest` about once a second and tells the run's coordinator when it advanced;
+the coordinator's :class:`~higgsfield.node.gang.watchdog.Watchdog` decides a stall.
+
+A run that reports no steps (a loop of its own) still shows life in its output:
+then the newest modification time of its rank logs is its progress (``steps``
+False). Once any rank reports steps only steps count, so a rank printing
+"waiting..." while the run hangs does not hide the hang.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from higgsfield.contract import layout
+from higgsfield.node.state.records import RunDir
+
+
+@dataclass(frozen=True)
+class Progress:
+    """When this node's run last progressed (wall time), and whether from reported steps (else output lines)."""
+
+    at: float
+    steps: bool
+
+
+def latest(rd: RunDir) -> Progress | None:
+    """The newest progress of ``rd``'s ranks on this node, or None before the first."""
+    stepped = _newest_step(rd)
+    if stepped is not None:
+        return Progress(stepped, True)
+    output = _newest_output(rd)
+    return Progress(output, False) if output is not None else None
+
+
+def _newest_step(rd: RunDir) -> float | None:
+    newest: float | None = None
+    try:
+        entries = list(os.scandir(rd.path / layout.PROGRESS))
+    except OSError:
+        return None
+    for e in entries:
+        if not e.name.startswith("rank"):
+            continue
+        try:
+            with open(e.path, "rb") as f:
+                fields = f.read(128).split()
+            at = float(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue   # absent, being written for the first time, or not ours
+        newest = at if newest is None else max(newest, at)
+    return newest
+
+
+def _newest_output(rd: RunDir) -> float | None:
+    newest: float | None = None
+    try:
+        entries = list(os.scandir(rd.logs))
+    except OSError:
+        return None
+    for e in entries:
+        if not (e.name.startswith("rank") and e.name.endswith(".log")):
+            continue
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if st.st_size > 0:
+            newest = st.st_mtime if newest is None else max(newest, st.st_mtime)
+    return newest
