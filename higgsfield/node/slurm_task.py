@@ -4,6 +4,8 @@ The batch script (:mod:`higgsfield.control.backends.slurm.script`) runs, on the 
 
     python -m higgsfield.node.slurm_task batch RUN_DIR --master HOST0 -- srun ... python -m higgsfield.node.slurm_task node RUN_DIR --master HOST0
 
+and, beside it, ``python -m higgsfield.node.slurm_task stacks RUN_DIR`` on every node for a stack.
+
 ``batch`` takes the run's secrets from ``RUN_DIR/secrets.json`` and deletes the file at
 once (from then on they live only in the environment of the run's processes, as on an
 SSH node), pins the control side's RunSpec to the allocation (its nodes, node 0, the
@@ -14,6 +16,15 @@ and its node. With restarts left (``max_restarts``, the job was submitted with
 ``--requeue``) a failure writes the secrets file back (0600) and requeues the job with
 ``scontrol requeue``: Slurm starts it again from the top, and the run resumes from its
 last checkpoint, which lives in the shared workdir.
+
+The batch step also watches the run for a stall while the ``srun`` line runs
+(:mod:`higgsfield.node.slurm_stall`): at one, it takes every rank's stack through one
+``stacks`` task per node, keeps the diagnosis in the record, and fails, requeues or
+waits per the spec's ``on_stall``.
+
+``stacks`` (one per node, started by ``srun --overlap --jobid JOB`` beside the running
+step, from the batch step at a stall or from the login node for ``higgsfield stacks``)
+prints that node's ranks' stacks as one JSON line.
 
 ``node`` (one per node, ``SLURM_NODEID`` its node rank) starts torchrun with the c10d
 rendezvous on ``HOST0`` and each node's own host name as its address, so the group
@@ -43,9 +54,11 @@ from typing import Any
 from higgsfield.contract.decode import DecodeError, read_json
 from higgsfield.contract.failure import Failure
 from higgsfield.contract.layout import KILL, REQUEST, SECRETS, SPEC
+from higgsfield.contract.names import check_node_name
 from higgsfield.contract.runspec import FAILED, KILLED, QUEUED, RUNNING, SUCCEEDED, RunSpec
 from higgsfield.contract.slurmjob import SlurmRequest, WrongVersion
 from higgsfield.node.runs.failure import describe, read_end
+from higgsfield.node.slurm_stall import Stall, StallWatch, node_stacks, take_all, watch
 from higgsfield.node.state.placement import STOP_GRACE_S
 from higgsfield.node.state.records import RunDir, RunRecord, write_json
 
@@ -171,7 +184,9 @@ def batch(rd: RunDir, master: str, command: list[str]) -> int:
                        nnodes=len(hosts), nproc=spec.nproc or 1, state=RUNNING, runtime="slurm", command=command,
                        created_at=previous.created_at if previous else (req.submitted_at or since),
                        started_at=since,
-                       reason=f"Slurm job {job_id}" + (f", restart {restart} of {max_restarts}" if restart else ""))
+                       reason=f"Slurm job {job_id}" + (f", restart {restart} of {max_restarts}" if restart else ""),
+                       stall=previous.stall if previous else None,           # a stall before a requeue is kept
+                       stalled_at=previous.stalled_at if previous else None)
     write_record(rd, record)
     env = dict(os.environ)
     env.update(secrets)
@@ -189,9 +204,14 @@ def batch(rd: RunDir, master: str, command: list[str]) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(sig, on_signal)
+    python = sys.executable
+    watcher = StallWatch(rd, spec, since, lambda: take_all(job_id, hosts, python, rd))
+    stall = watch(proc, watcher, stop=lambda: _stop(proc), running_reason=record.reason)
     rc = proc.wait()
     record = rd.read()
     record.ended_at, record.exit_code = _now(), rc
+    if stall is not None and not (rd.path / KILL).exists():
+        return _stalled(rd, record, stall, spec.on_stall, secrets, restart, max_restarts, job_id, rc)
     if stopped or (rd.path / KILL).exists():
         killed = (rd.path / KILL).exists()
         record.state = KILLED if killed else FAILED
@@ -214,6 +234,38 @@ def batch(rd: RunDir, master: str, command: list[str]) -> int:
         subprocess.run(["scontrol", "requeue", job_id], check=False)  # noqa: S607 - Slurm ends this step now
         return rc
     record.state, record.reason = FAILED, fail.reason
+    write_record(rd, record)
+    return rc
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """End the job's step at once (srun, told SIGTERM, ends every node's task and their torchruns)."""
+    try:
+        proc.send_signal(signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+
+
+def _stalled(rd: RunDir, record: RunRecord, stall: Stall, on_stall: str, secrets: dict[str, str], restart: int,
+             max_restarts: int, job_id: str, rc: int) -> int:
+    """The end of a job its watchdog stopped (``on_stall`` fail or restart): requeued when asked to restart and
+    requeues are left, else failed with ``stalled: <summary>``, the first odd rank named as the failing one."""
+    first = stall.diagnosis.first_odd
+    node, rank = first if first else (None, None)
+    try:
+        record.failed_node = check_node_name(node) if node else None
+    except ValueError:
+        record.failed_node = None
+    record.failed_rank, record.failed_at, record.error_tail = rank, stall.at, []
+    rc = rc or 1
+    if on_stall == "restart" and restart < max_restarts and job_id:
+        record.state = QUEUED
+        record.reason = f"requeued after: {stall.reason} (restart {restart + 1} of {max_restarts})"
+        write_record(rd, record)
+        put_secrets_back(rd, secrets)
+        subprocess.run(["scontrol", "requeue", job_id], check=False)  # noqa: S607 - Slurm ends this step now
+        return rc
+    record.state, record.reason = FAILED, stall.reason
     write_record(rd, record)
     return rc
 
@@ -333,6 +385,11 @@ def node(rd: RunDir, master: str) -> int:
                 proc.kill()  # its workers die with it (PR_SET_PDEATHSIG)
 
 
+def this_node() -> str:
+    """This compute node's Slurm name (what ``scontrol show hostnames`` lists and the spec's nodes say)."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
 # -- command line ----------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
@@ -340,11 +397,16 @@ def main(argv: list[str] | None = None) -> int:
     cut = args_in.index("--") if "--" in args_in else len(args_in)
     command = args_in[cut + 1:]   # the batch step's srun line, verbatim
     parser = argparse.ArgumentParser(prog="python -m higgsfield.node.slurm_task")
-    parser.add_argument("role", choices=["batch", "node"])
+    parser.add_argument("role", choices=["batch", "node", "stacks"])
     parser.add_argument("run_dir")
-    parser.add_argument("--master", required=True)
+    parser.add_argument("--master")
     args = parser.parse_args(args_in[:cut])
     rd = run_dir(args.run_dir)
+    if args.role == "stacks":   # under `srun --overlap --jobid`: this node's ranks' stacks, one JSON line
+        print(node_stacks(rd, this_node()), flush=True)
+        return 0
+    if not args.master:
+        parser.error(f"{args.role} needs --master HOST")
     try:
         if args.role == "batch":
             if not command:
