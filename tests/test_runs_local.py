@@ -429,9 +429,9 @@ def test_run_starts_follows_and_ends_over_one_group(project: Path, monkeypatch: 
     final = asyncio.run(_run(backend, plan, {}, detach=False, err=console(stderr=True), started=started))  # type: ignore[arg-type]
     assert final is not None and final.state == "succeeded" and final.run == "x"
     assert len(opened) == 1, "run opened more than one group"
-    for t in (a, b):   # start, the log stream, then one status question: all on the same transport
+    for t in (a, b):   # the drift check's facts, start, the log stream, one status question: one transport
         subs = [c[c.index("invoker") + 3] for c in t.calls]
-        assert subs == ["start", "logs", "status"], (t.node, subs)
+        assert subs == ["facts", "start", "logs", "status"], (t.node, subs)
 
 
 def test_status_names_the_earliest_failure_and_run_exits_with_the_failing_node_s_code() -> None:

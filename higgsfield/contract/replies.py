@@ -20,6 +20,7 @@ fields in ``SPARSE`` are left out at their default, as the node always left them
   :class:`EnvLine` (``env --check`` / ``env``'s lines);
 - :class:`StartReply`, :class:`NameInUseReply` (``start``), :class:`KillReply`
   (``kill --run``, ``kill --attempt``), :class:`KillTargetReply` (``kill --target``);
+- :class:`StacksReply` (``stacks``): a run's ranks' stacks on the node, taken now or at its stall;
 - :class:`FilesReply` (``files``), :class:`PruneReply` (``prune``), :class:`UsageReply`
   (``usage``): in :mod:`higgsfield.contract.replies_disk`.
 
@@ -35,6 +36,7 @@ from typing import Any, ClassVar, TypeVar
 from higgsfield.contract.decode import DecodeError, from_fields, kind
 from higgsfield.contract.names import is_run_name
 from higgsfield.contract.runspec import STATES, NodeRunView
+from higgsfield.contract.stacks import RankStacks
 from higgsfield.contract.text import shown
 
 REPLY_VERSION = 1
@@ -125,7 +127,7 @@ def _default(f: Field[Any]) -> Any:
 
 
 def _plain(v: Any) -> Any:
-    if isinstance(v, (Typed, NodeRunView)):
+    if isinstance(v, (Typed, NodeRunView, RankStacks)):
         return v.to_dict()
     if isinstance(v, (list, tuple)):
         return [_plain(x) for x in v]
@@ -370,3 +372,45 @@ class KillTargetReply(Reply):
     def check(self) -> None:
         nonnegative(self, "matched")
 
+
+
+# -- stacks ------------------------------------------------------------------------------------
+
+MAX_RANKS = 4096   # the ranks of one run on one node: far below this
+
+
+def _rank_stacks(v: object) -> list[RankStacks]:
+    if not isinstance(v, list):
+        raise TypeError("a list of ranks' stacks")
+    if len(v) > MAX_RANKS:
+        raise DecodeError(f"too many ranks' stacks ({len(v)}; at most {MAX_RANKS})")
+    out = []
+    for i, x in enumerate(v):
+        try:
+            out.append(RankStacks.from_dict(x))
+        except DecodeError as e:
+            raise DecodeError(f"rank stacks {i}: {e}") from None
+    return out
+
+
+@dataclass(frozen=True)
+class StacksReply(Reply):
+    """``invoker stacks``: the Python stacks of a run's ranks on the node (:mod:`higgsfield.contract.stacks`).
+
+    Taken now while the run is active there, else those saved at its stall (``saved``); none
+    when it ended without stalling. ``state`` is the run's state on the node."""
+
+    WHAT: ClassVar[str] = "stacks reply"
+
+    run: str
+    state: str
+    ranks: list[RankStacks] = field(default_factory=list)
+    saved: bool = False
+
+    @classmethod
+    def decoders(cls) -> Mapping[str, Callable[[object], Any]]:
+        return {"ranks": _rank_stacks}
+
+    def check(self) -> None:
+        run_name(self.run)
+        run_state(self.state)

@@ -5,8 +5,8 @@ argv; ``deploy`` reads a tar there), output is JSON on stdout, each verb's reply
 :mod:`higgsfield.contract.replies` object (``logs`` prints
 ``RANK<TAB>LINE`` per line, and ``#hb`` lines as a heartbeat with ``--heartbeat``).
 
-    version | deployed | deploy | build | env | start | status | logs | kill | queue
-    | files (pull) | prune | usage (doctor)
+    version | deployed | deploy | build | env | facts (drift) | start | status | logs | kill | queue
+    | stacks | files (pull) | prune | usage (doctor)
 """
 
 from __future__ import annotations
@@ -106,6 +106,18 @@ def env_cmd(ctx: click.Context, project: str, code_dir: str | None, check: bool)
     result = environment.build(_state(ctx), project, code_dir=code,
                                progress=lambda m: _emit(EnvLine(progress=m).to_dict()))
     _emit(EnvLine(result=EnvReply.from_dict(result)).to_dict())
+
+
+@invoker.command()
+@click.option("--project", required=True)
+@click.option("--runtime", type=click.Choice(["auto", "docker", "process"]), default="auto", show_default=True)
+@click.option("--node", default="", help="This node's name in higgsfield.yml (echoed in the reply).")
+@click.pass_context
+def facts(ctx: click.Context, project: str, runtime: str, node: str) -> None:
+    """What a run of PROJECT would use here (drivers, CUDA, NCCL, packages, keys), for the drift check."""
+    from higgsfield.node.code.facts import facts as _facts
+
+    _emit(_facts(_state(ctx), project, runtime, node).to_dict())
 
 
 @invoker.command("queue")
@@ -239,6 +251,36 @@ def kill(ctx: click.Context, project: str, run_name: str | None, target: str | N
         return
     _emit(KillReply.from_dict(_kill(_state(ctx), project, run_name, grace=grace).to_dict()).to_dict())
 
+
+
+@invoker.command()
+@click.option("--project", required=True)
+@click.option("--run", "run_name", required=True)
+@click.option("--rank", "ranks", type=click.IntRange(min=0), multiple=True, help="Only this global rank "
+              "(repeatable).")
+@click.option("--timeout", type=click.FloatRange(0.1, 60), default=3.0, show_default=True,
+              help="Seconds to wait for the ranks' dumps.")
+@click.pass_context
+def stacks(ctx: click.Context, project: str, run_name: str, ranks: tuple[int, ...], timeout: float) -> None:
+    """Print the Python stacks of the run's ranks here: taken now while it is active, else the ones saved at
+    its stall ({"run", "state", "ranks": [RankStacks], "saved"}; no ranks: it ended without stalling)."""
+    from higgsfield.contract.errors import RunError
+    from higgsfield.contract.replies import StacksReply
+    from higgsfield.contract.runspec import ACTIVE
+    from higgsfield.node.runs.stacks import saved, take
+    from higgsfield.node.runs.stop import refresh
+    from higgsfield.node.state.records import RunDir
+
+    rd = RunDir(_state(ctx), project, run_name)
+    if not rd.exists():
+        raise RunError(f"no run '{run_name}' of project '{project}' on this node")
+    record = refresh(rd)
+    found = take(rd, record.node, timeout=timeout) if record.state in ACTIVE else None
+    at_stall = saved(rd) if not found else None
+    out = found or at_stall or []
+    if ranks:
+        out = [s for s in out if s.rank in ranks]
+    _emit(StacksReply(run=run_name, state=record.state, ranks=out, saved=bool(at_stall)).to_dict())
 
 
 # The dashboard's node-side feeds (higgsfield/node/views.py): stats | metrics.

@@ -22,7 +22,7 @@ from higgsfield.control.config import find_config, json_schema, load_config, par
 CLI_CASES = [
     ("unknown-top-key", "name: a\nnodes:\n  - host: h1\nfoo: 1\n",
      "4: foo: unknown key 'foo' (allowed: name, slurm, nodes, ssh, nproc_per_node, runtime, secrets, state_dir, "
-     "docker, install, default_branch, retention, checkpoint)"),
+     "docker, install, default_branch, retention, checkpoint, stall_timeout, startup_timeout, on_stall, preflight)"),
     ("root-in-ssh", "name: a\nnodes:\n  - host: h1\nssh:\n  user: root\n",
      "5: ssh.user: 'root' is refused: use a non-root user with passwordless sudo"),
     ("root-per-node", "name: a\nnodes:\n  - host: h1\n  - host: h2\n    user: root\n",
@@ -39,6 +39,8 @@ CLI_CASES = [
     ("wrong-type", "name: a\nnodes:\n  - host: h1\n    port: abc\n",
      "4: nodes[0].port: expected an integer (got 'abc')"),
     ("duplicate-key", "name: a\nname: b\nnodes:\n  - host: h1\n", "2: key 'name' appears twice"),
+    ("on-stall-unknown", "name: a\nnodes:\n  - host: h1\non_stall: retry\n",
+     "4: on_stall: must be 'fail', 'restart' or 'wait' (got 'retry')"),
 ]
 
 MAIN_CASES = [
@@ -121,6 +123,15 @@ PARSE_CASES = [
     ("number-key", "name: a\nnodes:\n  - host: h1\n1: x\n", "4: key '1' must be a name, not a number or bool"),
     ("complex-key", "name: a\nnodes:\n  - host: h1\n? [a]\n: 1\n", "4: a key must be a name, not a list or mapping"),
     ("top-level-scalar", "hello\n", "1: the top level must be a mapping of keys (name, nodes, ...)"),
+    ("stall-negative", "name: a\nnodes:\n  - host: h1\nstall_timeout: -5\n",
+     "4: stall_timeout: input should be greater than or equal to 0 (got -5)"),
+    ("stall-word", "name: a\nnodes:\n  - host: h1\nstall_timeout: 10m\n",
+     "4: stall_timeout: expected a number (got '10m')"),
+    ("stall-bool", "name: a\nnodes:\n  - host: h1\nstall_timeout: yes\n", "4: stall_timeout: expected a number, not true"),
+    ("startup-inf", "name: a\nnodes:\n  - host: h1\nstartup_timeout: .inf\n",
+     "4: startup_timeout: input should be a finite number (got inf)"),
+    ("on-stall-number", "name: a\nnodes:\n  - host: h1\non_stall: 1\n",
+     "4: on_stall: must be 'fail', 'restart' or 'wait' (got 1)"),
     ("two-problems", "name: 1a\nnodes: []\n",
      "1: name: '1a' is not a valid name: use letters, digits and _, not starting with a digit (and 1 more problem)"),
 ]
@@ -328,3 +339,17 @@ def test_default_branch_must_be_a_git_branch_name(branch: str) -> None:
 def test_default_branch_accepts_branch_names(branch: str) -> None:
     cfg = parse_config(f"name: a\nnodes:\n  - host: h\ndefault_branch: {branch}\n", Path("higgsfield.yml"))
     assert cfg.default_branch == branch
+
+
+def test_stall_settings_default_and_set() -> None:
+    from higgsfield.contract.runspec import ON_STALL, RunSpec
+
+    cfg = parse_config("name: a\nnodes:\n  - host: h1\n", Path("higgsfield.yml"))
+    assert (cfg.stall_timeout, cfg.startup_timeout, cfg.on_stall) == (600.0, 1800.0, "fail")
+    # the same defaults as the spec the nodes get, and the same choices
+    spec_defaults = {f: RunSpec.__dataclass_fields__[f].default for f in ("stall_timeout", "startup_timeout", "on_stall")}
+    assert spec_defaults == {"stall_timeout": 600.0, "startup_timeout": 1800.0, "on_stall": "fail"}
+    assert set(json_schema()["properties"]["on_stall"]["enum"]) == set(ON_STALL)
+    cfg = parse_config("name: a\nnodes:\n  - host: h1\nstall_timeout: 0\nstartup_timeout: 90.5\non_stall: wait\n",
+                       Path("higgsfield.yml"))
+    assert (cfg.stall_timeout, cfg.startup_timeout, cfg.on_stall) == (0.0, 90.5, "wait")

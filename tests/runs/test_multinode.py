@@ -167,6 +167,7 @@ def test_kill_within_10s_leaves_nothing(deployed: Cluster) -> None:
     uid = pwd.getpwnam("hfnode1")
     assert inspect["Config"]["User"] == f"{uid.pw_uid}:{uid.pw_gid}"
     assert len(run_processes(c.run_dir(0, run))) >= 2  # torchrun + the worker, seen from the host
+    _stacks_name_every_rank(c, run)   # issue 18: `higgsfield stacks` on this healthy live run
     t0 = time.monotonic()
     r = c.hf("kill", run, timeout=60)
     took = time.monotonic() - t0
@@ -178,6 +179,27 @@ def test_kill_within_10s_leaves_nothing(deployed: Cluster) -> None:
     r = c.hf("kill", run, timeout=60)
     assert r.returncode != 0 and "no queued or running run" in r.stderr
     print(f"\nkill of a 3-node docker run: {took:.1f}s (CLI start to every node stopped)")
+
+
+def _stacks_name_every_rank(c: Cluster, run: str) -> None:
+    """``higgsfield stacks RUN``: every rank's stack now, from every node at once (inside the containers, no
+    ptrace), grouped; ``--json`` in the issue's shape, innermost frame last."""
+    t0 = time.monotonic()
+    r = c.hf("stacks", run, "--json", timeout=60)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert sorted((s["node"], s["rank"]) for s in got) == [("hfnode0", 0), ("hfnode1", 1), ("hfnode2", 2)], got
+    for s in got:
+        main = next(t for t in s["threads"] if t["name"] == "MainThread")
+        assert any(f["function"] == "regression" and f["file"].endswith("regression.py") for f in main["frames"])
+    r = c.hf("stacks", run, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "stacks taken now" in r.stderr
+    for who in ("hfnode0/0", "hfnode1/1", "hfnode2/2"):
+        assert f"== {who} (pid " in r.stdout, r.stdout
+    print(f"\nstacks of a 3-node docker run: {took:.1f}s")
+    assert took < 10, f"stacks took {took:.1f}s"
 
 
 def _open_gate(c: Cluster, run: str, nodes: int) -> None:

@@ -56,7 +56,8 @@ def hub(tmp_path: Path) -> Hub:
 def test_the_form_is_the_actions_form_filled_from_the_run(hub: Hub) -> None:
     form = hub.form("train")
     fields = {f["name"]: f for f in form["fields"]}
-    assert list(fields) == ["run_name", "nodes", "size", "lr", "steps", "packing", "name"]
+    assert list(fields) == ["run_name", "nodes", "size", "lr", "steps", "packing", "name", "stall_timeout"]
+    assert fields["stall_timeout"]["type"] == "number" and fields["stall_timeout"]["value"] is None
     assert fields["size"]["type"] == "choice" and fields["size"]["options"] == ["7b", "13b"]
     assert fields["packing"]["type"] == "boolean" and fields["lr"]["type"] == "number"
     assert fields["name"]["required"]
@@ -70,12 +71,15 @@ def test_a_submitted_form_is_checked_like_higgsfield_run(hub: Hub) -> None:
                               "run_name": "mine"})
     assert plan.params["size"] == "13b" and plan.params["lr"] == 0.01 and plan.params["packing"] is True
     assert plan.run == "mine" and [n.name for n in plan.nodes] == ["localhost"]
+    assert plan.stall.stall_timeout == 600.0   # an empty field: higgsfield.yml's
+    assert hub.plan("train", {"name": "a", "stall_timeout": "30"}).stall.stall_timeout == 30.0
     cases: list[tuple[dict[str, Any], str]] = [
         ({"name": "a", "size": "70b"}, "size"),
         ({"name": "a", "lr": "fast"}, "lr"),
         ({}, "'name' is required"),
         ({"name": "a", "nodes": "3"}, "nodes must be between 1 and 2"),
         ({"name": "a", "run_name": "../etc"}, "run_name"),
+        ({"name": "a", "stall_timeout": "-1"}, "stall_timeout must be a number of seconds >= 0"),
     ]
     for values, needle in cases:
         with pytest.raises(ParamError) as e:

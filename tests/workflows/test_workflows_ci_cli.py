@@ -6,6 +6,7 @@ the slow one launches and kills a real run on a localhost node, as a job would.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -213,7 +214,8 @@ def test_ci_run_and_kill_on_a_local_node(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HIGGSFIELD_", "GITHUB_"))}
     env.update({"GITHUB_ACTIONS": "true", "HIGGSFIELD_RUN_NAME": "ci1", "HIGGSFIELD_NODES": "",
                 "HIGGSFIELD_PARAM_flag": "false", "HIGGSFIELD_PARAM_sleep": "60",
-                "HIGGSFIELD_PARAM_tag": f"$(touch {marker})", "HF_TEST_SECRET": "s3cr3t-value-xyz"})
+                "HIGGSFIELD_PARAM_tag": f"$(touch {marker})", "HF_TEST_SECRET": "s3cr3t-value-xyz",
+                "HIGGSFIELD_STALL_TIMEOUT": "45"})
 
     def hf(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "higgsfield", *args], cwd=proj, env={**env, **extra},
@@ -232,6 +234,8 @@ def test_ci_run_and_kill_on_a_local_node(tmp_path: Path) -> None:
             break
         time.sleep(0.2)
     assert f"flag=False sleep=60.0 tag='$(touch {marker})' secret_len=16" in text, text
+    spec = json.loads((logs.parent / "spec.json").read_text())   # the form's stall timeout reached the node
+    assert (spec["stall_timeout"], spec.get("on_stall", "fail")) == (45.0, "fail")
     k = hf("ci", "kill", HIGGSFIELD_KILL_TARGET="ci1")
     assert k.returncode == 0, k.stdout + k.stderr
     assert "ci1: killed" in k.stdout

@@ -88,6 +88,18 @@ def test_run_name_and_nodes(alpaca) -> None:  # type: ignore[no-untyped-def]
             run_inputs(alpaca, form(data="x", HIGGSFIELD_RUN_NAME=bad), 2)
 
 
+def test_stall_timeout(alpaca) -> None:  # type: ignore[no-untyped-def]
+    from higgsfield.control.workflows.ci_inputs import parse_stall_timeout
+
+    assert run_inputs(alpaca, form(data="x"), 2).stall_timeout is None          # not passed: higgsfield.yml's
+    assert run_inputs(alpaca, form(data="x", HIGGSFIELD_STALL_TIMEOUT=""), 2).stall_timeout is None
+    assert run_inputs(alpaca, form(data="x", HIGGSFIELD_STALL_TIMEOUT="90"), 2).stall_timeout == 90.0
+    assert parse_stall_timeout(" 0 ") == 0.0 and parse_stall_timeout("1.5") == 1.5
+    for bad in ("-1", "soon", "inf", "nan"):
+        with pytest.raises(ParamError, match=r"^stall_timeout must be a number of seconds >= 0 \(0: off\), got"):
+            parse_stall_timeout(bad)
+
+
 def test_more_params_is_parsed_as_words_never_by_a_shell() -> None:
     assert parse_more_params("") == {}
     assert parse_more_params("a=1 b='x y' c='$(touch /tmp/p)' e=$(id) d=\"q\\\"\"") == {

@@ -65,6 +65,30 @@ def test_form_inputs_are_typed(project: Path) -> None:
     assert inputs["on"]["type"] == "boolean" and "default" not in inputs["on"]   # a YAML-special key, quoted
 
 
+def test_the_form_carries_a_stall_timeout_where_it_has_room(project: Path) -> None:
+    # alpaca's params fill the form: they come first, and its runs take higgsfield.yml's stall_timeout
+    assert "stall_timeout" not in load(rendered(project)["run_alpaca.yml"])["on"]["workflow_dispatch"]["inputs"]
+    wf = load(rendered(project)["run_tiny.yml"])
+    inputs = wf["on"]["workflow_dispatch"]["inputs"]
+    assert list(inputs) == ["run_name", "nodes", "stall_timeout"]
+    st = inputs["stall_timeout"]
+    assert st["type"] == "number" and st["required"] is False and "default" not in st
+    assert st["description"].endswith("empty: stall_timeout in higgsfield.yml (600)")
+    (launch,) = [s for _j, s in steps(wf) if s.get("run", "").startswith("higgsfield ci")]
+    assert launch["env"]["HIGGSFIELD_STALL_TIMEOUT"] == "${{ inputs.stall_timeout }}"
+    # a @param of that name is the experiment's own: the form has no second field of it
+    proj = make_project(project.parent / "p2", experiment='''
+        from higgsfield.experiment import experiment, param
+        @experiment("e")
+        @param("stall_timeout", default=3)
+        def e(params):
+            pass
+        ''')
+    inputs = load(rendered(proj)["run_e.yml"])["on"]["workflow_dispatch"]["inputs"]
+    assert list(inputs) == ["run_name", "nodes", "stall_timeout"]
+    assert inputs["stall_timeout"]["default"] == 3
+
+
 def test_a_slurm_projects_form_says_an_empty_nodes_asks_for_slurm_nodes(tmp_path: Path) -> None:
     # A Slurm project lists no nodes: an empty field asks for slurm.nodes, not "every node" of none.
     proj = make_project(tmp_path / "p", config="name: lab\nslurm:\n  login: login.example\n  nodes: 8\n"
@@ -101,6 +125,7 @@ def test_scripts_never_contain_expressions_and_inputs_go_through_env(project: Pa
                 key = line.split(":", 1)[0].strip()
                 assert key in ("run-name", "ready", "HAS_SSH_KEY", "SSH_KEY", "HIGGSFIELD_SSH_KEY_FILE",
                                "HIGGSFIELD_RUN_NAME", "HIGGSFIELD_NODES", "HIGGSFIELD_KILL_TARGET",
+                               "HIGGSFIELD_STALL_TIMEOUT",
                                "WANDB_API_KEY", "HF_TOKEN") or key.startswith("HIGGSFIELD_PARAM_"), (name, line)
     run = load(rendered(project)["run_alpaca.yml"])
     (launch,) = [s for _j, s in steps(run) if s.get("run", "").startswith("higgsfield ci")]

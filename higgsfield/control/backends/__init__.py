@@ -7,7 +7,18 @@ watches it through the backend's :class:`.backend.Fleet`; each backend package
 more package with its Backend / Session pair and its fleet, and nothing in ``ui``.
 """
 
-from higgsfield.control.backends.backend import Backend, Changed, Fleet, RunList, RunRequest, Session
+from higgsfield.control.backends.backend import (
+    Backend,
+    Changed,
+    Fleet,
+    NoStacks,
+    RunList,
+    RunRequest,
+    Session,
+    StacksResult,
+    StallSettings,
+)
 from higgsfield.control.backends.select import backend_for
 
-__all__ = ["Backend", "Changed", "Fleet", "RunList", "RunRequest", "Session", "backend_for"]
+__all__ = ["Backend", "Changed", "Fleet", "NoStacks", "RunList", "RunRequest", "Session", "StacksResult", "StallSettings",
+           "backend_for"]

@@ -30,7 +30,9 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from higgsfield.contract.runspec import RunStatus
+from higgsfield.contract.errors import ConfigError, RunError
+from higgsfield.contract.runspec import ON_STALL, RunStatus
+from higgsfield.contract.stacks import RankStacks
 from higgsfield.control.config import Config
 from higgsfield.metrics import MetricsItem
 
@@ -46,6 +48,8 @@ class RunHandle:
     records: list[dict[str, Any]] = field(default_factory=list)
     job_id: str | None = None
     """The scheduler's id of the run (a Slurm job), where a backend has one."""
+    notes: list[str] = field(default_factory=list)
+    """Lines for the user about how the nodes were chosen (a node passed over, drift allowed)."""
 
 
 @dataclass
@@ -111,6 +115,67 @@ class RunRequest:
     exclusive: bool = False
     time: str | None = None           # Slurm only
     partition: str | None = None      # Slurm only
+    stall_timeout: float | None = None   # the watchdog's settings; None: higgsfield.yml's (:meth:`stall`)
+    startup_timeout: float | None = None
+    on_stall: str | None = None
+    exclude: tuple[str, ...] = ()     # nodes left out (SSH: of higgsfield.yml's; Slurm: sbatch --exclude)
+    allow_drift: bool = False         # SSH: run even when the nodes differ (the drift check)
+
+    def stall(self, cfg: Config) -> StallSettings:
+        """The watchdog's settings of this run: the request's, else higgsfield.yml's; ConfigError (exit 2) when bad."""
+        return StallSettings.of(cfg, self.stall_timeout, self.startup_timeout, self.on_stall)
+
+
+@dataclass(frozen=True)
+class StallSettings:
+    """What the node side's stall watchdog does for one run (``RunSpec(..., **settings.spec_fields())``).
+
+    Every backend carries these into the spec its nodes (or its Slurm task) get, so the nodes
+    find a hang by themselves, with the laptop gone.
+    """
+
+    stall_timeout: float = 600.0
+    startup_timeout: float = 1800.0
+    on_stall: str = "fail"
+
+    @classmethod
+    def of(cls, cfg: Config, stall_timeout: float | None = None, startup_timeout: float | None = None,
+           on_stall: str | None = None) -> StallSettings:
+        """The flags given, else higgsfield.yml's; a negative timeout or an unknown ``on_stall``: ConfigError."""
+        out = cls(cfg.stall_timeout if stall_timeout is None else float(stall_timeout),
+                  cfg.startup_timeout if startup_timeout is None else float(startup_timeout),
+                  cfg.on_stall if on_stall is None else on_stall)
+        for name in ("stall_timeout", "startup_timeout"):
+            v = getattr(out, name)
+            if not 0 <= v < float("inf"):
+                raise ConfigError(f"--{name.replace('_', '-')} must be a number of seconds >= 0 (0: off), not {v}")
+        if out.on_stall not in ON_STALL:
+            raise ConfigError(f"--on-stall must be one of {', '.join(ON_STALL)}, not {out.on_stall!r}")
+        return out
+
+    def spec_fields(self) -> dict[str, Any]:
+        """The :class:`~higgsfield.contract.runspec.RunSpec` fields these are."""
+        return {"stall_timeout": self.stall_timeout, "startup_timeout": self.startup_timeout,
+                "on_stall": self.on_stall}
+
+
+class NoStacks(RunError):
+    """``stacks`` of a run that has none to show (not active, and none saved at a stall): one line, exit 2."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class StacksResult:
+    """What :meth:`Session.stacks` found: every rank's stack, taken now (a live run) or at its stall (``saved``).
+
+    ``unreachable`` names the nodes that could not be asked (node -> why): the stacks of the
+    others still show.
+    """
+
+    stacks: list[RankStacks]
+    saved: bool = False
+    unreachable: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -148,6 +213,11 @@ class Session(Protocol):
 
     async def kill(self, target: str) -> list[RunStatus]:
         """Stop the run ``target`` (or every active run of that experiment); their statuses after."""
+
+    async def stacks(self, status: RunStatus, *, node: str | None = None, rank: int | None = None) -> StacksResult:
+        """Every rank's Python stack (``node``/``rank``: only those): taken now from every node at once while
+        the run is active, else the ones its nodes saved at its stall (``saved``). Raises :class:`NoStacks`
+        (exit 2) when there are none: a run that ended without stalling."""
 
 
 #: How a :class:`Fleet` tells the dashboard what changed: ``"runs"`` (records, queue) or ``"node"`` (a machine).

@@ -83,7 +83,8 @@ def run(ctx: click.Context, experiment: str) -> None:
                    "build-experiments' and commit .github/workflows")
     values = secrets.collect(cfg, os.environ)
     backend = backend_for(cfg)
-    plan = backend.plan(RunRequest(experiment, inputs.params, run_name=inputs.run_name, nodes=inputs.nodes))
+    plan = backend.plan(RunRequest(experiment, inputs.params, run_name=inputs.run_name, nodes=inputs.nodes,
+                                   stall_timeout=inputs.stall_timeout))
     handle = asyncio.run(_start(backend, plan, values))
     name = handle.run
     nodes = list(handle.nodes)

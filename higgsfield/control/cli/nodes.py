@@ -263,13 +263,25 @@ def _render_setup(out: Any, report: SetupReport) -> None:
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--node", "nodes", multiple=True, metavar="NAME", help="Only this node (repeatable).")
+@click.option("--fabric", is_flag=True,
+              help="Benchmark the fabric: all-reduce 8 B..64 MiB, each node, each pair, the slow node named.")
+@click.option("--nodes", "count", type=click.IntRange(min=2), default=None, metavar="K",
+              help="With --fabric: the first K nodes.")
+@click.option("--max-bytes", type=click.IntRange(min=8), default=None, hidden=True,
+              help="With --fabric: the largest all-reduce message (default 64 MiB).")
 @click.pass_context
-def doctor(ctx: click.Context, as_json: bool, nodes: tuple[str, ...]) -> None:
-    """Read-only preflight of every node, in parallel: SSH, sudo, Docker, GPUs, disk, clock, invoker, environment."""
+def doctor(ctx: click.Context, as_json: bool, nodes: tuple[str, ...], fabric: bool, count: int | None,
+           max_bytes: int | None) -> None:
+    """Read-only preflight of every node, in parallel: SSH, sudo, Docker, GPUs, disk, clock, invoker, environment.
+
+    With --fabric: a real collective benchmark over the nodes, started like a run."""
     from higgsfield.contract.errors import GroupError
     from higgsfield.control.doctor import diagnose
 
     cfg = get_config(ctx)
+    if fabric or count is not None or max_bytes is not None:
+        _doctor_fabric(ctx, cfg, as_json, nodes, fabric, count, max_bytes)
+        return
     if cfg.slurm is not None:  # a Slurm cluster: its login node and Slurm's view of the partition
         cfg = cfg.on_login_node()
     report = asyncio.run(diagnose(cfg, nodes=nodes or None))
@@ -282,6 +294,26 @@ def doctor(ctx: click.Context, as_json: bool, nodes: tuple[str, ...]) -> None:
             sys.exit(1)
         raise GroupError(f"{len(report.problems())} problem(s) on "
                          f"{sum(1 for n in report.nodes if n.problems)} of {len(report.nodes)} node(s)", report)
+
+
+def _doctor_fabric(ctx: click.Context, cfg: Any, as_json: bool, nodes: tuple[str, ...], fabric: bool,
+                   count: int | None, max_bytes: int | None) -> None:
+    """``doctor --fabric``: exit 1 when a node is slow or unhealthy, 2 on bad options."""
+    from higgsfield.contract.fabric import MAX_BYTES
+    from higgsfield.control.cli._fabric_table import render
+    from higgsfield.control.doctor.fabric import run_fabric
+
+    if not fabric:
+        raise click.UsageError("--nodes and --max-bytes go with --fabric")
+    if count is not None and nodes:
+        raise click.UsageError("--nodes and --node: choose one")
+    result = run_fabric(cfg, count, names=nodes, max_bytes=max_bytes or MAX_BYTES)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+    else:
+        render(_console(), result)
+    if result.outliers or result.unhealthy:
+        sys.exit(1)
 
 
 def _render_doctor(out: Any, report: DoctorReport) -> None:
@@ -309,7 +341,7 @@ def _render_doctor(out: Any, report: DoctorReport) -> None:
 
 _DOCTOR_COLUMNS = (("ssh", "ssh"), ("host key", "host key"), ("sudo", "sudo"), ("docker", "docker"),
                    ("gpus", "GPUs"), ("disk", "free disk"), ("clock", "clock"), ("invoker", "invoker"),
-                   ("environment", "environment"), ("usage", "disk usage"), ("rendezvous", "rendezvous"),
+                   ("environment", "environment"), ("usage", "disk usage"), ("rendezvous", "rendezvous"), ("drift", "drift"),
                    ("slurm", "slurm"), ("partition", "partition"), ("account", "account"))
 _SLURM_COLUMNS = ("slurm", "partition", "account")
 

@@ -1,4 +1,4 @@
-"""``higgsfield run | logs | status | kill | deploy``: thin commands over the project's backend.
+"""``higgsfield run | logs | status | kill | deploy | stacks``: thin commands over the project's backend.
 
 The backend (:func:`higgsfield.control.backends.nodes.backend_for`) is the SSH nodes, or the Slurm
 cluster of a ``slurm:`` block; these commands never ask which.
@@ -18,7 +18,16 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from higgsfield.contract.runspec import FAILED, KILLED, QUEUED, RUNNING, STARTING, SUCCEEDED
+from higgsfield.contract.runspec import (
+    FAILED,
+    KILLED,
+    ON_STALL,
+    QUEUED,
+    RUNNING,
+    STALLED,
+    STARTING,
+    SUCCEEDED,
+)
 from higgsfield.contract.text import inert, shown
 from higgsfield.contract.units import duration_s
 from higgsfield.control.cli._common import console, experiment_name, get_config, run_name
@@ -31,7 +40,8 @@ if TYPE_CHECKING:
     from higgsfield.control.config import Config
 
 RECENT_FAILURES = 5   # status shows the error of the failed runs among the last this many
-_STATE_STYLE = {SUCCEEDED: "green", FAILED: "red", KILLED: "yellow", RUNNING: "cyan", STARTING: "cyan", QUEUED: "dim"}
+_STATE_STYLE = {SUCCEEDED: "green", FAILED: "red", KILLED: "yellow", RUNNING: "cyan", STARTING: "cyan", QUEUED: "dim",
+                STALLED: "magenta"}
 
 
 def clean(text: str) -> str:
@@ -97,6 +107,16 @@ def parse_since(value: str, now: float | None = None) -> float:
         return 0.0
 
 
+def _node_list(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...]:
+    """``--exclude n1,n2``: the names, in order, without blanks or repeats."""
+    if value is None:
+        return ()
+    names = tuple(dict.fromkeys(x.strip() for x in value.split(",") if x.strip()))
+    if not names:
+        raise click.BadParameter("name at least one node (NODE[,NODE])")
+    return names
+
+
 def _since_option(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
     return None if value is None else parse_since(value)
 
@@ -114,16 +134,34 @@ def _since_option(ctx: click.Context, param: click.Parameter, value: str | None)
 @click.option("--max-restarts", type=click.IntRange(0, 1000), default=0, show_default=True,
               help="Restarts of crashed workers, resuming from the last checkpoint (on Slurm: requeues).")
 @click.option("--exclusive", is_flag=True, help="Take whole nodes (every GPU/slot), queueing until they are free.")
+@click.option("--stall-timeout", type=click.FloatRange(min=0, max=1e9), default=None, metavar="SECONDS",
+              help="Seconds without progress of any rank before the run counts as hung (0: never); "
+                   "default: stall_timeout in higgsfield.yml (600).")
+@click.option("--startup-timeout", type=click.FloatRange(min=0, max=1e9), default=None, metavar="SECONDS",
+              help="Seconds the run may take to its first progress (0: no limit); "
+                   "default: startup_timeout in higgsfield.yml (1800).")
+@click.option("--on-stall", type=click.Choice(ON_STALL), default=None,
+              help="What a hung run does: fail it, restart its workers from the last checkpoint, or wait "
+                   "(shown 'stalled'); default: on_stall in higgsfield.yml (fail).")
+@click.option("--exclude", "exclude", default=None, metavar="NODE[,NODE]", callback=_node_list,
+              help="Leave these nodes out (on Slurm: sbatch --exclude); --nodes counts among the others.")
+@click.option("--allow-drift", is_flag=True, help="Run even when the nodes differ (driver, CUDA, NCCL, packages, "
+              "Python, invoker, environment, GPUs): 'higgsfield doctor' lists the differences.")
+@click.option("--preflight/--no-preflight", default=None, help="Test the fabric first (doctor --fabric); with "
+              "--nodes K, a slow or failing node is passed over. Default: preflight in higgsfield.yml.")
 @click.option("--detach", "-d", is_flag=True, help="Start and return; follow with 'higgsfield logs RUN -f'.")
 @click.pass_context
 def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: str | None, nodes: int | None,
-        time_limit: str | None, partition: str | None, max_restarts: int, exclusive: bool, detach: bool) -> None:
+        time_limit: str | None, partition: str | None, max_restarts: int, exclusive: bool,
+        stall_timeout: float | None, startup_timeout: float | None, on_stall: str | None,
+        exclude: tuple[str, ...], allow_drift: bool, preflight: bool | None, detach: bool) -> None:
     """Run EXPERIMENT on the nodes and stream its logs until it ends (exit code = the run's).
 
     The nodes decide the run, with or without this command: a node whose part fails,
     or that is lost, fails it on every node within seconds; the first failure (node,
     rank, the last lines of its error) is shown at the end. A log stream this command
-    loses is re-attached; the run goes on.
+    loses is re-attached; the run goes on. A run whose ranks stop progressing is found
+    by the nodes too (--stall-timeout): the end then names the odd ranks and where they are.
     """
     from higgsfield.contract.params import parse_assignments
     from higgsfield.control import secrets
@@ -133,8 +171,11 @@ def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: 
     given = parse_assignments(params)
     values = secrets.collect(cfg)
     backend = backend_for(cfg)
+    exclude = _preflight(cfg, exclude, nodes) if (cfg.preflight if preflight is None else preflight) else exclude
     plan = backend.plan(RunRequest(experiment, given, run_name=run_name, nodes=nodes, max_restarts=max_restarts,
-                                   exclusive=exclusive, time=time_limit, partition=partition))
+                                   exclusive=exclusive, time=time_limit, partition=partition,
+                                   stall_timeout=stall_timeout, startup_timeout=startup_timeout, on_stall=on_stall,
+                                   exclude=exclude, allow_drift=allow_drift))
     err = console(stderr=True)
     started: list[RunHandle] = []
     try:
@@ -159,6 +200,22 @@ def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: 
     sys.exit(exit_code(final))
 
 
+def _preflight(cfg: Any, exclude: tuple[str, ...], nodes: int | None) -> tuple[str, ...]:
+    """``--preflight``: the fabric test first; the run's ``--exclude`` with the passed-over nodes added."""
+    from rich.markup import escape
+
+    from higgsfield.control.doctor.preflight import preflight
+
+    if cfg.slurm is not None:
+        raise click.UsageError("--preflight is for SSH nodes: on a Slurm cluster the allocation picks the nodes "
+                               "(doctor --fabric tests the partition; --exclude keeps a node out)")
+    pre = preflight(cfg, exclude=exclude, count=nodes)
+    err = console(stderr=True)
+    for line in pre.lines:
+        err.print(escape(line))
+    return pre.exclude
+
+
 async def _run(backend: Backend, plan: Any, values: dict[str, str], *, detach: bool, err: Console,
                started: list[RunHandle]) -> RunStatus | None:
     """Start, follow and ask the final status in one session: its connections open once, for all three.
@@ -172,6 +229,8 @@ async def _run(backend: Backend, plan: Any, values: dict[str, str], *, detach: b
     async with backend.session(plan) as session:
         handle = await session.start(plan, secrets=values)
         started.append(handle)
+        for note in handle.notes:
+            err.print(clean(note), markup=False, highlight=False)
         err.print(f"[bold]run[/] {handle.run} started {backend.describe(handle)}", markup=True, highlight=False)
         if detach:
             err.print(f"follow: higgsfield logs {handle.run} -f    stop: higgsfield kill {handle.run}")
@@ -195,13 +254,31 @@ def exit_code(status: RunStatus) -> int:
 
 
 def _print_failure(out: Console, status: RunStatus, indent: str = "  ") -> None:
-    """The first failure's reason and the last lines of its error (what a node sent is shown, never obeyed)."""
-    if status.state != FAILED:
+    """The first failure's reason and the last lines of its error (what a node sent is shown, never obeyed);
+    a run that stalled: where its ranks were, group by group."""
+    if status.state not in (FAILED, STALLED):
         return
     if status.reason:
         out.print(f"{indent}{clean(status.reason)}", markup=False, highlight=False)
     for line in status.error_tail:
         out.print(f"{indent}| {clean(line)}", markup=False, highlight=False)
+    _print_stall(out, status, indent)
+
+
+def _print_stall(out: Console, status: RunStatus, indent: str) -> None:
+    from higgsfield.control.backends.stall import diagnosis_of
+
+    diagnosis = diagnosis_of(status)
+    if diagnosis is None:
+        return
+    if not (status.reason or "").startswith("stalled"):
+        out.print(f"{indent}stalled: {clean(diagnosis.summary)}", markup=False, highlight=False)
+    for i, g in enumerate(diagnosis.groups):
+        label = "most" if i == 0 else "odd"
+        out.print(f"{indent}  {label}: {clean(', '.join(g.ranks))} {clean(g.where)}", markup=False,
+                  highlight=False)
+    out.print(f"{indent}every rank's stack at the stall: higgsfield stacks {clean(status.run)}", markup=False,
+              highlight=False)
 
 
 @click.command()
@@ -250,7 +327,10 @@ def status(ctx: click.Context, as_json: bool) -> None:
     for warning in skip_warnings(listed.skipped):
         click.echo(warning, err=True)
     if as_json:
-        click.echo(json.dumps({"runs": [r.to_dict() for r in runs], "unreachable": unreachable}, indent=2))
+        from higgsfield.control.backends.stall import stall_fields
+
+        click.echo(json.dumps({"runs": [{**r.to_dict(), **stall_fields(r)} for r in runs],
+                               "unreachable": unreachable}, indent=2))
         return
     out = console()
     if runs:
@@ -264,8 +344,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
                 line.append(clean(cell).ljust(w), style=_STATE_STYLE.get(r.state, "") if title == "STATE" else "")
             line.rstrip()
             out.print(line)
-        for r in [r for r in runs[-RECENT_FAILURES:] if r.state == FAILED]:
-            out.print(f"\n{clean(r.run)}: first failure on {clean(failure_of(r))}:", markup=False, highlight=False)
+        for r in [r for r in runs[-RECENT_FAILURES:] if r.state in (FAILED, STALLED)]:
+            what = "stalled" if r.state == STALLED else f"first failure on {failure_of(r)}"
+            out.print(f"\n{clean(r.run)}: {clean(what)}:", markup=False, highlight=False)
             _print_failure(out, r)
     else:
         out.print("no runs yet: start one with 'higgsfield run EXPERIMENT'")
@@ -297,6 +378,50 @@ async def _kill(cfg: Config, target: str) -> list[RunStatus]:
 
     async with backend_for(cfg).session() as session:
         return await session.kill(target)
+
+
+@click.command()
+@click.argument("target", metavar="EXPERIMENT|RUN", callback=run_name)
+@click.option("--node", default=None, help="Only this node.")
+@click.option("--rank", type=click.IntRange(min=0), default=None, help="Only this global rank.")
+@click.option("--json", "as_json", is_flag=True, help="A JSON list of every rank's stacks, innermost frame last.")
+@click.pass_context
+def stacks(ctx: click.Context, target: str, node: str | None, rank: int | None, as_json: bool) -> None:
+    """What is every rank of a run doing right now? Its Python stacks, grouped, then in full.
+
+    A live run's stacks are taken now, from every node at once (each rank dumps its own
+    threads: no ptrace, no py-spy needed); a run that stalled shows the stacks saved at
+    the stall. An experiment name means its latest run.
+    """
+    from higgsfield.contract.stacks import diagnose, render
+
+    cfg = get_config(ctx)
+    status, found = asyncio.run(_stacks(cfg, target, node=node, rank=rank))
+    for n, why in found.unreachable.items():
+        click.echo(f"warning: {clean(n)}: no stacks: {clean(why)}", err=True)
+    if as_json:
+        click.echo(json.dumps([_stack_json(s) for s in found.stacks], indent=2))
+        return
+    when = "saved at its stall" if found.saved else "taken now"
+    click.echo(f"run {clean(status.run)} ({clean(status.state)}): {len(found.stacks)} rank(s), stacks {when}\n",
+               err=True)
+    for line in render(found.stacks, diagnose(found.stacks)).splitlines():   # each line inert, as node text is
+        click.echo(clean(line))
+
+
+def _stack_json(s: Any) -> dict[str, Any]:
+    """``stacks --json``'s shape of one rank: node, rank, pid, threads of frames (function, file, line)."""
+    return {"node": s.node, "rank": s.rank, "pid": s.pid,
+            "threads": [{"name": t.name, "frames": [{"function": f.function, "file": f.file, "line": f.line}
+                                                    for f in t.frames]} for t in s.threads]}
+
+
+async def _stacks(cfg: Config, target: str, *, node: str | None, rank: int | None) -> tuple[RunStatus, Any]:
+    from higgsfield.control.backends import backend_for
+
+    async with backend_for(cfg).session() as session:
+        status = await session.find(target)
+        return status, await session.stacks(status, node=node, rank=rank)
 
 
 @click.command()

@@ -318,6 +318,23 @@ class Config(_Model):
 
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)  # type: ignore[arg-type]
 
+    # The stall watchdog (issue 18): the node side finds a run that hangs, laptop or not.
+    stall_timeout: Float = Field(
+        600.0, ge=0, description="Seconds without progress of any rank (steps reported through "
+                                 "higgsfield.training.progress, else new output lines) after which a run is "
+                                 "stalled; 0 turns the watchdog off. --stall-timeout per run.")
+    startup_timeout: Float = Field(
+        1800.0, ge=0, description="Seconds a run may take to its first progress (loading weights, compiling); "
+                                  "0: no limit. --startup-timeout per run.")
+    on_stall: Literal["fail", "restart", "wait"] = Field(
+        "fail", description="What a stalled run does: fail (stop it everywhere, free its GPUs), restart (its "
+                            "workers, from the last checkpoint, counted against --max-restarts) or wait (shown "
+                            "'stalled' until it progresses again). --on-stall per run.")
+
+    preflight: bool = Field(
+        False, description="Test the fabric before every run (doctor --fabric): a slow or failing node is "
+                           "passed over when --nodes K leaves spares. --preflight per run.")
+
     path: Path | None = Field(None, exclude=True, description="Where this config was read from (not a YAML key).")
 
     _state = _checked("state_dir", check=_state_dir)

@@ -29,6 +29,9 @@ The package, one concept a module:
 - :mod:`~higgsfield.control.doctor.checks`: each check, a function of a node's answers;
 - :mod:`~higgsfield.control.doctor.rendezvous`: node 0 reachable from the others, with the two scripts it runs;
 - :mod:`~higgsfield.control.doctor.report`: the result types (:class:`DoctorReport`).
+- :mod:`~higgsfield.control.doctor.fabric`: ``doctor --fabric``, a collective benchmark started like a run
+  (SSH nodes, or a short Slurm job), and :mod:`~higgsfield.control.doctor.preflight`: ``run --preflight``,
+  the benchmark before a run and the slow nodes passed over.
 
 Use::
 

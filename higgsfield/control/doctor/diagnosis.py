@@ -27,6 +27,7 @@ from higgsfield.control.doctor.checks import (
     _sudo,
     _usage,
 )
+from higgsfield.control.doctor.drift import check_drift
 from higgsfield.control.doctor.probe import COMMAND_TIMEOUT_S, Facts, reads
 from higgsfield.control.doctor.rendezvous import _rendezvous
 from higgsfield.control.doctor.report import DoctorReport, NodeDiagnosis, Probe
@@ -45,14 +46,19 @@ async def diagnose(cfg: Config, nodes: Sequence[str] | None = None) -> DoctorRep
     try:
         connected = await group.run(lambda m: _connect(cfg, m, diags[m.name]))
         up = Group([m for m, r in zip(group.members, connected, strict=True) if r.value])
-        checked, _ = await asyncio.gather(up.run(lambda m: _check_node(cfg, m, diags[m.name])),
-                                          _rendezvous(cfg, group, up, diags))
+        checked, _, drift = await asyncio.gather(up.run(lambda m: _check_node(cfg, m, diags[m.name])),
+                                                 _rendezvous(cfg, group, up, diags),
+                                                 check_drift(cfg, up, diags) if cfg.slurm is None else _none())
         results: list[NodeResult[Any]] = [*connected, *checked]
         for r in (r for r in results if not r.ok):  # the connection was lost, or a bug: that node's one problem
             diags[r.node].checks["ssh"] = Probe(False, "error", f"the checks could not run: {r.reason}")
     finally:
         await group.close()
-    return DoctorReport(list(diags.values()), time.monotonic() - start)
+    return DoctorReport(list(diags.values()), time.monotonic() - start, drift=drift)
+
+
+async def _none() -> None:
+    return None
 
 
 async def _check_node(cfg: Config, m: Member, d: NodeDiagnosis) -> None:

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import higgsfield
+from higgsfield.contract.drift import DriftReport
 
 
 @dataclass
@@ -39,6 +40,8 @@ class NodeDiagnosis:
 class DoctorReport:
     nodes: list[NodeDiagnosis]
     seconds: float = 0.0
+    drift: DriftReport | None = None
+    """The nodes compared (:mod:`higgsfield.control.doctor.drift`); None: fewer than two, or a Slurm cluster."""
 
     @property
     def ok(self) -> bool:
@@ -51,4 +54,5 @@ class DoctorReport:
         return {"ok": self.ok, "seconds": round(self.seconds, 2), "version": higgsfield.__version__,
                 "nodes": [{"node": n.node, "rank": n.rank, "checks": {k: asdict(v) for k, v in n.checks.items()}}
                           for n in self.nodes],
-                "problems": self.problems()}
+                "problems": self.problems(),
+                **({"drift": self.drift.to_dict()} if self.drift is not None else {})}

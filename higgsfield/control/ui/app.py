@@ -1,4 +1,4 @@
-"""The dashboard's routes: the page, its static files, two event streams and three actions.
+"""The dashboard's routes: the page, its static files, two event streams and four actions.
 
 ::
 
@@ -9,6 +9,7 @@
     GET  /api/runs/{run}/events         SSE: the run's "lines" (node, rank, text) and "points" (StepMetrics)
     GET  /api/experiments/{exp}/form    the typed form of the experiment (?run=NAME: filled from that run)
     POST /api/runs/{run}/kill           kill the run on every node (a Slurm run: scancel)
+    POST /api/runs/{run}/stacks         every rank's stack now (a stalled run: the saved ones) + the diagnosis
     POST /api/runs                      {"experiment", "values": {...}, "check": bool}: validate (and start) a run
 
 Every request passes :class:`~higgsfield.control.ui.security.Guard` first (token cookie, CSRF
@@ -238,6 +239,15 @@ def create_app(hub: Hub, token: str) -> Starlette:
         except HiggsfieldError as e:
             return _error(e)
 
+    async def stacks(request: Request) -> Response:
+        run = request.path_params["run"]
+        if not is_run_name(run):
+            return _error(f"no run named {shown(run)} (see 'higgsfield status')", 404)
+        try:
+            return JSONResponse(await hub.stacks(run))
+        except HiggsfieldError as e:
+            return _error(e)
+
     async def start(request: Request) -> Response:
         try:
             body: Any = await read_json(request)
@@ -260,6 +270,7 @@ def create_app(hub: Hub, token: str) -> Starlette:
         Route("/api/runs/{run}/events", run_events),
         Route("/api/experiments/{experiment}/form", form),
         Route("/api/runs/{run}/kill", kill, methods=["POST"]),
+        Route("/api/runs/{run}/stacks", stacks, methods=["POST"]),
         Route("/api/runs", start, methods=["POST"]),
         Mount("/static", app=StaticFiles(directory=str(STATIC)), name="static"),
     ]

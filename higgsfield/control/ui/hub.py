@@ -7,7 +7,7 @@ backend's :class:`~higgsfield.contract.runspec.RunStatus` (``status --json``'s s
 only the page shows (each node's queue place and slots).
 
 The actions are the CLI's, through the backend (:mod:`higgsfield.control.backends.backend`):
-kill is ``Session.kill``; a re-run takes the typed form of the experiment's Actions
+kill is ``Session.kill``, "take stacks now" ``Session.stacks`` (``higgsfield stacks``); a re-run takes the typed form of the experiment's Actions
 workflow (:func:`~higgsfield.control.workflows.form.form_inputs`), checks it exactly as the
 workflow's job does (:func:`~higgsfield.control.workflows.ci_inputs.run_inputs`), then
 ``Backend.plan`` validates it as ``higgsfield run`` does before ``Session.start`` starts
@@ -38,6 +38,7 @@ from higgsfield.contract.errors import RunError
 from higgsfield.contract.runspec import RunStatus
 from higgsfield.control.backends import RunRequest, backend_for
 from higgsfield.control.backends.backend import Plan
+from higgsfield.control.backends.stall import stall_fields
 from higgsfield.control.config import Config
 from higgsfield.control.project.discovery import DiscoveredExperiment, discover, find_experiment
 from higgsfield.control.ui.runfeed import Event, RunFeed
@@ -90,6 +91,7 @@ class Hub:
         """``status --json``'s object for one run, plus per-node records, queue places and slots."""
         out = status.to_dict()
         out["node_records"] = {n: {k: r.get(k) for k in NODE_FIELDS} for n, r in status.nodes.items()}
+        out.update(stall_fields(status))     # a stalled run: its diagnosis, shown in the table and on its page
         out.update(self.fleet.places(status))
         return out
 
@@ -184,6 +186,18 @@ class Hub:
         self.fleet.poke()
         return [k.to_dict() for k in killed]
 
+    async def stacks(self, run: str) -> dict[str, Any]:
+        """``higgsfield stacks RUN --json``, over the dashboard's connections, with its diagnosis: every rank's
+        stack taken now (a live run) or at its stall (``saved``)."""
+        from higgsfield.contract.stacks import diagnose
+
+        status = next((r for r in self.runs() if r.run == run), None)
+        if status is None:
+            raise RunError(f"no run named '{run}' (see 'higgsfield status')")
+        found = await self.fleet.session(list(status.nodes)).stacks(status)
+        return {"run": run, "saved": found.saved, "stacks": [s.to_dict() for s in found.stacks],
+                "diagnosis": diagnose(found.stacks).to_dict(), "unreachable": dict(found.unreachable)}
+
     def form(self, experiment: str, run: str | None = None) -> dict[str, Any]:
         """The typed form of ``experiment`` (its Actions workflow's), filled from ``run``'s params if given."""
         exp = find_experiment(self.cfg.project_dir / "src", experiment)
@@ -191,7 +205,7 @@ class Hub:
         if run is not None:
             values = next((s.params for s in self.runs() if s.run == run), {})
         fields = []
-        for i in form_inputs(exp, form_nodes_when_empty(self.cfg)):
+        for i in form_inputs(exp, form_nodes_when_empty(self.cfg), self.cfg.stall_timeout):
             value = values.get(i.name, i.default)
             fields.append({"name": i.name, "type": i.type, "description": i.description, "required": i.required,
                            "default": i.default, "options": list(i.options) if i.options else None,
@@ -203,7 +217,8 @@ class Hub:
         exp = find_experiment(self.cfg.project_dir / "src", experiment)
         environ = _form_environ(exp, values)
         inputs = run_inputs(exp, environ, form_total_nodes(self.cfg))
-        return self.backend.plan(RunRequest(exp.name, inputs.params, run_name=inputs.run_name, nodes=inputs.nodes))
+        return self.backend.plan(RunRequest(exp.name, inputs.params, run_name=inputs.run_name, nodes=inputs.nodes,
+                                            stall_timeout=inputs.stall_timeout))
 
     def check(self, experiment: str, values: Mapping[str, Any]) -> dict[str, Any]:
         """What the form's "Check" shows: the typed params and where the run would go."""

@@ -7,6 +7,7 @@ script text), so a job's inputs are environment variables:
     HIGGSFIELD_MORE_PARAMS    name=value pairs for params beyond the form's input limit
     HIGGSFIELD_RUN_NAME       the form's run_name ("" = generated)
     HIGGSFIELD_NODES          the form's node count ("" = every node)
+    HIGGSFIELD_STALL_TIMEOUT  the form's stall timeout in seconds ("" = higgsfield.yml's stall_timeout)
     HIGGSFIELD_KILL_TARGET    the kill form's run or experiment name
     HIGGSFIELD_SSH_KEY_FILE   where the job wrote the SSH_KEY secret (mode 0600)
 
@@ -42,6 +43,7 @@ ENV_PARAM_PREFIX = "HIGGSFIELD_PARAM_"
 ENV_MORE_PARAMS = "HIGGSFIELD_MORE_PARAMS"
 ENV_RUN_NAME = "HIGGSFIELD_RUN_NAME"
 ENV_NODES = "HIGGSFIELD_NODES"
+ENV_STALL_TIMEOUT = "HIGGSFIELD_STALL_TIMEOUT"
 ENV_KILL_TARGET = "HIGGSFIELD_KILL_TARGET"
 ENV_SSH_KEY_FILE = "HIGGSFIELD_SSH_KEY_FILE"
 
@@ -66,6 +68,7 @@ class RunInputs:
     run_name: str | None
     nodes: int | None
     not_passed: tuple[str, ...] = field(default=())   # declared params the workflow does not pass (stale)
+    stall_timeout: float | None = None                # None: higgsfield.yml's
 
 
 def form_total_nodes(cfg: Config) -> int:
@@ -116,7 +119,8 @@ def run_inputs(exp: DiscoveredExperiment, environ: Mapping[str, str], total_node
     not_passed = () if more else tuple(s.name for s in exp.params if s.name not in passed)
     return RunInputs(experiment=exp.name, params=params, typed=typed,
                      run_name=parse_run_name(environ.get(ENV_RUN_NAME, "")),
-                     nodes=parse_nodes(environ.get(ENV_NODES, ""), total_nodes), not_passed=not_passed)
+                     nodes=parse_nodes(environ.get(ENV_NODES, ""), total_nodes), not_passed=not_passed,
+                     stall_timeout=parse_stall_timeout(environ.get(ENV_STALL_TIMEOUT, "")))
 
 
 def parse_more_params(text: str) -> dict[str, str]:
@@ -155,6 +159,20 @@ def parse_nodes(text: str, total_nodes: int) -> int | None:
         raise ParamError(f"nodes must be between 1 and {total_nodes} (higgsfield.yml lists {total_nodes}), "
                          f"got {shown(raw)}")
     return count
+
+
+def parse_stall_timeout(text: str) -> float | None:
+    """The form's stall timeout (seconds >= 0, 0: off), or None (higgsfield.yml's) when empty."""
+    raw = text.strip()
+    if not raw:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 <= seconds < float("inf"):
+        raise ParamError(f"stall_timeout must be a number of seconds >= 0 (0: off), got {shown(raw)}")
+    return seconds
 
 
 def kill_target(argument: str | None, environ: Mapping[str, str]) -> str:

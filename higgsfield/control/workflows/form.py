@@ -7,7 +7,9 @@ One input per ``@param``, typed the way GitHub's form can show it:
     int, float          -> number
     str                 -> string
 
-plus ``run_name`` and ``nodes``. Each input reaches the job through its own
+plus ``run_name`` and ``nodes`` first, and ``stall_timeout`` (the run's stall watchdog) last
+where the form has room for it: the experiment's own params come first, and a form
+without the field runs with higgsfield.yml's ``stall_timeout``. Each input reaches the job through its own
 environment variable (``HIGGSFIELD_PARAM_<name>``), never through the script text.
 
 A form holds at most :data:`MAX_INPUTS` inputs. An experiment with more params than
@@ -30,11 +32,18 @@ from higgsfield.contract.errors import ExperimentError
 from higgsfield.contract.params import ParamSpec
 from higgsfield.contract.text import shown
 from higgsfield.control.project.discovery import DiscoveredExperiment
-from higgsfield.control.workflows.ci_inputs import ENV_MORE_PARAMS, ENV_NODES, ENV_PARAM_PREFIX, ENV_RUN_NAME
+from higgsfield.control.workflows.ci_inputs import (
+    ENV_MORE_PARAMS,
+    ENV_NODES,
+    ENV_PARAM_PREFIX,
+    ENV_RUN_NAME,
+    ENV_STALL_TIMEOUT,
+)
 
 #: Inputs a workflow_dispatch form may have: GitHub's limit as actionlint 1.7.7 checks it.
 MAX_INPUTS = 10
 MORE_PARAMS = "more_params"
+STALL_TIMEOUT = "stall_timeout"
 _EXPRESSION = "${{"
 
 
@@ -51,10 +60,13 @@ class FormInput:
     env: str                     # the environment variable the job step reads it from
 
 
-def form_inputs(exp: DiscoveredExperiment, when_empty: str | None = None) -> list[FormInput]:
-    """The inputs of ``exp``'s form: ``run_name``, ``nodes``, then one per ``@param`` in declared order.
+def form_inputs(exp: DiscoveredExperiment, when_empty: str | None = None,
+                stall_default: float | None = None) -> list[FormInput]:
+    """The inputs of ``exp``'s form: ``run_name``, ``nodes``, one per ``@param`` in declared order, then
+    ``stall_timeout`` when there is room (and no @param of that name).
 
-    ``when_empty`` is what an empty ``nodes`` means (``ci_inputs.form_nodes_when_empty``).
+    ``when_empty`` is what an empty ``nodes`` means (``ci_inputs.form_nodes_when_empty``), ``stall_default``
+    higgsfield.yml's ``stall_timeout`` (what an empty ``stall_timeout`` means).
     """
     every = when_empty or "every node in higgsfield.yml"
     out = [
@@ -83,6 +95,11 @@ def form_inputs(exp: DiscoveredExperiment, when_empty: str | None = None) -> lis
                              "More params as NAME=VALUE, space-separated, quoted like a shell word when needed; "
                              f"empty: the defaults. Params and defaults: {listing}".replace(_EXPRESSION, "$ {{"),
                              False, "", None, ENV_MORE_PARAMS))
+    if len(out) < MAX_INPUTS and STALL_TIMEOUT not in seen:
+        yml = f"stall_timeout in higgsfield.yml ({stall_default:g})" if stall_default is not None \
+            else "stall_timeout in higgsfield.yml"
+        out.append(FormInput(STALL_TIMEOUT, "number", "Seconds without progress of any rank before the run "
+                             f"counts as hung (0: never); empty: {yml}", False, None, None, ENV_STALL_TIMEOUT))
     return out
 
 

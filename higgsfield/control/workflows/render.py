@@ -70,7 +70,7 @@ def render_workflows(cfg: Config, experiments: list[DiscoveredExperiment]) -> di
     for exp in experiments:
         files[f"run_{exp.name}.yml"] = run_template.render(
             common, experiment=exp.name, source=_relative(exp.file, cfg.project_dir),
-            inputs=form_inputs(exp, form_nodes_when_empty(cfg)))
+            inputs=form_inputs(exp, form_nodes_when_empty(cfg), cfg.stall_timeout))
     return {name: _normalise(text) for name, text in sorted(files.items())}
 
 

@@ -34,11 +34,13 @@ class NodesBackend:
                 raise ConfigError(f"{flag} is for a Slurm cluster: {self.cfg.path or 'higgsfield.yml'} has no "
                                   "slurm block (this project runs on its SSH nodes)")
         return plan_run(self.cfg, request.experiment, dict(request.params), run_name=request.run_name,
-                        nodes=request.nodes, max_restarts=request.max_restarts, exclusive=request.exclusive)
+                        nodes=request.nodes, max_restarts=request.max_restarts, exclusive=request.exclusive,
+                        stall=request.stall(self.cfg), exclude=request.exclude,
+                        allow_drift=request.allow_drift)
 
     @asynccontextmanager
     async def session(self, plan: Plan | None = None) -> AsyncIterator[NodesSession]:
-        nodes = plan.nodes if isinstance(plan, RunPlan) else None
+        nodes = plan.connect_to if isinstance(plan, RunPlan) else None
         async with connect(self.cfg, nodes) as group:
             yield NodesSession(self.cfg, group)
 

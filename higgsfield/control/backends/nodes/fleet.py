@@ -34,6 +34,7 @@ from higgsfield.contract.runspec import ACTIVE, NodeRunView, RunStatus
 from higgsfield.contract.text import one_line
 from higgsfield.control.backends.backend import Changed, Plan, RunHandle
 from higgsfield.control.backends.fleet import CONNECTING, DOWN, HISTORY, UP, why
+from higgsfield.control.backends.nodes.fleet_drift import DriftWatch
 from higgsfield.control.backends.nodes.session import NodesSession
 from higgsfield.control.backends.nodes.start import RunPlan
 from higgsfield.control.backends.nodes.status import merge
@@ -217,6 +218,8 @@ class NodesFleet:
             options["silent"] = silent
         self.feeds = [NodeFeed(cfg, m, changed, **options) for m in self.group.members]
         self.label = f"{len(cfg.nodes)} node(s)"
+        self.drift = DriftWatch(cfg, lambda: [f.member for f in self.feeds if f.state.state == UP],
+                                lambda: changed("nodes"))
 
     async def start(self) -> None:
         """Connect every node (a host key that is not the pinned one refuses the whole dashboard) and
@@ -224,8 +227,10 @@ class NodesFleet:
         await self.group.connect()
         for f in self.feeds:
             f.start()
+        self.drift.start()
 
     async def close(self) -> None:
+        await self.drift.close()
         for f in self.feeds:
             await f.close()
         await self.group.close()
@@ -240,6 +245,7 @@ class NodesFleet:
             d = f.state.to_dict()
             d["queue"] = [{k: e.get(k) for k in ("project", "run", "want", "slots", "committed")}
                           for e in f.state.queue]
+            d["drift"] = self.drift.marks(f.state.name)   # the Nodes view marks a drifted node
             out.append(d)
         return out
 

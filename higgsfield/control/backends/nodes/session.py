@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 
 from higgsfield.contract.runspec import RunStatus
-from higgsfield.control.backends.backend import RunList
+from higgsfield.control.backends.backend import RunList, StacksResult
+from higgsfield.control.backends.nodes.drift import admit
 from higgsfield.control.backends.nodes.kill import kill_runs
 from higgsfield.control.backends.nodes.logs import LOST_AFTER_S, LogLine, follow, stream_logs
 from higgsfield.control.backends.nodes.metrics import read_metrics
+from higgsfield.control.backends.nodes.stacks import take_stacks
 from higgsfield.control.backends.nodes.start import RunHandle, RunPlan, launch
 from higgsfield.control.backends.nodes.status import final_status, find_run, merge, query_runs, skipped_lines
 from higgsfield.control.config import Config
@@ -27,7 +29,11 @@ class NodesSession:
         self.cfg, self.group = cfg, group
 
     async def start(self, plan: RunPlan, secrets: Mapping[str, str] | None = None) -> RunHandle:
-        return await launch(self.group, self.cfg, plan, secrets=dict(secrets or {}))
+        """Check the candidates (drift, reachable), keep the picked nodes as this session's, launch there."""
+        self.group, plan, notes = await admit(self.group, self.cfg, plan)
+        handle = await launch(self.group, self.cfg, plan, secrets=dict(secrets or {}))
+        handle.notes[:0] = notes
+        return handle
 
     def follow(self, handle: RunHandle) -> AsyncIterator[LogLine]:
         return follow(self.group, self.cfg, merge(handle.records)[0])
@@ -52,3 +58,6 @@ class NodesSession:
 
     async def kill(self, target: str) -> list[RunStatus]:
         return await kill_runs(self.group, self.cfg, target)
+
+    async def stacks(self, status: RunStatus, *, node: str | None = None, rank: int | None = None) -> StacksResult:
+        return await take_stacks(self.group, self.cfg, status, node=node, rank=rank)

@@ -37,7 +37,7 @@ import asyncio
 import json
 import secrets as _random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from higgsfield.contract.decode import DecodeError
@@ -45,7 +45,8 @@ from higgsfield.contract.errors import CommandError, RunError, RunNameInUse
 from higgsfield.contract.params import check_run_name, resolve
 from higgsfield.contract.replies import NameInUseReply, StartReply
 from higgsfield.contract.runspec import ACTIVE, Coordinator, RunSpec
-from higgsfield.control.backends.backend import RunHandle
+from higgsfield.control.backends import pick
+from higgsfield.control.backends.backend import RunHandle, StallSettings
 from higgsfield.control.backends.nodes.kill import stop_run
 from higgsfield.control.backends.nodes.output import UPGRADE_HINT, invoke_reply
 from higgsfield.control.backends.timeouts import START_S, step_timeout
@@ -66,6 +67,19 @@ class RunPlan:
     nodes: list[NodeConfig]         # in node-rank order
     max_restarts: int = 0
     exclusive: bool = False
+    stall: StallSettings = StallSettings()
+    """The node side's stall watchdog for this run (higgsfield.yml's, or the run's flags)."""
+    candidates: list[NodeConfig] = field(default_factory=list)
+    """The nodes the run may take (higgsfield.yml's, less ``--exclude``); empty: exactly ``nodes``."""
+    count: int | None = None
+    """``--nodes K``: with more candidates than K, an unreachable or drifted one is passed over."""
+    allow_drift: bool = False
+    """Run even when the nodes differ (:mod:`higgsfield.control.backends.nodes.drift`)."""
+
+    @property
+    def connect_to(self) -> list[NodeConfig]:
+        """The nodes a session for this plan opens: every candidate, so a bad one can be passed over."""
+        return self.candidates or self.nodes
 
 
 def new_run_name(experiment: str) -> str:
@@ -73,17 +87,35 @@ def new_run_name(experiment: str) -> str:
 
 
 def plan_run(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: str | None = None,
-             nodes: int | None = None, max_restarts: int = 0, exclusive: bool = False) -> RunPlan:
-    """Find ``experiment``, validate its params, the run name and the node count; raise before any I/O."""
+             nodes: int | None = None, max_restarts: int = 0, exclusive: bool = False,
+             stall: StallSettings | None = None, exclude: tuple[str, ...] = (),
+             allow_drift: bool = False) -> RunPlan:
+    """Find ``experiment``, validate its params, the run name and the node count; raise before any I/O.
+
+    ``stall`` None: higgsfield.yml's watchdog settings. ``exclude``: node names left out (an
+    unknown one: ConfigError, exit 2); ``nodes`` then counts among the others."""
     exp = find_experiment(cfg.project_dir / "src", experiment)
     values = resolve(exp.params, params, experiment)
     if run_name is not None:
         check_run_name(run_name)
     if max_restarts < 0:
         raise RunError("--max-restarts must be >= 0")
+    candidates = _candidates(cfg, exclude)
+    if nodes is not None and not 1 <= nodes <= len(candidates):
+        left = f" ({len(candidates)} left after --exclude)" if exclude else ""
+        raise RunError(f"--nodes {nodes}: the project has {len(cfg.nodes)} node(s) in {cfg.path}{left}")
     return RunPlan(experiment=experiment, module=exp.module, params=values,
-                   run=run_name or new_run_name(experiment), nodes=select_nodes(cfg, nodes),
-                   max_restarts=max_restarts, exclusive=exclusive)
+                   run=run_name or new_run_name(experiment), nodes=candidates[:nodes],
+                   max_restarts=max_restarts, exclusive=exclusive, stall=stall or StallSettings.of(cfg),
+                   candidates=candidates, count=nodes, allow_drift=allow_drift)
+
+
+def _candidates(cfg: Config, exclude: tuple[str, ...]) -> list[NodeConfig]:
+    """higgsfield.yml's nodes, in node-rank order, less ``exclude`` (unknown names: one line, exit 2)."""
+    if not exclude:
+        return select_nodes(cfg)
+    left = pick.exclude([str(n.name) for n in cfg.nodes], exclude)
+    return select_nodes(cfg, names=left)
 
 
 async def launch(group: Group, cfg: Config, plan: RunPlan, *,
@@ -104,7 +136,7 @@ async def launch(group: Group, cfg: Config, plan: RunPlan, *,
                 nodes=tuple(names), master_addr=master_addr, submitted_at=submitted_at,
                 nproc=_nproc(cfg, m.node), coordinator=coordinator, max_restarts=plan.max_restarts,
                 runtime=cfg.runtime, exclusive=plan.exclusive, attempt=attempt,
-                checkpoint_mirror=cfg.checkpoint.mirror or "")
+                checkpoint_mirror=cfg.checkpoint.mirror or "", **plan.stall.spec_fields())
             payload = json.dumps({"spec": spec.to_dict(), "secrets": secrets or {}, "token": token})
             try:
                 return await invoke_reply(m.transport, cfg, ["start"], StartReply, input=payload)

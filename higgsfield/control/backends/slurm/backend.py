@@ -15,7 +15,9 @@ python; its status is Slurm's (squeue, then sacct where accounting exists, the r
 own record otherwise); its logs are the ranks' files in the workdir, read by the
 invoker on the login node and tagged ``node/rank`` from the allocation the job
 pinned (``spec.json``), exactly as an SSH run's, and so are rank 0's step metrics; ``kill`` is scancel;
-``--max-restarts`` is the job's requeue count.
+``--max-restarts`` is the job's requeue count. The stall watchdog runs inside the job (its batch step,
+:mod:`higgsfield.node.slurm_stall`), laptop or not; ``stacks`` runs the node side's stack taker on every
+node of the allocation with ``srun --overlap --jobid`` (or reads the stacks saved at a stall).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from higgsfield.control.backends.nodes.deploy import DeployResult, deploy
 from higgsfield.control.backends.nodes.start import RunHandle, new_run_name
 from higgsfield.control.backends.slurm import SlurmSettings
 from higgsfield.control.backends.slurm.fleet import ClusterFleet
+from higgsfield.control.backends.slurm.script import exclude_option
 from higgsfield.control.backends.slurm.session import SlurmPlan, SlurmSession
 from higgsfield.control.config import CONFIG_FILE, Config
 from higgsfield.control.project.discovery import find_experiment
@@ -59,9 +62,11 @@ class SlurmBackend:
         settings = self.settings.override(nodes=request.nodes, time=request.time, partition=request.partition)
         if request.exclusive:
             settings = replace(settings, exclusive=True)
+        if request.exclude:
+            settings = replace(settings, extra=(*settings.extra, exclude_option(request.exclude)))
         return SlurmPlan(experiment=request.experiment, module=exp.module, params=values,
                          run=request.run_name or new_run_name(request.experiment),
-                         max_restarts=request.max_restarts, settings=settings)
+                         max_restarts=request.max_restarts, settings=settings, stall=request.stall(self.cfg))
 
     @asynccontextmanager
     async def session(self, plan: Plan | None = None) -> AsyncIterator[SlurmSession]:

@@ -35,8 +35,10 @@ from typing import Any
 
 from higgsfield.contract.decode import MAX_FILE_BYTES, DecodeError, loads
 from higgsfield.contract.errors import RunError
+from higgsfield.contract.layout import STACKS_FILE
 from higgsfield.contract.runspec import ACTIVE, RunSpec, RunStatus
 from higgsfield.contract.slurmjob import SlurmJob, SlurmRequest
+from higgsfield.contract.stacks import RankStacks
 from higgsfield.control.backends.slurm.layout import RunPaths
 from higgsfield.control.backends.slurm.listing import _LIST_RUNS, listed_runs
 from higgsfield.control.backends.slurm.machines import ClusterNode, parse_sinfo_nodes, sinfo_nodes_argv
@@ -44,6 +46,9 @@ from higgsfield.control.backends.slurm.parse import Job, parse_sacct, parse_sque
 from higgsfield.control.backends.slurm.runstatus import merge
 from higgsfield.control.backends.slurm.script import BatchJob, render
 from higgsfield.control.backends.slurm.settings import SlurmSettings
+from higgsfield.control.backends.slurm.stacks import SRUN_WAIT_S as STACKS_SRUN_WAIT_S
+from higgsfield.control.backends.slurm.stacks import parse_saved, parse_srun
+from higgsfield.control.backends.slurm.stacks import srun_argv as stacks_srun_argv
 from higgsfield.control.backends.slurm.states import map_state
 from higgsfield.control.remote.base import Transport
 
@@ -72,14 +77,17 @@ class Submitted:
 
 def template_spec(*, project: str, experiment: str, run: str, module: str, code_dir: str,
                   params: Mapping[str, Any], nproc: int | None = None, max_restarts: int = 0,
-                  src_dir: str = "src", submitted_at: float | None = None, checkpoint_mirror: str = "") -> RunSpec:
+                  src_dir: str = "src", submitted_at: float | None = None, checkpoint_mirror: str = "",
+                  stall_timeout: float = 600.0, startup_timeout: float = 1800.0, on_stall: str = "fail") -> RunSpec:
     """A RunSpec for a Slurm run: the node fields say ``pending`` until the job pins them to its allocation.
-    ``checkpoint_mirror`` (higgsfield.yml's URL, never its credentials: those are secrets) reaches the ranks."""
+    ``checkpoint_mirror`` (higgsfield.yml's URL, never its credentials: those are secrets) reaches the ranks;
+    the stall watchdog's settings reach the job's batch step (:mod:`higgsfield.node.slurm_stall`)."""
     return RunSpec(project=project, experiment=experiment, run=run, module=module, code_dir=code_dir,
                    params=dict(params), node=PENDING_NODE, node_rank=0, nodes=(PENDING_NODE,),
                    master_addr=PENDING_NODE, submitted_at=time.time() if submitted_at is None else submitted_at,
                    nproc=nproc, max_restarts=max_restarts, runtime="process", src_dir=src_dir,
-                   checkpoint_mirror=checkpoint_mirror)
+                   checkpoint_mirror=checkpoint_mirror, stall_timeout=stall_timeout,
+                   startup_timeout=startup_timeout, on_stall=on_stall)
 
 
 class SlurmCluster:
@@ -248,6 +256,38 @@ class SlurmCluster:
         except ValueError:
             return None
         return data if isinstance(data, dict) else None
+
+    # -- stacks -------------------------------------------------------------------------------
+
+    async def live_stacks(self, project: str, run: str) -> tuple[list[RankStacks], dict[str, str]]:
+        """Every rank's stack now: one ``stacks`` task per node of the job's allocation, through ``srun
+        --overlap`` on the login node (:mod:`~higgsfield.control.backends.slurm.stacks`); ``node -> why`` for
+        the nodes that gave none. SlurmError when the job has not placed its ranks yet."""
+        placed = await self.placement(project, run)
+        nodes = [str(n) for n in (placed or {}).get("nodes") or []]
+        python = str((placed or {}).get("python") or self.settings.interpreter)
+        if not nodes:
+            raise SlurmError(f"run '{run}' has not started on its nodes yet: no stacks to take")
+        job_id = await self.job_id(project, run)
+        argv = stacks_srun_argv(job_id, len(nodes), python, self.paths(project, run).dir)
+        r = await self.transport.run(argv, check=False, timeout=STACKS_SRUN_WAIT_S + 10)
+        found, missing = parse_srun(r.stdout, nodes)
+        if not found and not r.ok:
+            why = sbatch_error(r.stderr or r.stdout) or f"exit {r.exit_status}"
+            raise SlurmError(f"srun --overlap --jobid={job_id} on {self.transport.node}: {why}")
+        return found, missing
+
+    async def saved_stacks(self, project: str, run: str) -> list[RankStacks] | None:
+        """The stacks the job saved at its stall (``stacks.json`` in the run's directory), or None."""
+        r = await self.transport.run(["cat", self.paths(project, run).file(STACKS_FILE)], check=False)
+        if not r.ok:
+            return None
+        if len(r.stdout) > MAX_FILE_BYTES:
+            raise SlurmError(f"{self.paths(project, run).file(STACKS_FILE)} on {self.transport.node} is too big")
+        try:
+            return parse_saved(r.stdout)
+        except DecodeError as e:
+            raise SlurmError(f"{self.paths(project, run).file(STACKS_FILE)} on {self.transport.node}: {e}") from None
 
     # -- cancel -------------------------------------------------------------------------------
 

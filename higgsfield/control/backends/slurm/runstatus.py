@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from higgsfield.contract.runspec import ACTIVE, FAILED, KILLED, QUEUED, RunStatus
+from higgsfield.contract.decode import DecodeError
+from higgsfield.contract.runspec import ACTIVE, FAILED, KILLED, QUEUED, RUNNING, STALLED, RunStatus
 from higgsfield.contract.slurmjob import SlurmJob
+from higgsfield.contract.stacks import Diagnosis
 from higgsfield.control.backends.slurm.parse import Job
 from higgsfield.control.backends.slurm.states import map_state
 
@@ -24,7 +26,8 @@ def merge(submitted: SlurmJob, job: Job | None, record: Mapping[str, Any] | None
     own run record (``run.json``).
 
     Slurm decides the state while it knows the job; the job's record adds what only
-    the node side knows (the failing rank and node, the error's last lines). Without
+    the node side knows (the failing rank and node, the error's last lines, a stall: a job Slurm runs
+    whose watchdog found it stuck, ``on_stall: wait``, is ``stalled``). Without
     either (no accounting and the job long gone), the record's state stands.
     """
     rec = dict(record or {})
@@ -34,6 +37,8 @@ def merge(submitted: SlurmJob, job: Job | None, record: Mapping[str, Any] | None
         state, reason = mapped.state, mapped.reason
         if state == QUEUED and rec.get("state") == QUEUED and rec.get("reason"):
             reason = f"{rec['reason']}; {reason}" if reason else str(rec["reason"])  # our own requeue: why
+        elif state == RUNNING and rec.get("state") == STALLED:   # Slurm runs it; its watchdog says it is stuck
+            state, reason = STALLED, rec.get("reason")
     elif rec.get("state"):
         state, reason = str(rec["state"]), rec.get("reason")
     failed_node = failed_rank = None
@@ -58,4 +63,14 @@ def merge(submitted: SlurmJob, job: Job | None, record: Mapping[str, Any] | None
         ended_at=(job.ended_at if job and job.ended_at and state not in ACTIVE else rec.get("ended_at")),
         exit_code=(job.exit_code if job and job.exit_code is not None else rec.get("exit_code")),
         failed_node=failed_node, failed_rank=failed_rank, reason=reason, error_tail=tail,
-        params=dict(submitted.params))
+        params=dict(submitted.params), stall=_stall(rec.get("stall")))
+
+
+def _stall(v: object) -> dict[str, Any] | None:
+    """The record's diagnosis of the run's stall, checked by its contract type (one that does not decode: none)."""
+    if v is None:
+        return None
+    try:
+        return Diagnosis.from_dict(v).to_dict()
+    except DecodeError:
+        return None

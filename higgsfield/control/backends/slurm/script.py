@@ -9,6 +9,7 @@
     #SBATCH --gpus-per-node=G            (left out for G = 0)
     #SBATCH --partition=P --account=A --time=T   (each when set, one per line)
     #SBATCH --exclusive                  (whole nodes, unless the settings say exclusive: false)
+    #SBATCH --exclude=n1,n2              (run --exclude; with slurm.extra's options, at the end)
     #SBATCH --output=RUN_DIR/logs/launcher.log
     #SBATCH --requeue + --open-mode=append    (max_restarts > 0; else --no-requeue)
     set -eu
@@ -38,6 +39,20 @@ from higgsfield.control.backends.slurm.layout import RunPaths
 #: What a #SBATCH value may be: sbatch splits those lines on blanks and reads quotes and '%' itself.
 SBATCH_VALUE_RE = re.compile(r"\A[A-Za-z0-9_./+@:,=-]+\Z")
 TASK_MODULE = "higgsfield.node.slurm_task"
+
+
+_NODE_NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
+
+
+def exclude_option(nodes: tuple[str, ...] | list[str]) -> str:
+    """``run --exclude n1,n2`` as the sbatch word ``--exclude=n1,n2``; a name that is not one plain node
+    name is a ConfigError (exit 2) before anything is sent (sbatch itself refuses a node it does not know)."""
+    from higgsfield.contract.errors import ConfigError
+
+    bad = [n for n in nodes if not _NODE_NAME_RE.fullmatch(n)]
+    if bad or not nodes:
+        raise ConfigError(f"--exclude {','.join(bad)}: not a Slurm node name (letters, digits, _ . - only)")
+    return f"--exclude={','.join(nodes)}"
 
 
 @dataclass(frozen=True)

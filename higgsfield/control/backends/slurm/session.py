@@ -1,4 +1,4 @@
-"""The login node, connected, for one command: a Slurm run's start, status, logs, metrics and kill.
+"""The login node, connected, for one command: a Slurm run's start, status, logs, metrics, stacks and kill.
 
 :class:`SlurmSession` is the Slurm backend's :class:`~higgsfield.control.backends.backend.Session`
 (opened by :meth:`~higgsfield.control.backends.slurm.backend.SlurmBackend.session`, the
@@ -19,8 +19,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from higgsfield.contract.errors import NoSuchRun, RunError
-from higgsfield.contract.runspec import ACTIVE, RunStatus
-from higgsfield.control.backends.backend import RunList
+from higgsfield.contract.runspec import ACTIVE, QUEUED, RunStatus
+from higgsfield.contract.stacks import RankStacks
+from higgsfield.control.backends.backend import RunList, StacksResult, StallSettings
 from higgsfield.control.backends.nodes.logs import LogLine
 from higgsfield.control.backends.nodes.metrics import parse_metrics
 from higgsfield.control.backends.nodes.start import RunHandle
@@ -47,6 +48,7 @@ class SlurmPlan:
     run: str
     max_restarts: int
     settings: SlurmSettings
+    stall: StallSettings = StallSettings()
 
 
 class SlurmSession:
@@ -83,7 +85,8 @@ class SlurmSession:
         nproc = self.cfg.nproc_per_node
         spec = template_spec(project=self.cfg.name, experiment=plan.experiment, run=plan.run, module=plan.module,
                              code_dir=code, params=plan.params, nproc=None if nproc == "auto" else int(nproc),
-                             max_restarts=plan.max_restarts, checkpoint_mirror=self.cfg.checkpoint.mirror or "")
+                             max_restarts=plan.max_restarts, checkpoint_mirror=self.cfg.checkpoint.mirror or "",
+                             **plan.stall.spec_fields())
         settings = plan.settings if python is None else replace(plan.settings, python=python)
         submitted = await SlurmCluster(self.transport, settings).submit(spec, dict(secrets or {}))
         return RunHandle(self.cfg.name, plan.experiment, plan.run, [], job_id=submitted.job_id)
@@ -171,6 +174,29 @@ class SlurmSession:
     async def machines(self) -> list[ClusterNode]:
         """The partition's compute nodes as Slurm sees them (the dashboard's node view)."""
         return await self.cluster.machines()
+
+    # -- stacks -----------------------------------------------------------------------------
+
+    async def stacks(self, status: RunStatus, *, node: str | None = None, rank: int | None = None) -> StacksResult:
+        """Every rank's stack: taken now on every node of the job's allocation (``srun --overlap``) while the job
+        runs, else those its stall watchdog saved; RunError (exit 2) when there are none."""
+        project, run = self.cfg.name, status.run
+        if status.state == QUEUED:
+            raise RunError(f"run '{run}' is queued: its ranks have not started, there are no stacks yet")
+        found: list[RankStacks] | None
+        missing: dict[str, str] = {}
+        saved = not status.active
+        if status.active:
+            found, missing = await self.cluster.live_stacks(project, run)
+        else:
+            found = await self.cluster.saved_stacks(project, run)
+            if found is None:
+                raise RunError(f"run '{run}' is {status.state} and did not stall: no stacks were saved "
+                               "(stacks of a run are taken while it runs)")
+        picked = [s for s in found if (node is None or s.node == node) and (rank is None or s.rank == rank)]
+        if node is not None:
+            missing = {n: why for n, why in missing.items() if n == node}
+        return StacksResult(picked, saved=saved, unreachable=missing)
 
     # -- kill -------------------------------------------------------------------------------
 

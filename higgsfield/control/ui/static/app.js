@@ -25,6 +25,7 @@ const S = {
   lines: [], shown: 0, follow: true, points: [], charts: [],
 };
 const MAX_LINES = 20000, MAX_DOM_LINES = 4000, NOTICE = -2;
+const ACTIVE = ["queued", "starting", "running", "stalled"];
 
 /* -- formatting -------------------------------------------------------------------- */
 const pad = (n) => String(n).padStart(2, "0");
@@ -87,6 +88,7 @@ function route() {
 /* -- the runs table -------------------------------------------------------------------- */
 function stateBadge(r) {
   const b = el("span", {class: `state s-${r.state}`, text: r.state});
+  if (r.stall) b.title = `stalled: ${r.stall.summary}`;
   if (r.stale_nodes && r.stale_nodes.length) b.title = `last known: ${r.stale_nodes.join(", ")} not answering`;
   return b;
 }
@@ -112,12 +114,14 @@ function renderRuns() {
       failCell.append(el("div", {class: "fail-who", text: fail}));
       const tail = (r.error_tail || []).slice(-1).join("\n") || r.reason || "";   // the run page has them all
       if (tail) failCell.append(el("pre", {class: "tail", text: tail}));
+    } else if (r.stall && r.state === "stalled") {
+      failCell.append(el("pre", {class: "tail stall", text: `stalled: ${r.stall.summary}`}));
     }
     const actions = el("td", {class: "actions"});
-    if (["queued", "starting", "running"].includes(r.state))
+    if (ACTIVE.includes(r.state))
       actions.append(el("button", {class: "danger small kill", type: "button", text: "Kill", onclick: () => kill(r.run)}));
     actions.append(el("button", {class: "small rerun", type: "button", text: "Re-run", onclick: () => openForm(r.experiment, r.run)}));
-    frag.append(el("tr", {"data-run": r.run, "data-state": r.state},
+    frag.append(el("tr", {"data-run": r.run, "data-state": r.state, class: r.state === "stalled" ? "stalled" : ""},
       el("td", {class: "run"}, el("a", {href: `#run/${encodeURIComponent(r.run)}`, text: r.run})),
       el("td", {text: r.experiment}),
       el("td", {}, stateBadge(r)),
@@ -232,7 +236,8 @@ function renderRunHead() {
   const st = $("#run-state");
   if (!r) { st.textContent = "unknown"; st.className = "state"; return; }
   st.textContent = r.state; st.className = `state s-${r.state}`;
-  $("#run-kill").classList.toggle("hidden", !["queued", "starting", "running"].includes(r.state));
+  $("#run-kill").classList.toggle("hidden", !ACTIVE.includes(r.state));
+  $("#stacks-take").classList.toggle("hidden", !ACTIVE.includes(r.state) && !r.stall);
   const facts = [["experiment", r.experiment], ["params", params(r.params) || "–"], ["nodes", (r.nodes || []).join(", ")],
                  ["queue", queueText(r)], ["created", when(r.created_at)], ["started", when(r.started_at)],
                  ["duration", dur(r.duration)], ["exit code", r.exit_code == null ? "–" : String(r.exit_code)]];
@@ -242,11 +247,53 @@ function renderRunHead() {
   fb.classList.toggle("hidden", !fail);
   if (fail) fb.replaceChildren(el("div", {class: "fail-who", text: `First failure: ${fail}` + (r.reason ? ` — ${r.reason}` : "")}),
                                el("pre", {class: "tail", text: (r.error_tail || []).join("\n")}));
+  const sb = $("#run-stall");
+  sb.classList.toggle("hidden", !r.stall);
+  if (r.stall) {
+    sb.replaceChildren(el("div", {class: "stall-who", text: `Stalled${r.stalled_at ? " at " + when(r.stalled_at) : ""}: ${r.stall.summary}`}));
+    if (!S.stacksTaken) renderGroups(r.stall, $("#stacks"), "at the stall");
+  }
   fillSelect($("#l-node"), r.nodes || []);
+}
+
+/* -- a run's stacks: the diagnosis's groups (largest first, then the odd ranks), then every rank's threads -- */
+function frameLines(frames) {
+  return (frames || []).map((f) => `  File "${f.file}", line ${f.line}, in ${f.function}` + (f.code ? `\n    ${f.code.trim()}` : "")).join("\n");
+}
+function renderGroups(diagnosis, box, when) {
+  $("#stacks-note").textContent = when ? `(${when})` : "";
+  const kids = [el("div", {class: "summary", text: diagnosis.summary})];
+  diagnosis.groups.forEach((g, i) => {
+    kids.push(el("div", {class: `group ${i ? "odd" : "most"}`, "data-ranks": g.ranks.join(" ")},
+      el("span", {class: "who", text: g.ranks.join(", ")}), document.createTextNode(` ${g.where}`),
+      el("pre", {text: frameLines(g.frames)})));
+  });
+  box.replaceChildren(...kids);
+}
+function renderStacks(data) {
+  const box = $("#stacks");
+  renderGroups(data.diagnosis, box, data.saved ? "saved at the stall" : `taken ${when(Date.now() / 1000)}`);
+  for (const s of data.stacks) {
+    const text = s.threads.map((t) => `thread ${t.name}:\n${frameLines(t.frames)}`).join("\n");
+    box.append(el("details", {class: "rank", "data-rank": `${s.node}/${s.rank}`},
+      el("summary", {text: `${s.node}/${s.rank} (pid ${s.pid})`}), el("pre", {text})));
+  }
+  for (const [n, why] of Object.entries(data.unreachable || {})) box.append(el("div", {class: "error", text: `${n}: ${why}`}));
+}
+async function takeStacks() {
+  if (!S.run) return;
+  const run = S.run, btn = $("#stacks-take");
+  btn.disabled = true; $("#stacks-note").textContent = "(taking…)";
+  try {
+    const data = await post(`/api/runs/${encodeURIComponent(run)}/stacks`);
+    if (S.run === run) { S.stacksTaken = true; renderStacks(data); }
+  } catch (e) { $("#stacks-note").textContent = ""; toast(`stacks of ${run}: ${e.message}`, true); }
+  finally { btn.disabled = false; }
 }
 function openRun(run) {
   if (S.runSource) { S.runSource.close(); S.runSource = null; }
-  S.run = run; S.lines = []; S.shown = 0; S.points = []; S.skipped = 0; S.drawn = false;
+  S.run = run; S.lines = []; S.shown = 0; S.points = []; S.skipped = 0; S.drawn = false; S.stacksTaken = false;
+  $("#stacks").replaceChildren(); $("#stacks-note").textContent = "";
   if (S.drawTimer) { clearTimeout(S.drawTimer); S.drawTimer = null; }
   $("#log").replaceChildren(); destroyCharts(); updatePointsLabel(); updateSkipped();
   if (!run) return;
@@ -405,6 +452,18 @@ function renderNodes() {
       el("span", {class: `node-state ns-${n.state}`, title: n.reason || "",
                   text: n.label || (n.state === "up" ? "up" : n.state === "down" ? "not answering" : "connecting")})));
     if (n.state !== "up" && n.reason) card.append(el("div", {class: "reason", text: `${n.reason} (since ${when(n.since)})`}));
+    const drift = n.drift || [];
+    if (n.state === "down" || drift.length) {
+      // an unhealthy node: a run passes it over (run --nodes K) or refuses it (drift)
+      card.classList.add("unhealthy");
+      const marks = el("div", {class: "health"});
+      if (n.state === "down") marks.append(el("span", {class: "mark", text: "unreachable"}));
+      if (drift.length) {
+        marks.append(el("span", {class: "mark", text: "drifted", title: drift.join("\n")}));
+        for (const line of drift) marks.append(el("div", {class: "drift-line", text: line}));
+      }
+      card.append(marks);
+    }
     if (n.sample) {
       const memPct = s.mem_total ? 100 * s.mem_used / s.mem_total : null;
       const diskPct = s.disk_total ? 100 * s.disk_used / s.disk_total : null;
@@ -444,7 +503,9 @@ function onNodes(data) {
   S.nodes = data.nodes;
   if (S.view === "nodes") renderNodes();
   const down = S.nodes.filter((n) => n.state === "down").length;
-  $("#nav-nodes").textContent = down ? `Nodes (${down} down)` : "Nodes";
+  const drifted = S.nodes.filter((n) => (n.drift || []).length).length;
+  const bad = [down ? `${down} down` : "", drifted ? `${drifted} drifted` : ""].filter(Boolean).join(", ");
+  $("#nav-nodes").textContent = bad ? `Nodes (${bad})` : "Nodes";
 }
 
 /* -- start ---------------------------------------------------------------------------------- */
@@ -482,6 +543,7 @@ async function main() {
   };
   $("#new-run").onclick = () => openForm($("#new-exp").value, null);
   $("#run-kill").onclick = () => S.run && kill(S.run);
+  $("#stacks-take").onclick = takeStacks;
   $("#run-rerun").onclick = () => { const r = currentRun(); if (r) openForm(r.experiment, r.run); };
   $("#form-cancel").onclick = () => $("#form-dialog").close();
   $("#form-check").onclick = () => submitForm(true);

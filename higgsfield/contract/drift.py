@@ -1,0 +1,194 @@
+"""Drift: what must be the same on every node of a run, and where it is not.
+
+A run whose nodes differ (the NVIDIA driver, CUDA or NCCL as torch sees them, torch or
+another package of the run's environment, Python, the invoker, the image or venv key,
+the GPU model or count) hangs at init or writes checkpoints the others cannot load. The
+nodes answer ``invoker facts`` with their :class:`NodeFacts` (read from what deploy and
+setup left on disk: no subprocess, no import of torch), and :func:`compare` names each
+difference against the majority::
+
+    diffs = compare([facts_n1, facts_n2, facts_n3])
+    for d in diffs:
+        print(d.line())      # "n2: numpy 1.26.4 (the other 2 nodes: 2.1.0)"
+
+A value a node cannot tell (``None``: no GPU driver there, or a Docker image whose
+packages are not listed) is compared like any other value for the scalar facts (a
+driver on two nodes and none on the third is a difference), while ``packages`` of None
+means "not known" and that node's packages are left out of the comparison.
+
+The shape of ``doctor --json``'s ``drift`` key (and of the ``facts`` reply) is
+:meth:`NodeFacts.to_dict` and :meth:`Difference.to_dict`::
+
+    {"nodes": [NodeFacts...], "differences": [{"field", "node", "value", "majority", "nodes"}...],
+     "unreachable": {"node": "reason"}}
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+from higgsfield.contract.decode import DecodeError
+from higgsfield.contract.errors import RunError
+from higgsfield.contract.replies import Reply
+
+SCALARS = ("driver", "cuda", "nccl", "torch", "python", "invoker", "env_key", "gpu_model", "gpu_count")
+"""The facts compared one by one, in the order their differences are shown."""
+LABELS = {"driver": "NVIDIA driver", "cuda": "CUDA", "nccl": "NCCL", "torch": "torch", "python": "Python",
+          "invoker": "higgsfield invoker", "env_key": "environment key", "gpu_model": "GPU model",
+          "gpu_count": "GPU count"}
+MAX_PACKAGES = 20_000
+NONE = "none"
+"""How a value the node does not have (no driver, a package not installed) is shown."""
+
+
+def _packages(v: object) -> dict[str, str]:
+    if not isinstance(v, dict):
+        raise TypeError("an object of package versions")
+    if len(v) > MAX_PACKAGES:
+        raise DecodeError(f"too many packages ({len(v)}; at most {MAX_PACKAGES})")
+    if not all(isinstance(k, str) and isinstance(x, str) and len(k) < 256 and len(x) < 256 for k, x in v.items()):
+        raise TypeError("an object of package names to version strings")
+    return dict(v)
+
+
+@dataclass(frozen=True)
+class NodeFacts(Reply):
+    """``invoker facts``: what one node would run a run of the project with (``None``: cannot tell / has none)."""
+
+    WHAT: ClassVar[str] = "facts reply"
+
+    node: str = ""
+    runtime: str = ""
+    """``process`` (the project venv) or ``docker`` (the image), as a run would choose now."""
+    driver: str | None = None
+    cuda: str | None = None
+    nccl: str | None = None
+    torch: str | None = None
+    python: str | None = None
+    invoker: str | None = None
+    env_key: str | None = None
+    gpu_model: str | None = None
+    gpu_count: int | None = None
+    packages: dict[str, str] | None = None
+    """Package name (canonical) -> version, of the run's environment; None: not known (an image)."""
+
+    @classmethod
+    def decoders(cls) -> Mapping[str, Callable[[object], Any]]:
+        return {"packages": _packages}
+
+    def value(self, name: str) -> str:
+        v = getattr(self, name)
+        return NONE if v is None else str(v)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One fact on which ``node`` differs from the majority of the run's nodes."""
+
+    field: str
+    """A name of :data:`SCALARS`, or ``package NAME``."""
+    node: str
+    value: str
+    majority: str
+    nodes: int = 0
+    """How many nodes hold the majority's value."""
+
+    @property
+    def label(self) -> str:
+        if self.field.startswith("package "):
+            return self.field[len("package "):]
+        return LABELS.get(self.field, self.field)
+
+    def against(self) -> str:
+        """``1.26.4 (the other 2 nodes: 2.1.0)``: this node's value against the majority's."""
+        others = f"the other {self.nodes} node{'s' if self.nodes != 1 else ''}" if self.nodes else "the others"
+        return f"{self.value} ({others}: {self.majority})"
+
+    def line(self) -> str:
+        """``n2: numpy 1.26.4 (the other 2 nodes: 2.1.0)``."""
+        return f"{self.node}: {self.label} {self.against()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class NodesDrift(RunError):
+    """``run`` refused: the nodes differ (exit 2); ``--allow-drift`` runs anyway, ``--exclude`` leaves nodes out."""
+
+    exit_code = 2
+
+    def __init__(self, differences: Sequence[Difference], shown: int = 4) -> None:
+        lines = [d.line() for d in differences[:shown]]
+        more = f"; and {len(differences) - shown} more" if len(differences) > shown else ""
+        super().__init__(f"the nodes differ ({'; '.join(lines)}{more}): fix them, leave the odd ones out "
+                         "with --exclude, or run anyway with --allow-drift ('higgsfield doctor' lists all)")
+        self.differences = list(differences)
+
+
+def _majority(values: Sequence[tuple[str, str]]) -> tuple[str, int]:
+    """(the most common value, how many hold it); a tie goes to the value of the first node (node 0's)."""
+    counts = Counter(v for _, v in values)
+    top = max(counts.values())
+    for _, v in values:
+        if counts[v] == top:
+            return v, top
+    raise AssertionError("no values")
+
+
+def _differ(name: str, values: Sequence[tuple[str, str]]) -> list[Difference]:
+    if len({v for _, v in values}) <= 1:
+        return []
+    majority, held = _majority(values)
+    return [Difference(name, node, v, majority, held) for node, v in values if v != majority]
+
+
+def compare(facts: Sequence[NodeFacts]) -> list[Difference]:
+    """Every difference among ``facts`` (in node-rank order): scalars first, then packages by name.
+
+    A package one node has and another lacks is a difference (its value there is ``none``);
+    a node whose ``packages`` is None is left out of the package comparison.
+    """
+    out: list[Difference] = []
+    for name in SCALARS:
+        out += _differ(name, [(f.node, f.value(name)) for f in facts])
+    listed = [f for f in facts if f.packages is not None]
+    names = sorted({p for f in listed for p in (f.packages or {})})
+    for p in names:
+        out += _differ(f"package {p}", [(f.node, (f.packages or {}).get(p, NONE)) for f in listed])
+    return out
+
+
+def drifted(differences: Sequence[Difference]) -> dict[str, str]:
+    """Node -> the reason it is drifted (its differences, one line), for the node picker and the dashboard."""
+    out: dict[str, list[str]] = {}
+    for d in differences:
+        out.setdefault(d.node, []).append(f"{d.label} {d.value} (others: {d.majority})")
+    return {node: "drifted: " + ", ".join(items[:3]) + (f" and {len(items) - 3} more" if len(items) > 3 else "")
+            for node, items in out.items()}
+
+
+@dataclass(frozen=True)
+class DriftReport:
+    """The drift of a set of nodes: their facts, the differences, and the nodes that did not answer."""
+
+    nodes: list[NodeFacts] = field(default_factory=list)
+    differences: list[Difference] = field(default_factory=list)
+    unreachable: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, facts: Sequence[NodeFacts], unreachable: Mapping[str, str] | None = None) -> DriftReport:
+        return cls(list(facts), compare(facts), dict(unreachable or {}))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"nodes": [_facts_dict(f) for f in self.nodes],
+                "differences": [d.to_dict() for d in self.differences],
+                "unreachable": dict(self.unreachable)}
+
+
+def _facts_dict(f: NodeFacts) -> dict[str, Any]:
+    d = f.to_dict()
+    d.pop(NodeFacts.VERSION_KEY, None)
+    return d

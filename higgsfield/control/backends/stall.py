@@ -1,0 +1,48 @@
+"""A run's stall, as its nodes recorded it: what ``status``, ``status --json``, ``run`` and the dashboard show.
+
+When no rank of a run progresses within its ``stall_timeout``, the run's supervisors
+agree on it through the coordinator, take every rank's stack and write the diagnosis
+(:class:`~higgsfield.contract.stacks.Diagnosis`) into each node's run record (``stall``,
+with ``stalled_at``). A backend's :class:`~higgsfield.contract.runspec.RunStatus` keeps each
+node's record in ``nodes``; this reads the diagnosis back from them, decoded once, so
+every view of a run shows the same words whichever backend holds it.
+
+Use::
+
+    d = diagnosis_of(status)            # a Diagnosis, or None when the run never stalled
+    view = stall_fields(status)         # {"stall": {...} | None, "stalled_at": float | None}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from higgsfield.contract.decode import DecodeError
+from higgsfield.contract.runspec import RunStatus
+from higgsfield.contract.stacks import Diagnosis
+
+
+def diagnosis_of(status: RunStatus) -> Diagnosis | None:
+    """The diagnosis of ``status``'s stall (the first node record holding one that decodes), else None."""
+    for record in status.nodes.values():
+        data = record.get("stall")
+        if data is None:
+            continue
+        try:
+            return Diagnosis.from_dict(data)
+        except DecodeError:
+            continue
+    return None
+
+
+def stalled_at(status: RunStatus) -> float | None:
+    """When the run was found stalled (the earliest node record's ``stalled_at``), else None."""
+    times = [v for r in status.nodes.values() if isinstance(v := r.get("stalled_at"), (int, float))
+             and not isinstance(v, bool)]
+    return float(min(times)) if times else None
+
+
+def stall_fields(status: RunStatus) -> dict[str, Any]:
+    """What ``status --json`` and the dashboard add to a run: ``stall`` (the diagnosis) and ``stalled_at``."""
+    d = diagnosis_of(status)
+    return {"stall": None if d is None else d.to_dict(), "stalled_at": stalled_at(status)}

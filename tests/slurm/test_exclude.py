@@ -1,0 +1,66 @@
+"""``run --exclude`` on a Slurm cluster: the plan's sbatch words, then one real job that avoids n1."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from slurm_helpers import SECRET, Cluster
+
+from higgsfield.contract.errors import ConfigError
+from higgsfield.control.backends import RunRequest, backend_for
+from higgsfield.control.config import parse_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.sshd]
+
+SLURM = """\
+name: lab
+slurm:
+  login: {host: login.example, user: me}
+  workdir: /shared/me/hf
+  nodes: 2
+"""
+EXPERIMENT = "from higgsfield.experiment import experiment\n\n@experiment('probe')\ndef probe(params):\n    pass\n"
+
+
+@pytest.mark.timeout(30)
+def test_the_plan_passes_exclude_to_sbatch_and_refuses_a_bad_name(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "probe.py").write_text(EXPERIMENT)
+    (tmp_path / "higgsfield.yml").write_text(SLURM)
+    backend = backend_for(parse_config(SLURM, tmp_path / "higgsfield.yml"))
+    plan: Any = backend.plan(RunRequest("probe", exclude=("n1", "n3")))
+    assert plan.settings.extra[-1] == "--exclude=n1,n3"
+    with pytest.raises(ConfigError, match="not a Slurm node name"):
+        backend.plan(RunRequest("probe", exclude=("n1;rm",)))
+
+
+@pytest.mark.timeout(180)
+def test_a_job_submitted_with_exclude_runs_on_the_other_nodes(settings_data: dict[str, Any], known_hosts: Path,
+                                                              workdir: Path) -> None:
+    from higgsfield.control.backends.slurm import SlurmSettings, template_spec
+    from higgsfield.control.backends.slurm.script import exclude_option
+
+    settings = SlurmSettings.from_mapping(settings_data, "test")
+    c = Cluster(dataclasses.replace(settings, extra=(exclude_option(("n1",)),)), known_hosts)
+    try:
+        s = template_spec(project="slurmproj", experiment="probe", run=f"exclude-{os.getpid()}", module="slurmprobe",
+                          code_dir=str(workdir / "code"), params={}, nproc=1, max_restarts=0)
+        job = c(c.engine.submit(s, {"HF_SLURM_SECRET": SECRET}))
+        assert "--exclude=n1" in Path(job.paths.script).read_text()
+        deadline = 120
+        import time
+
+        t0 = time.monotonic()
+        while True:
+            st = c(c.engine.status(s.project, s.run))
+            if st.state in ("succeeded", "failed", "killed") or time.monotonic() - t0 > deadline:
+                break
+            time.sleep(0.3)
+        assert st.state == "succeeded", (st.state, st.reason, st.error_tail)
+        assert sorted(st.nodes) == ["n2", "n3"], st.nodes
+    finally:
+        c.close()
