@@ -38,8 +38,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from higgsfield.contract.decode import DecodeError, loads
 from higgsfield.contract.runspec import RUNNING, STALLED, RunSpec
+from higgsfield.contract.slurm_stacks import SRUN_WAIT_S, parse_srun, srun_argv
 from higgsfield.contract.stacks import Diagnosis, RankStacks, diagnose
 from higgsfield.node.gang.watchdog import Watchdog
 from higgsfield.node.runs import progress, stacks
@@ -47,17 +47,10 @@ from higgsfield.node.state import records
 from higgsfield.node.state.placement import read_run_spec
 from higgsfield.node.state.records import RunDir
 
-TASK_MODULE = "higgsfield.node.slurm_task"
 POLL_S = 1.0          # how often the batch step looks at the run's progress
-SRUN_WAIT_S = 20.0    # the stacks step's limit: a node that does not answer in it is named, not waited for
 KILL_AFTER_S = 30.0   # srun told to end the stalled step and still there after this: killed
 
 
-def srun_argv(job_id: str, nnodes: int, python: str, run_dir: str, *, wait: float = SRUN_WAIT_S) -> list[str]:
-    """One ``stacks`` task on each of the job's nodes, beside its running step (the control side's
-    :func:`higgsfield.control.backends.slurm.stacks.srun_argv` says the same words)."""
-    return ["timeout", "-k", "2", f"{wait:g}", "srun", "--overlap", f"--jobid={job_id}", f"--nodes={nnodes}",
-            "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--label", python, "-m", TASK_MODULE, "stacks", run_dir]
 
 
 def local_ranks(hosts: Sequence[str], nproc: int, node: str) -> range:
@@ -80,39 +73,8 @@ def node_stacks(rd: RunDir, node: str) -> str:
     return json.dumps({"node": node, "ranks": [s.to_dict() for s in found]})
 
 
-def by_task(out: str) -> list[str]:
-    """Each task's output of a ``srun --label`` (``N: text`` lines), whole again: srun cuts a long line into
-    pieces (about 1 KiB) that interleave with the other tasks', each piece labelled with its task."""
-    parts: dict[str, list[str]] = {}
-    for line in out.splitlines():
-        label, sep, rest = line.partition(": ")
-        if sep and label.strip().isdigit():
-            parts.setdefault(label.strip(), []).append(rest)
-    return ["".join(p) for _, p in sorted(parts.items(), key=lambda kv: int(kv[0]))]
 
 
-def parse_lines(out: str, nodes: Sequence[str]) -> tuple[list[RankStacks], dict[str, str]]:
-    """The ranks' stacks in the ``stacks`` tasks' output; ``node -> why`` for each of ``nodes`` without any."""
-    found: list[RankStacks] = []
-    why: dict[str, str] = {}
-    answered: set[str] = set()
-    for line in by_task(out):
-        try:
-            data = loads(line)
-            if not isinstance(data, dict) or not isinstance(data.get("node"), str):
-                raise DecodeError("not an object with a 'node'")
-            answered.add(data["node"])
-            if "error" in data:
-                why[data["node"]] = str(data["error"])[:500]
-                continue
-            ranks = data.get("ranks")
-            if not isinstance(ranks, list):
-                raise DecodeError("'ranks' is not a list")
-            found.extend(RankStacks.from_dict(r) for r in ranks)
-        except DecodeError as e:
-            why.setdefault("?", f"a stacks line that does not decode: {e}")
-    why.update({n: "did not answer" for n in nodes if n not in answered})
-    return sorted(found, key=lambda s: (s.rank, s.node)), why
 
 
 def take_all(job_id: str, hosts: Sequence[str], python: str, rd: RunDir) -> tuple[list[RankStacks], dict[str, str]]:
@@ -124,7 +86,7 @@ def take_all(job_id: str, hosts: Sequence[str], python: str, rd: RunDir) -> tupl
                            check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         return [], {h: f"srun --overlap: {e}" for h in hosts}
-    return parse_lines(r.stdout, hosts)
+    return parse_srun(r.stdout, hosts)
 
 
 @dataclass

@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 
 from higgsfield.contract.runspec import RunSpec
+from higgsfield.contract.slurm_stacks import TASK_MODULE, parse_srun, srun_argv
 from higgsfield.contract.slurmjob import SlurmJob
 from higgsfield.contract.stacks import Frame, RankStacks, Thread
-from higgsfield.control.backends.slurm import stacks as control_stacks
 from higgsfield.control.backends.slurm.parse import Job
 from higgsfield.control.backends.slurm.runstatus import merge
-from higgsfield.control.backends.slurm.script import TASK_MODULE
 from higgsfield.node import slurm_stall
 from higgsfield.node.state.records import RunDir, RunRecord
 
@@ -28,12 +27,10 @@ def _rank(node: str, rank: int, where: str, line: int) -> RankStacks:
     return RankStacks(node, rank, 100 + rank, (Thread("MainThread", frames),))
 
 
-def test_both_sides_run_the_same_stacks_step() -> None:
-    """The login node (``higgsfield stacks``) and the batch step (at a stall) start the same srun step."""
-    assert control_stacks.srun_argv("42", 2, "/v/bin/python", "/w/runs/p/r") == \
-        slurm_stall.srun_argv("42", 2, "/v/bin/python", "/w/runs/p/r")
-    argv = slurm_stall.srun_argv("42", 2, "/v/bin/python", "/w/runs/p/r")
-    assert slurm_stall.TASK_MODULE == TASK_MODULE and argv[-4:] == ["-m", TASK_MODULE, "stacks", "/w/runs/p/r"]
+def test_the_stacks_step_runs_the_slurm_task_beside_the_job() -> None:
+    """The login node (``higgsfield stacks``) and the batch step (at a stall) start this srun step."""
+    argv = srun_argv("42", 2, "/v/bin/python", "/w/runs/p/r")
+    assert argv[-4:] == ["-m", TASK_MODULE, "stacks", "/w/runs/p/r"]
     assert {"--overlap", "--jobid=42", "--nodes=2", "--label"} <= set(argv) and argv[0] == "timeout"
 
 
@@ -49,12 +46,11 @@ def test_labelled_pieces_are_put_back_together_per_node() -> None:
         if i == 3:
             out.append(f"1: {n2}")
     text = "\n".join(out) + "\nsrun: warning: something\n"
-    for parse in (control_stacks.parse_srun, slurm_stall.parse_lines):
-        found, missing = parse(text, ["n1", "n2", "n3"])
-        assert [(s.node, s.rank) for s in found] == [("n1", 0), ("n1", 1)]
-        assert missing["n2"].startswith("OSError") and "n3" in missing and "n1" not in missing
-        found, missing = parse("0: {not json\n", ["n1"])
-        assert found == [] and set(missing) == {"?", "n1"}
+    found, missing = parse_srun(text, ["n1", "n2", "n3"])
+    assert [(s.node, s.rank) for s in found] == [("n1", 0), ("n1", 1)]
+    assert missing["n2"].startswith("OSError") and "n3" in missing and "n1" not in missing
+    found, missing = parse_srun("0: {not json\n", ["n1"])
+    assert found == [] and set(missing) == {"?", "n1"}
 
 
 def test_each_node_takes_only_its_own_ranks() -> None:

@@ -13,7 +13,6 @@
   :class:`~higgsfield.control.backends.backend.Backend` / ``Session`` pair;
 - :mod:`~higgsfield.control.backends.slurm.fleet`: the dashboard's view (the login node asked every few seconds);
 - :mod:`~higgsfield.control.backends.slurm.pull`: ``higgsfield pull`` through the login node;
-- :mod:`~higgsfield.control.backends.slurm.stacks`: every rank's stack through ``srun --overlap`` (or saved at a stall).
 
 Inside the allocation the node side takes over: :mod:`higgsfield.node.slurm_task`, and its stall
 watchdog :mod:`higgsfield.node.slurm_stall`. Stdlib and

@@ -37,6 +37,9 @@ from higgsfield.contract.decode import MAX_FILE_BYTES, DecodeError, loads
 from higgsfield.contract.errors import RunError
 from higgsfield.contract.layout import STACKS_FILE
 from higgsfield.contract.runspec import ACTIVE, RunSpec, RunStatus
+from higgsfield.contract.slurm_stacks import SRUN_WAIT_S as STACKS_SRUN_WAIT_S
+from higgsfield.contract.slurm_stacks import parse_saved, parse_srun
+from higgsfield.contract.slurm_stacks import srun_argv as stacks_srun_argv
 from higgsfield.contract.slurmjob import SlurmJob, SlurmRequest
 from higgsfield.contract.stacks import RankStacks
 from higgsfield.control.backends.slurm.layout import RunPaths
@@ -46,9 +49,6 @@ from higgsfield.control.backends.slurm.parse import Job, parse_sacct, parse_sque
 from higgsfield.control.backends.slurm.runstatus import merge
 from higgsfield.control.backends.slurm.script import BatchJob, render
 from higgsfield.control.backends.slurm.settings import SlurmSettings
-from higgsfield.control.backends.slurm.stacks import SRUN_WAIT_S as STACKS_SRUN_WAIT_S
-from higgsfield.control.backends.slurm.stacks import parse_saved, parse_srun
-from higgsfield.control.backends.slurm.stacks import srun_argv as stacks_srun_argv
 from higgsfield.control.backends.slurm.states import map_state
 from higgsfield.control.remote.base import Transport
 
@@ -261,7 +261,7 @@ class SlurmCluster:
 
     async def live_stacks(self, project: str, run: str) -> tuple[list[RankStacks], dict[str, str]]:
         """Every rank's stack now: one ``stacks`` task per node of the job's allocation, through ``srun
-        --overlap`` on the login node (:mod:`~higgsfield.control.backends.slurm.stacks`); ``node -> why`` for
+        --overlap`` on the login node (:mod:`~higgsfield.contract.slurm_stacks`); ``node -> why`` for
         the nodes that gave none. SlurmError when the job has not placed its ranks yet."""
         placed = await self.placement(project, run)
         nodes = [str(n) for n in (placed or {}).get("nodes") or []]

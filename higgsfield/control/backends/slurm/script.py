@@ -34,11 +34,11 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from higgsfield.contract.slurm_stacks import TASK_MODULE
 from higgsfield.control.backends.slurm.layout import RunPaths
 
 #: What a #SBATCH value may be: sbatch splits those lines on blanks and reads quotes and '%' itself.
 SBATCH_VALUE_RE = re.compile(r"\A[A-Za-z0-9_./+@:,=-]+\Z")
-TASK_MODULE = "higgsfield.node.slurm_task"
 
 
 _NODE_NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.-]*\Z")

@@ -1,22 +1,22 @@
-"""Every rank's stack of a Slurm run, from the login node: live through ``srun --overlap``, or saved at a stall.
+"""Every rank's stack of a Slurm job, through ``srun --overlap``: the command and what its tasks print.
 
-A running job's ranks are on compute nodes the laptop never reaches; the login node
-can, through Slurm: ``srun --overlap --jobid JOB -N NODES --ntasks-per-node=1`` starts one
-more step inside the job's own allocation (``--overlap``: beside the step that runs
-torchrun, not queued behind it), and its task on each node
-(``python -m higgsfield.node.slurm_task stacks RUN_DIR``) signals that node's ranks, whose
-faulthandlers dump their threads (no ptrace needed), and prints one JSON line::
+A running job's ranks are on compute nodes only Slurm reaches: ``srun --overlap --jobid JOB
+-N NODES --ntasks-per-node=1`` starts one more step inside the job's own allocation
+(``--overlap``: beside the step that runs torchrun, not queued behind it), and its task on
+each node (``python -m higgsfield.node.slurm_task stacks RUN_DIR``) signals that node's
+ranks, whose faulthandlers dump their threads (no ptrace needed), and prints one JSON line::
 
     {"node": "n1", "ranks": [RankStacks dict, ...]}      or      {"node": "n1", "error": "why"}
 
 srun cuts long lines into pieces of about 1 KiB, and the nodes' pieces interleave: with
 ``--label`` each piece says its task, and :func:`by_task` puts each node's line back together.
 
-The job's own stall watchdog (:mod:`higgsfield.node.slurm_stall`) takes them the same way
-and saves them all in the run's ``stacks.json`` of the shared workdir, read back here once
-the job has ended. The argv is built on both sides (neither imports the other): the tests
-check they are the same words.
+Both sides run it: the login node for ``higgsfield stacks`` (the control side's Slurm
+client), and the job's own stall watchdog (:mod:`higgsfield.node.slurm_stall`), which saves
+them in the run's ``stacks.json`` (:func:`parse_saved`). Neither side imports the other, so
+the words live here, once.
 """
+
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ from collections.abc import Sequence
 
 from higgsfield.contract.decode import DecodeError, loads
 from higgsfield.contract.stacks import RankStacks
-from higgsfield.control.backends.slurm.script import TASK_MODULE
+
+#: The Slurm task's module (what job scripts and the stacks step run on each node).
+TASK_MODULE = "higgsfield.node.slurm_task"
 
 #: Seconds the login node's srun may take (Slurm starts a step in well under one; each node's ranks have 3 s
 #: to dump): a node that does not answer is named, the others' stacks still show.
@@ -66,7 +68,7 @@ def parse_srun(out: str, nodes: Sequence[str]) -> tuple[list[RankStacks], dict[s
                 raise DecodeError("'ranks' is not a list")
             found.extend(RankStacks.from_dict(r) for r in ranks)
             answered[node] = None
-        except (DecodeError, ValueError) as e:
+        except (DecodeError, ValueError) as e:   # one bad line is named; the other nodes' stacks still count
             answered.setdefault("?", f"a stacks line that does not decode: {e}")
     missing = {n: "did not answer (its srun task gave no stacks)" for n in nodes if n not in answered}
     errors = {n: why for n, why in answered.items() if why is not None}
