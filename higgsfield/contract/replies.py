@@ -373,25 +373,7 @@ class KillTargetReply(Reply):
         nonnegative(self, "matched")
 
 
-
 # -- stacks ------------------------------------------------------------------------------------
-
-MAX_RANKS = 4096   # the ranks of one run on one node: far below this
-
-
-def _rank_stacks(v: object) -> list[RankStacks]:
-    if not isinstance(v, list):
-        raise TypeError("a list of ranks' stacks")
-    if len(v) > MAX_RANKS:
-        raise DecodeError(f"too many ranks' stacks ({len(v)}; at most {MAX_RANKS})")
-    out = []
-    for i, x in enumerate(v):
-        try:
-            out.append(RankStacks.from_dict(x))
-        except DecodeError as e:
-            raise DecodeError(f"rank stacks {i}: {e}") from None
-    return out
-
 
 @dataclass(frozen=True)
 class StacksReply(Reply):
@@ -409,7 +391,7 @@ class StacksReply(Reply):
 
     @classmethod
     def decoders(cls) -> Mapping[str, Callable[[object], Any]]:
-        return {"ranks": _rank_stacks}
+        return {"ranks": each(RankStacks, "rank stack")}
 
     def check(self) -> None:
         run_name(self.run)

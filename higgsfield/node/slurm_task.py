@@ -226,14 +226,21 @@ def batch(rd: RunDir, master: str, command: list[str]) -> int:
     fail = failure(rd, hosts, spec.nproc or 1, rc, since)
     record.failed_node, record.failed_rank, record.failed_at = fail.node, fail.rank, fail.at
     record.error_tail = list(fail.tail)
-    if restart < max_restarts and job_id:
+    return _end(rd, record, fail.reason, restart < max_restarts and bool(job_id), restart, max_restarts, secrets,
+                job_id, rc)
+
+
+def _end(rd: RunDir, record: RunRecord, reason: str, requeue: bool, restart: int, max_restarts: int,
+         secrets: dict[str, str], job_id: str, rc: int) -> int:
+    """A failed job's last word: requeued (Slurm starts it again, from its checkpoint) or failed, for ``reason``."""
+    if requeue:
         record.state = QUEUED
-        record.reason = f"requeued after: {fail.reason} (restart {restart + 1} of {max_restarts})"
+        record.reason = f"requeued after: {reason} (restart {restart + 1} of {max_restarts})"
         write_record(rd, record)
         put_secrets_back(rd, secrets)
         subprocess.run(["scontrol", "requeue", job_id], check=False)  # noqa: S607 - Slurm ends this step now
         return rc
-    record.state, record.reason = FAILED, fail.reason
+    record.state, record.reason = FAILED, reason
     write_record(rd, record)
     return rc
 
@@ -257,17 +264,8 @@ def _stalled(rd: RunDir, record: RunRecord, stall: Stall, on_stall: str, secrets
     except ValueError:
         record.failed_node = None
     record.failed_rank, record.failed_at, record.error_tail = rank, stall.at, []
-    rc = rc or 1
-    if on_stall == "restart" and restart < max_restarts and job_id:
-        record.state = QUEUED
-        record.reason = f"requeued after: {stall.reason} (restart {restart + 1} of {max_restarts})"
-        write_record(rd, record)
-        put_secrets_back(rd, secrets)
-        subprocess.run(["scontrol", "requeue", job_id], check=False)  # noqa: S607 - Slurm ends this step now
-        return rc
-    record.state, record.reason = FAILED, stall.reason
-    write_record(rd, record)
-    return rc
+    return _end(rd, record, stall.reason, on_stall == "restart" and restart < max_restarts and bool(job_id),
+                restart, max_restarts, secrets, job_id, rc or 1)
 
 
 def failure(rd: RunDir, hosts: list[str], nproc: int, rc: int, since: float) -> Failure:

@@ -167,7 +167,7 @@ def test_the_stacks_reply_is_typed_and_versioned() -> None:
     assert StacksReply.from_dict(wire) == reply
     with pytest.raises(DecodeError, match="version 2"):
         StacksReply.from_dict({**wire, "version": 2})
-    with pytest.raises(DecodeError, match="rank stacks 0: 'pid' must be an integer"):
+    with pytest.raises(DecodeError, match="rank stack 0: 'pid' must be an integer"):
         StacksReply.from_dict({**wire, "ranks": [{**wire["ranks"][0], "pid": "x"}]})
     with pytest.raises(DecodeError, match="'state'"):
         StacksReply.from_dict({**wire, "state": "sleeping"})
