@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+#: Where a node keeps code, runs and logs unless higgsfield.yml's ``state_dir`` says otherwise.
+DEFAULT_STATE_DIR = "~/.higgsfield"
 RUNS = "runs"
 RECORD = "run.json"
 SPEC = "spec.json"
@@ -32,6 +34,12 @@ LAUNCHER_LOG = "launcher.log"
 PROGRESS = "progress"
 STACKS = "stacks"
 STACKS_FILE = "stacks.json"
+
+
+def state_path(state_dir: str) -> Path:
+    """The state directory, absolute: ``~`` expanded, a relative one relative to the home (as over SSH)."""
+    p = Path(state_dir).expanduser()
+    return p if p.is_absolute() else Path.home() / p
 
 
 def progress_path(run_dir: str | os.PathLike[str], rank: int) -> Path:

@@ -18,12 +18,12 @@ from pathlib import Path
 import click
 
 from higgsfield import __version__
+from higgsfield.contract.layout import DEFAULT_STATE_DIR, state_path
 
 
 def _state(ctx: click.Context) -> Path:
-    """The state directory, absolute (a relative one is relative to the home directory, as over SSH)."""
-    p = Path(ctx.obj["state_dir"]).expanduser()
-    return p if p.is_absolute() else Path.home() / p
+    """The state directory of this invocation (``--state-dir``), absolute."""
+    return state_path(ctx.obj["state_dir"])
 
 
 def _emit(data: object) -> None:
@@ -31,7 +31,7 @@ def _emit(data: object) -> None:
 
 
 @click.group(hidden=True)
-@click.option("--state-dir", default="~/.higgsfield", show_default=True, help="The node's state directory.")
+@click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, help="The node's state directory.")
 @click.pass_context
 def invoker(ctx: click.Context, state_dir: str) -> None:
     """Node-side agent: start, stop and report runs on this node."""

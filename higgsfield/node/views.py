@@ -13,11 +13,12 @@ from typing import Any
 
 import click
 
+from higgsfield.contract.layout import state_path
+
 
 def _state(ctx: click.Context) -> Path:
-    """The state directory, absolute (a relative one is relative to the home directory, as over SSH)."""
-    p = Path(ctx.obj["state_dir"]).expanduser()
-    return p if p.is_absolute() else Path.home() / p
+    """The state directory of this invocation (``--state-dir``), absolute."""
+    return state_path(ctx.obj["state_dir"])
 
 
 def _line(data: Any) -> None:

@@ -34,6 +34,7 @@ from pydantic import (
 
 from higgsfield import __version__
 from higgsfield.contract.errors import ConfigError
+from higgsfield.contract.layout import DEFAULT_STATE_DIR
 from higgsfield.contract.names import (
     LOCAL_HOSTS,
     MAX_NAME,
@@ -309,7 +310,7 @@ class Config(_Model):
         "auto", description="How runs start on a node: docker when available ('auto'), or plain processes.")
     secrets: list[str] = Field(default_factory=list,
                                description="Names of secrets; values come from the env file or CI secrets.")
-    state_dir: str = Field("~/.higgsfield", description="Where the invoker keeps code, runs and logs on a node.")
+    state_dir: str = Field(DEFAULT_STATE_DIR, description="Where the invoker keeps code, runs and logs on a node.")
     docker: DockerConfig = Field(default_factory=DockerConfig)  # type: ignore[arg-type]
     install: InstallConfig = Field(default_factory=InstallConfig)  # type: ignore[arg-type]
     default_branch: str = Field("main", description="Pushes to this branch deploy (GitHub Actions).")
