@@ -5,7 +5,7 @@ argv; ``deploy`` reads a tar there), output is JSON on stdout, each verb's reply
 :mod:`higgsfield.contract.replies` object (``logs`` prints
 ``RANK<TAB>LINE`` per line, and ``#hb`` lines as a heartbeat with ``--heartbeat``).
 
-    version | deployed | deploy | build | env | facts (drift) | start | status | logs | kill | queue
+    version | deployed | deploy | build | env | facts (drift) | fabric-last (dashboard) | start | status | logs | kill | queue
     | stacks | files (pull) | prune | usage (doctor)
 """
 
@@ -118,6 +118,16 @@ def facts(ctx: click.Context, project: str, runtime: str, node: str) -> None:
     from higgsfield.node.code.facts import facts as _facts
 
     _emit(_facts(_state(ctx), project, runtime, node).to_dict())
+
+
+@invoker.command("fabric-last", hidden=True)
+@click.option("--project", required=True)
+@click.pass_context
+def fabric_last(ctx: click.Context, project: str) -> None:
+    """(dashboard) The newest fabric test's result of PROJECT this node was node 0 of (null result: none)."""
+    from higgsfield.node.observe.fabric_last import last_fabric
+
+    _emit(last_fabric(_state(ctx), project).to_dict())
 
 
 @invoker.command("queue")

@@ -170,6 +170,11 @@ def test_run_preflight_names_the_slowed_node_passes_it_over_and_runs_on_the_heal
     print(f"\nrun --nodes 2 --preflight, hfnode25 at {SLOW_RATE}: {took:.1f}s; {line}")
     st = {x["run"]: x for x in json.loads(c.hf("status", "--json", timeout=120).stdout)["runs"]}
     assert st[run]["state"] == "succeeded" and sorted(st[run]["nodes"]) == ["hfnode24", "hfnode26"], st[run]
+    # the same preflight's result, kept on hfnode24: the dashboard's Nodes view marks hfnode25 (tests/ui/fabric_page.py)
+    sys.path.insert(0, str(HERE.parent / "ui"))
+    from fabric_page import check_fabric_marks
+    print(f"dashboard: hfnode25 marked slow {check_fabric_marks(c.dir, [f'hfnode{i}' for i in INDICES], 'hfnode25'):.1f}s"
+          " after the page opened")
 
 
 @pytest.mark.timeout(300)

@@ -35,6 +35,7 @@ from higgsfield.contract.text import one_line
 from higgsfield.control.backends.backend import Changed, Plan, RunHandle
 from higgsfield.control.backends.fleet import CONNECTING, DOWN, HISTORY, UP, why
 from higgsfield.control.backends.nodes.fleet_drift import DriftWatch
+from higgsfield.control.backends.nodes.fleet_fabric import FabricWatch
 from higgsfield.control.backends.nodes.session import NodesSession
 from higgsfield.control.backends.nodes.start import RunPlan
 from higgsfield.control.backends.nodes.status import merge
@@ -220,6 +221,8 @@ class NodesFleet:
         self.label = f"{len(cfg.nodes)} node(s)"
         self.drift = DriftWatch(cfg, lambda: [f.member for f in self.feeds if f.state.state == UP],
                                 lambda: changed("nodes"))
+        self.fabric = FabricWatch(cfg, lambda: [f.member for f in self.feeds if f.state.state == UP],
+                                  lambda: changed("nodes"))
 
     async def start(self) -> None:
         """Connect every node (a host key that is not the pinned one refuses the whole dashboard) and
@@ -228,16 +231,20 @@ class NodesFleet:
         for f in self.feeds:
             f.start()
         self.drift.start()
+        self.fabric.start()
 
     async def close(self) -> None:
         await self.drift.close()
+        await self.fabric.close()
         for f in self.feeds:
             await f.close()
         await self.group.close()
 
     def runs(self) -> list[RunStatus]:
         """The nodes' records merged as ``higgsfield status`` merges them (a node that is down: its last known)."""
-        return merge([rec for f in self.feeds for rec in f.state.records.values()])
+        runs = merge([rec for f in self.feeds for rec in f.state.records.values()])
+        self.fabric.seen(s.run for s in runs if s.state == "succeeded")   # a fabric test just ended: its result
+        return runs
 
     def nodes(self) -> list[dict[str, Any]]:
         out = []
@@ -246,6 +253,7 @@ class NodesFleet:
             d["queue"] = [{k: e.get(k) for k in ("project", "run", "want", "slots", "committed")}
                           for e in f.state.queue]
             d["drift"] = self.drift.marks(f.state.name)   # the Nodes view marks a drifted node
+            d["fabric"] = self.fabric.marks(f.state.name)  # ... and its last fabric figures, a slow one
             out.append(d)
         return out
 

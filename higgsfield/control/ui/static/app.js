@@ -453,8 +453,9 @@ function renderNodes() {
                   text: n.label || (n.state === "up" ? "up" : n.state === "down" ? "not answering" : "connecting")})));
     if (n.state !== "up" && n.reason) card.append(el("div", {class: "reason", text: `${n.reason} (since ${when(n.since)})`}));
     const drift = n.drift || [];
-    if (n.state === "down" || drift.length) {
-      // an unhealthy node: a run passes it over (run --nodes K) or refuses it (drift)
+    const fab = n.fabric || null;
+    if (n.state === "down" || drift.length || (fab && fab.slow)) {
+      // an unhealthy node: a run passes it over (run --nodes K, --preflight) or refuses it (drift)
       card.classList.add("unhealthy");
       const marks = el("div", {class: "health"});
       if (n.state === "down") marks.append(el("span", {class: "mark", text: "unreachable"}));
@@ -462,8 +463,13 @@ function renderNodes() {
         marks.append(el("span", {class: "mark", text: "drifted", title: drift.join("\n")}));
         for (const line of drift) marks.append(el("div", {class: "drift-line", text: line}));
       }
+      if (fab && fab.slow) {
+        marks.append(el("span", {class: "mark mark-slow", text: "slow in the last preflight", title: fab.slow}));
+        marks.append(el("div", {class: "drift-line", text: fab.slow}));
+      }
       card.append(marks);
     }
+    if (fab) card.append(fabricLine(fab));
     if (n.sample) {
       const memPct = s.mem_total ? 100 * s.mem_used / s.mem_total : null;
       const diskPct = s.disk_total ? 100 * s.disk_used / s.disk_total : null;
@@ -495,6 +501,18 @@ function renderNodes() {
   }
   box.replaceChildren(frag);
 }
+function gbps(v) { return v == null ? "–" : `${v.toPrecision(3)} GB/s`; }
+function fabricLine(f) {
+  // the node's figures from the last fabric test (doctor --fabric / run --preflight), kept on the nodes
+  const gpu = f.gpu === "n/a" ? "GPU n/a" : f.gpu_ok ? "GPU ok" : `GPU: ${f.gpu}`;
+  return el("div", {class: `fabric${f.slow ? " bad" : ""}`, title: `${f.run} (${f.backend}, ${f.nodes} nodes)`},
+    el("span", {class: "k", text: "fabric"}),
+    el("span", {class: "fab-busbw", text: ` busbw ${gbps(f.busbw_gbps)}`}),
+    el("span", {class: "fab-link", text: ` · best link ${gbps(f.link_gbps)}`}),
+    el("span", {class: "fab-write", text: ` · write ${f.write_mbps == null ? "–" : `${f.write_mbps.toFixed(0)} MB/s`}`}),
+    el("span", {class: `fab-gpu${f.gpu_ok ? "" : " bad"}`, text: ` · ${gpu}`}),
+    el("span", {class: "fab-at muted", text: ` · ${f.at ? when(f.at) : "?"}`}));
+}
 function runLink(e) {
   if (e.project !== S.project) return el("span", {class: "muted", text: `${e.project}/${e.run}`});
   return el("a", {href: `#run/${encodeURIComponent(e.run)}`, text: e.run});
@@ -504,7 +522,9 @@ function onNodes(data) {
   if (S.view === "nodes") renderNodes();
   const down = S.nodes.filter((n) => n.state === "down").length;
   const drifted = S.nodes.filter((n) => (n.drift || []).length).length;
-  const bad = [down ? `${down} down` : "", drifted ? `${drifted} drifted` : ""].filter(Boolean).join(", ");
+  const slow = S.nodes.filter((n) => n.fabric && n.fabric.slow).length;
+  const bad = [down ? `${down} down` : "", drifted ? `${drifted} drifted` : "", slow ? `${slow} slow` : ""]
+    .filter(Boolean).join(", ");
   $("#nav-nodes").textContent = bad ? `Nodes (${bad})` : "Nodes";
 }
 
