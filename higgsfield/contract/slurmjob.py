@@ -89,14 +89,16 @@ class SlurmRequest:
     checkpoint_dir: str = ""         # HIGGSFIELD_CHECKPOINT_DIR: in the shared workdir, every requeue sees it
     cache_dir: str = ""              # the project's cache in the shared workdir
     submitted_at: float = 0.0        # the run's created_at (0: unknown, the job's start stands in)
+    allow_drift: bool = False        # run --allow-drift: the job's drift check reports and goes on (key only when set)
     version: int = REQUEST_VERSION
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON of ``request.json`` (the shape every release since 0.1 writes)."""
+        """The JSON of ``request.json`` (the shape every release since 0.1 writes; ``allow_drift`` only when set,
+        which an earlier release's job ignores)."""
         return {"version": self.version, "spec": self.spec.to_dict(), "secret_names": list(self.secret_names),
                 "max_restarts": self.max_restarts, "gpus_per_node": self.gpus_per_node,
                 "checkpoint_dir": self.checkpoint_dir, "cache_dir": self.cache_dir,
-                "submitted_at": self.submitted_at}
+                "submitted_at": self.submitted_at, **({"allow_drift": True} if self.allow_drift else {})}
 
     @classmethod
     def from_dict(cls, data: object, *, where: str = REQUEST) -> SlurmRequest:

@@ -26,7 +26,10 @@ waits per the spec's ``on_stall``.
 step, from the batch step at a stall or from the login node for ``higgsfield stacks``)
 prints that node's ranks' stacks as one JSON line.
 
-``node`` (one per node, ``SLURM_NODEID`` its node rank) starts torchrun with the c10d
+``node`` (one per node, ``SLURM_NODEID`` its node rank) first compares the allocation's nodes
+(:mod:`higgsfield.node.slurm_drift`: each writes its facts to the run directory, waits for the
+others', compares): on a difference, unless the run allows drift, no torchrun starts and the
+batch step records the run failed with one line per difference. Then it starts torchrun with the c10d
 rendezvous on ``HOST0`` and each node's own host name as its address, so the group
 ranks are the host names' sorted order; every worker logs to ``logs/rank<N>.log`` of the
 shared run directory, the layout ``higgsfield invoker logs`` follows on an SSH node.
@@ -57,6 +60,7 @@ from higgsfield.contract.layout import KILL, REQUEST, SECRETS, SPEC
 from higgsfield.contract.names import check_node_name
 from higgsfield.contract.runspec import FAILED, KILLED, QUEUED, RUNNING, SUCCEEDED, RunSpec
 from higgsfield.contract.slurmjob import SlurmRequest, WrongVersion
+from higgsfield.node import slurm_drift
 from higgsfield.node.runs.failure import describe, read_end
 from higgsfield.node.slurm_stall import Stall, StallWatch, node_stacks, take_all, watch
 from higgsfield.node.state.placement import STOP_GRACE_S
@@ -177,7 +181,8 @@ def batch(rd: RunDir, master: str, command: list[str]) -> int:
         return _start_failed(rd, req.spec, str(e))
     rd.make()
     placement = {"gpus": req.gpus_per_node, "checkpoint_dir": req.checkpoint_dir,
-                 "cache_dir": req.cache_dir, "container": "", "python": sys.executable}
+                 "cache_dir": req.cache_dir, "container": "", "python": sys.executable,
+                 "allow_drift": req.allow_drift}
     write_json(rd.path / SPEC, {**spec.to_dict(), **placement})
     previous = _read_record(rd)
     record = RunRecord(project=spec.project, experiment=spec.experiment, run=spec.run, node=hosts[0], node_rank=0,
@@ -223,6 +228,15 @@ def batch(rd: RunDir, master: str, command: list[str]) -> int:
         record.state, record.reason = SUCCEEDED, None
         write_record(rd, record)
         return 0
+    drift = [] if req.allow_drift else slurm_drift.verdict(rd, attempt())
+    if drift:   # the nodes differ: stopped before training; a requeue would meet the same nodes' differences
+        record.state, record.reason, record.error_tail = FAILED, slurm_drift.reason(drift), slurm_drift.lines(drift)
+        try:
+            record.failed_node = check_node_name(drift[0].node)
+        except ValueError:
+            record.failed_node = None
+        write_record(rd, record)
+        return rc
     fail = failure(rd, hosts, spec.nproc or 1, rc, since)
     record.failed_node, record.failed_rank, record.failed_at = fail.node, fail.rank, fail.at
     record.error_tail = list(fail.tail)
@@ -355,13 +369,33 @@ def node_env(spec: dict[str, Any], rd: RunDir, host: str, base: dict[str, str]) 
     return env
 
 
+def attempt() -> str:
+    """This start of the job, ``JOB.RESTART``: its rendezvous id, and the folder of its nodes' facts."""
+    return f"{os.environ.get('SLURM_JOB_ID', 'job')}.{os.environ.get('SLURM_RESTART_COUNT') or 0}"
+
+
+def drift_check(rd: RunDir, spec: dict[str, Any], host: str) -> bool:
+    """The allocation's nodes compared (:mod:`higgsfield.node.slurm_drift`), each difference one line in the
+    job's log; False: they differ and the run was not started with ``--allow-drift``."""
+    report = slurm_drift.check(rd, attempt(), [str(h) for h in spec["nodes"]], host)
+    for node_name, why in report.unreachable.items():
+        print(f"higgsfield: drift check: {node_name} {why}; compared the others", file=sys.stderr, flush=True)
+    allowed = bool(spec.get("allow_drift"))
+    for d in report.differences:
+        print(f"higgsfield: {host}: drift: {d.line()}" + (" (allowed: --allow-drift)" if allowed else ""),
+              file=sys.stderr, flush=True)
+    return allowed or not report.differences
+
+
 def node(rd: RunDir, master: str) -> int:
-    """This node's torchrun, until it ends; SIGTERM (scancel) stops it and its workers."""
+    """This node's torchrun, until it ends; SIGTERM (scancel) stops it and its workers. The nodes are compared
+    first: on a difference (without ``--allow-drift``) no torchrun starts and the task exits DRIFT_EXIT."""
     spec = json.loads((rd.path / SPEC).read_text())
     node_rank = int(os.environ.get("SLURM_NODEID", "0"))
     host = spec["nodes"][node_rank]
-    rdzv_id = f"{os.environ.get('SLURM_JOB_ID', 'job')}.{os.environ.get('SLURM_RESTART_COUNT') or 0}"
-    argv = torchrun_argv(spec, rd, master, int(os.environ[PORT_VAR]), host, rdzv_id)
+    if not drift_check(rd, spec, host):
+        return slurm_drift.DRIFT_EXIT
+    argv = torchrun_argv(spec, rd, master, int(os.environ[PORT_VAR]), host, attempt())
     proc = subprocess.Popen(argv, env=node_env(spec, rd, host, dict(os.environ)),  # noqa: S603
                             cwd=str(spec.get("code_dir") or rd.path))
     stopping: list[float] = []

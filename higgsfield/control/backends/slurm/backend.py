@@ -15,7 +15,8 @@ python; its status is Slurm's (squeue, then sacct where accounting exists, the r
 own record otherwise); its logs are the ranks' files in the workdir, read by the
 invoker on the login node and tagged ``node/rank`` from the allocation the job
 pinned (``spec.json``), exactly as an SSH run's, and so are rank 0's step metrics; ``kill`` is scancel;
-``--max-restarts`` is the job's requeue count. The stall watchdog runs inside the job (its batch step,
+``--max-restarts`` is the job's requeue count. The allocation's nodes are compared for drift inside the job,
+before torchrun (:mod:`higgsfield.node.slurm_drift`); ``--allow-drift`` reaches it in ``request.json``. The stall watchdog runs inside the job (its batch step,
 :mod:`higgsfield.node.slurm_stall`), laptop or not; ``stacks`` runs the node side's stack taker on every
 node of the allocation with ``srun --overlap --jobid`` (or reads the stacks saved at a stall).
 """
@@ -66,7 +67,8 @@ class SlurmBackend:
             settings = replace(settings, extra=(*settings.extra, exclude_option(request.exclude)))
         return SlurmPlan(experiment=request.experiment, module=exp.module, params=values,
                          run=request.run_name or new_run_name(request.experiment),
-                         max_restarts=request.max_restarts, settings=settings, stall=request.stall(self.cfg))
+                         max_restarts=request.max_restarts, settings=settings, stall=request.stall(self.cfg),
+                         allow_drift=request.allow_drift)
 
     @asynccontextmanager
     async def session(self, plan: Plan | None = None) -> AsyncIterator[SlurmSession]:

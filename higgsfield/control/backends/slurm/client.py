@@ -109,10 +109,12 @@ class SlurmCluster:
 
     # -- submit -------------------------------------------------------------------------------
 
-    async def submit(self, spec: RunSpec, secrets: Mapping[str, str] | None = None) -> Submitted:
+    async def submit(self, spec: RunSpec, secrets: Mapping[str, str] | None = None, *,
+                     allow_drift: bool = False) -> Submitted:
         """Write the run's files into the workdir and ``sbatch`` its script; the job id is in ``job.json``.
 
-        ``spec.max_restarts`` becomes the job's requeue count. Raises :class:`SlurmRefused`
+        ``spec.max_restarts`` becomes the job's requeue count; ``allow_drift`` lets the job run on
+        nodes that differ (its drift check, :mod:`higgsfield.node.slurm_drift`, then only reports). Raises :class:`SlurmRefused`
         with sbatch's reason in one line for a job Slurm will not take (the secrets file is
         removed again, with the run's directory), :class:`SlurmError` for a run name already used in the workdir.
         """
@@ -129,7 +131,7 @@ class SlurmCluster:
         request = SlurmRequest(spec=spec, secret_names=sorted(secrets or {}), max_restarts=spec.max_restarts,
                                gpus_per_node=self.settings.gpus_per_node, checkpoint_dir=paths.checkpoints,
                                cache_dir=posixpath.join(self.settings.workdir, "cache", spec.project),
-                               submitted_at=submitted_at)
+                               submitted_at=submitted_at, allow_drift=allow_drift)
         await t.put_bytes(_json(request.to_dict()), paths.request, mode=0o600)
         if secrets:
             await t.put_bytes(_json(dict(secrets)), paths.secrets, mode=0o600)

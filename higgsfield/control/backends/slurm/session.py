@@ -49,6 +49,8 @@ class SlurmPlan:
     max_restarts: int
     settings: SlurmSettings
     stall: StallSettings = StallSettings()
+    allow_drift: bool = False
+    """``run --allow-drift``: the job's own drift check (its nodes compared before torchrun) reports and goes on."""
 
 
 class SlurmSession:
@@ -88,7 +90,8 @@ class SlurmSession:
                              max_restarts=plan.max_restarts, checkpoint_mirror=self.cfg.checkpoint.mirror or "",
                              **plan.stall.spec_fields())
         settings = plan.settings if python is None else replace(plan.settings, python=python)
-        submitted = await SlurmCluster(self.transport, settings).submit(spec, dict(secrets or {}))
+        submitted = await SlurmCluster(self.transport, settings).submit(spec, dict(secrets or {}),
+                                                                        allow_drift=plan.allow_drift)
         return RunHandle(self.cfg.name, plan.experiment, plan.run, [], job_id=submitted.job_id)
 
     # -- status -----------------------------------------------------------------------------
