@@ -15,7 +15,7 @@ others wait in ``all_reduce``. Real torchrun on CPU, real sshd nodes, the proces
   when the rank wakes, and the run succeeds;
 - on_stall=restart, 2 nodes x 2 ranks: every node's workers are restarted and resume from
   the last checkpoint;
-- the Docker runtime: the frozen rank is named from inside its container.
+- the Docker runtime, 2 nodes x 2 ranks: the frozen rank is named from inside its container.
 """
 
 from __future__ import annotations
@@ -245,17 +245,20 @@ def test_on_stall_restart_resumes_every_node_from_the_checkpoint(stall_cluster: 
 @pytest.mark.docker
 @pytest.mark.timeout(400)
 def test_the_docker_runtime_names_the_frozen_rank_from_inside_its_container(stall_cluster: StallCluster) -> None:
+    """2 nodes x 2 ranks in containers: the host finds each worker by its environment, signals it, reads its dump."""
     c = stall_cluster
     _configure(c, "docker")
     run = name("frozendocker")
     try:
-        r = c.hf("run", "stall", "-p", "freeze_rank=1", "-p", "steps=1000", "--nodes", "1",
+        r = c.hf("run", "stall", "-p", "freeze_rank=3", "-p", "steps=1000", "--nodes", "2",
                  "--stall-timeout", str(STALL_S), "--run-name", run, timeout=240)
-        rec = c.record(8, run)
-        assert r.returncode != 0 and rec["state"] == "failed", (rec, r.stdout[-2000:], r.stderr[-2000:])
-        assert rec["failed_rank"] == 1 and "hfnode8/1 is at stall.py:" in rec["reason"], rec
-        assert FREEZE_LINE in rec["reason"], rec["reason"]
-        assert "hfnode8/0 waits in all_reduce at stall.py:" in rec["reason"], rec["reason"]
-        assert (c.run_dir(8, run) / "stacks.json").exists()
+        recs = [c.record(i, run) for i in HOSTS]
+        assert r.returncode != 0 and [x["state"] for x in recs] == ["failed"] * 2, \
+            (recs, r.stdout[-2000:], r.stderr[-2000:])
+        rec = recs[0]
+        assert rec["failed_node"] == "hfnode9" and rec["failed_rank"] == 3, rec
+        assert "hfnode9/3 is at stall.py:" in rec["reason"] and FREEZE_LINE in rec["reason"], rec["reason"]
+        assert "hfnode8/0, hfnode8/1, hfnode9/2 wait in all_reduce at stall.py:" in rec["reason"], rec["reason"]
+        assert all((c.run_dir(i, run) / "stacks.json").exists() for i in HOSTS)
     finally:
         kill_run_quietly(c, run)
