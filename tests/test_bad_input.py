@@ -18,7 +18,7 @@ from helpers_project import run_cli
 
 import higgsfield.control.backends.nodes as orchestrator
 from higgsfield.control.cli import main
-from higgsfield.control.cli.runs import parse_since
+from higgsfield.control.cli._lines import parse_since
 
 NODE = "name: demo\nnodes:\n  - host: gpu-1.example.com\n"
 LOCAL = "name: demo\nnodes:\n  - host: localhost\nruntime: process\n"

@@ -218,10 +218,10 @@ def test_entrypoint_runs_without_torchrun_env(project: Path, tmp_path: Path) -> 
 
 def test_node_log_lines_cannot_drive_the_terminal(capsys: pytest.CaptureFixture[str]) -> None:
     from higgsfield.control.backends.nodes import LogLine
-    from higgsfield.control.cli.runs import _print_lines
+    from higgsfield.control.cli._lines import print_lines
 
     hostile = "ok\x1b[2J\x1b]0;owned\x07 done\tcol\r\x9b31m\x00end"
-    _print_lines([LogLine("n1", 0, hostile)], color=False)
+    print_lines([LogLine("n1", 0, hostile)], color=False)
     out = capsys.readouterr().out
     assert out == "n1/0 | ok\u241b[2J\u241b]0;owned\u2407 done\tcol\u240d\\x9b31m\u2400end\n"   # shown inert, not dropped
 
@@ -362,7 +362,7 @@ def test_a_printer_stopping_early_closes_every_node_stream(project: Path) -> Non
     import io
 
     from higgsfield.control.backends.nodes import follow, merge
-    from higgsfield.control.cli.runs import _print_stream
+    from higgsfield.control.cli._lines import print_stream
 
     cfg = _two_node_cfg(project)
     closed: list[str] = []
@@ -390,7 +390,7 @@ def test_a_printer_stopping_early_closes_every_node_stream(project: Path) -> Non
 
     async def go() -> int:
         with pytest.raises(BrokenPipeError):
-            await _print_stream(follow(group, cfg, status, lost_after=30), color=False)
+            await print_stream(follow(group, cfg, status, lost_after=30), color=False)
         return len([t for t in asyncio.all_tasks() if t is not asyncio.current_task()])
 
     out = Pipe()

@@ -269,13 +269,13 @@ def test_follow_waits_for_a_tee_still_holding_the_index(tmp_path: Path) -> None:
 @pytest.mark.parametrize("value,ago", [("30s", 30), ("10m", 600), ("2h", 7200), ("1d", 86400), ("1.5h", 5400),
                                        (" 45S ", 45)])
 def test_since_durations(value: str, ago: float) -> None:
-    from higgsfield.control.cli.runs import parse_since
+    from higgsfield.control.cli._lines import parse_since
 
     assert parse_since(value, now=1_000_000.0) == 1_000_000.0 - ago
 
 
 def test_since_times() -> None:
-    from higgsfield.control.cli.runs import parse_since
+    from higgsfield.control.cli._lines import parse_since
 
     assert parse_since("2026-11-30T10:00") == datetime(2026, 11, 30, 10, 0).timestamp()      # local
     assert parse_since("2026-11-30 10:00:30") == datetime(2026, 11, 30, 10, 0, 30).timestamp()
@@ -285,7 +285,7 @@ def test_since_times() -> None:
 
 @pytest.mark.parametrize("value", ["", "yesterday", "10x", "-5m", "m", "2026-13-01", "10:00:00 tomorrow"])
 def test_bad_since_values(value: str) -> None:
-    from higgsfield.control.cli.runs import parse_since
+    from higgsfield.control.cli._lines import parse_since
 
     with pytest.raises(click.BadParameter, match="neither a duration"):
         parse_since(value)

@@ -22,7 +22,7 @@ import pytest
 from helpers_project import local_project
 
 from higgsfield.contract.text import MAX_LINE, inert
-from higgsfield.control.cli.runs import clean
+from higgsfield.control.cli._lines import clean
 
 REPO = Path(__file__).resolve().parents[2]
 BIG = 10 << 20          # the long line's payload, bytes

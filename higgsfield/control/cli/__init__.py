@@ -35,7 +35,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "logs": ("higgsfield.control.cli.runs", "logs", "Show the merged logs of a run (-f to follow)."),
     "status": ("higgsfield.control.cli.runs", "status", "List runs and their state on every node."),
     "kill": ("higgsfield.control.cli.runs", "kill", "Stop a run on every node."),
-    "stacks": ("higgsfield.control.cli.runs", "stacks", "Show what every rank of a run is doing: its stacks, grouped."),
+    "stacks": ("higgsfield.control.cli.stacks", "stacks", "Show what every rank of a run is doing: its stacks, grouped."),
     "prune": ("higgsfield.control.cli.nodes", "prune", "Free node disk: remove finished runs, unused images (--dry-run)."),
     "pull": ("higgsfield.control.cli.runs", "pull", "Bring a run's checkpoint (every node's part, merged) and logs home."),
     "metrics": ("higgsfield.control.cli.ui", "metrics", "Show a run's step metrics: loss, tokens/s, lr, MFU, memory."),

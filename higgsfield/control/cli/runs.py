@@ -1,4 +1,4 @@
-"""``higgsfield run | logs | status | kill | deploy | stacks``: thin commands over the project's backend.
+"""``higgsfield run | logs | status | kill | deploy``: thin commands over the project's backend.
 
 The backend (:func:`higgsfield.control.backends.nodes.backend_for`) is the SSH nodes, or the Slurm
 cluster of a ``slurm:`` block; these commands never ask which.
@@ -7,12 +7,8 @@ cluster of a ``slurm:`` block; these commands never ask which.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import sys
-import time
-from collections.abc import AsyncIterator, Callable, Iterable
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,83 +24,19 @@ from higgsfield.contract.runspec import (
     STARTING,
     SUCCEEDED,
 )
-from higgsfield.contract.text import inert, shown
-from higgsfield.contract.units import duration_s
 from higgsfield.control.cli._common import console, experiment_name, get_config, run_name
+from higgsfield.control.cli._lines import clean, print_stream, since_option
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from higgsfield.control.backends import Backend, RunList
-    from higgsfield.control.backends.nodes import LogLine, RunHandle, RunStatus
+    from higgsfield.control.backends.nodes import RunHandle, RunStatus
     from higgsfield.control.config import Config
 
 RECENT_FAILURES = 5   # status shows the error of the failed runs among the last this many
 _STATE_STYLE = {SUCCEEDED: "green", FAILED: "red", KILLED: "yellow", RUNNING: "cyan", STARTING: "cyan", QUEUED: "dim",
                 STALLED: "magenta"}
-
-
-def clean(text: str) -> str:
-    """``text`` with its control characters shown inert (tab kept): what a node sends is shown, never obeyed.
-
-    Always, not only on a terminal: ``logs > file`` then ``cat file`` reaches one too, and
-    the node's ``rank<N>.log`` keeps the exact bytes for whoever needs them (``--json`` output
-    is JSON, escaped by its encoder). See :func:`higgsfield.contract.text.inert`.
-    """
-    return inert(text)
-
-
-def _printer(*, color: bool) -> Callable[[LogLine], None]:
-    """Prints one log line to stdout, tagged ``node/rank`` (what a node sent is shown, never obeyed)."""
-    from higgsfield.control.backends.nodes import NOTICE
-
-    out = sys.stdout
-
-    def show(line: LogLine) -> None:
-        who = "higgsfield" if line.rank == NOTICE else "launcher" if line.rank < 0 else line.rank
-        tag = clean(f"{line.node}/{who}")
-        text = clean(line.text)
-        if color:
-            code = 36 if line.rank < 0 else 31 + (line.rank % 6)
-            out.write(f"\x1b[{code}m{tag}\x1b[0m | {text}\n")
-        else:
-            out.write(f"{tag} | {text}\n")
-        out.flush()
-
-    return show
-
-
-def _print_lines(lines: Iterable[LogLine], *, color: bool) -> None:
-    show = _printer(color=color)
-    for line in lines:
-        show(line)
-
-
-async def _print_stream(lines: AsyncIterator[LogLine], *, color: bool) -> None:
-    """Print ``lines`` as they come; the streams behind them close however this ends."""
-    show = _printer(color=color)
-    async with contextlib.aclosing(lines) as items:  # type: ignore[type-var]
-        async for line in items:
-            show(line)
-
-
-def parse_since(value: str, now: float | None = None) -> float:
-    """``--since``: ``30s``/``10m``/``2h``/``1d`` ago, or an ISO time (local unless it names a zone) -> UNIX time."""
-    text = value.strip()
-    secs = duration_s(text)
-    if secs is not None:
-        ago = (time.time() if now is None else now) - secs
-        return ago if ago > 0 else 0.0   # "99999d" (or 1e400 s: -inf) means since the start
-    try:
-        when = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
-    except ValueError:
-        raise click.BadParameter(f"{shown(value)} is neither a duration ago (30s, 10m, 2h, 1d) "
-                                 "nor a time (2026-11-30T10:00, local time)") from None
-    try:
-        return max(when.timestamp(), 0.0)  # a naive time is local time
-    except (ValueError, OverflowError, OSError):
-        # The platform cannot place it (0001-01-01): long before any log line, so every line.
-        return 0.0
 
 
 def _node_list(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...]:
@@ -115,10 +47,6 @@ def _node_list(ctx: click.Context, param: click.Parameter, value: str | None) ->
     if not names:
         raise click.BadParameter("name at least one node (NODE[,NODE])")
     return names
-
-
-def _since_option(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-    return None if value is None else parse_since(value)
 
 
 @click.command()
@@ -237,7 +165,7 @@ async def _run(backend: Backend, plan: Any, values: dict[str, str], *, detach: b
             click.echo(handle.run)
             return None
         try:
-            await _print_stream(session.follow(handle), color=sys.stdout.isatty())
+            await print_stream(session.follow(handle), color=sys.stdout.isatty())
         except NodeLost as lost:  # the nodes decide the run: its final status says how it ended
             err.print(f"{clean(str(lost))}", style="red", markup=False, highlight=False)
         return await session.final_status(handle.run)
@@ -286,7 +214,7 @@ def _print_stall(out: Console, status: RunStatus, indent: str) -> None:
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the run ends.")
 @click.option("--node", default=None, help="Only this node.")
 @click.option("--rank", "ranks", type=click.IntRange(min=0), multiple=True, help="Only this global rank (repeatable).")
-@click.option("--since", metavar="T", callback=_since_option,
+@click.option("--since", metavar="T", callback=since_option,
               help="Only lines written since T: 30s, 10m, 2h, 1d ago, or a local time like 2026-11-30T10:00. "
                    "The launcher's log has no line times: shown whole if it changed since T, "
                    "else only what -f sees added.")
@@ -309,7 +237,7 @@ async def _logs(cfg: Config, target: str, *, follow: bool, node: str | None, ran
     async with backend_for(cfg).session() as session:
         status = await session.find(target)
         lines = session.logs(status, follow=follow, node=node, ranks=ranks, since=since)
-        await _print_stream(lines, color=sys.stdout.isatty())
+        await print_stream(lines, color=sys.stdout.isatty())
 
 
 @click.command()
@@ -378,50 +306,6 @@ async def _kill(cfg: Config, target: str) -> list[RunStatus]:
 
     async with backend_for(cfg).session() as session:
         return await session.kill(target)
-
-
-@click.command()
-@click.argument("target", metavar="EXPERIMENT|RUN", callback=run_name)
-@click.option("--node", default=None, help="Only this node.")
-@click.option("--rank", type=click.IntRange(min=0), default=None, help="Only this global rank.")
-@click.option("--json", "as_json", is_flag=True, help="A JSON list of every rank's stacks, innermost frame last.")
-@click.pass_context
-def stacks(ctx: click.Context, target: str, node: str | None, rank: int | None, as_json: bool) -> None:
-    """What is every rank of a run doing right now? Its Python stacks, grouped, then in full.
-
-    A live run's stacks are taken now, from every node at once (each rank dumps its own
-    threads: no ptrace, no py-spy needed); a run that stalled shows the stacks saved at
-    the stall. An experiment name means its latest run.
-    """
-    from higgsfield.contract.stacks import diagnose, render
-
-    cfg = get_config(ctx)
-    status, found = asyncio.run(_stacks(cfg, target, node=node, rank=rank))
-    for n, why in found.unreachable.items():
-        click.echo(f"warning: {clean(n)}: no stacks: {clean(why)}", err=True)
-    if as_json:
-        click.echo(json.dumps([_stack_json(s) for s in found.stacks], indent=2))
-        return
-    when = "saved at its stall" if found.saved else "taken now"
-    click.echo(f"run {clean(status.run)} ({clean(status.state)}): {len(found.stacks)} rank(s), stacks {when}\n",
-               err=True)
-    for line in render(found.stacks, diagnose(found.stacks)).splitlines():   # each line inert, as node text is
-        click.echo(clean(line))
-
-
-def _stack_json(s: Any) -> dict[str, Any]:
-    """``stacks --json``'s shape of one rank: node, rank, pid, threads of frames (function, file, line)."""
-    return {"node": s.node, "rank": s.rank, "pid": s.pid,
-            "threads": [{"name": t.name, "frames": [{"function": f.function, "file": f.file, "line": f.line}
-                                                    for f in t.frames]} for t in s.threads]}
-
-
-async def _stacks(cfg: Config, target: str, *, node: str | None, rank: int | None) -> tuple[RunStatus, Any]:
-    from higgsfield.control.backends import backend_for
-
-    async with backend_for(cfg).session() as session:
-        status = await session.find(target)
-        return status, await session.stacks(status, node=node, rank=rank)
 
 
 @click.command()
