@@ -36,6 +36,11 @@ shared run directory, the layout ``higgsfield invoker logs`` follows on an SSH n
 
 Node side: this module imports nothing of the control side (``.importlinter``); the
 file names it shares with :mod:`higgsfield.control.backends.slurm.layout` are checked equal by the tests.
+
+Why one module over 400 lines: it is one concept, the program a job script names (its
+module path is in every queued job's argv, so it cannot move without a shim), and its
+three roles share the run's setup and end; what each role does beyond that lives in
+:mod:`~higgsfield.node.slurm_stall` and :mod:`~higgsfield.node.slurm_drift`.
 """
 
 from __future__ import annotations
