@@ -8,35 +8,25 @@ time, never per page refresh. A node that is down is marked by its feed already.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Callable
 
 from higgsfield.contract.drift import DriftReport
 from higgsfield.control.backends.nodes.drift import drift_report
+from higgsfield.control.backends.nodes.periodic import Periodic
 from higgsfield.control.config import Config
 from higgsfield.control.remote import Group, Member
 
 DRIFT_EVERY_S = 60.0
 
 
-class DriftWatch:
+class DriftWatch(Periodic):
     """The last :class:`DriftReport` of the up nodes, asked every ``every`` seconds; ``changed()`` after each."""
 
     def __init__(self, cfg: Config, members: Callable[[], list[Member]], changed: Callable[[], None], *,
                  every: float = DRIFT_EVERY_S) -> None:
-        self.cfg, self.members, self.changed, self.every = cfg, members, changed, every
+        super().__init__(every)
+        self.cfg, self.members, self.changed = cfg, members, changed
         self.report: DriftReport | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop())
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
 
     async def check(self) -> None:
         up = self.members()
@@ -49,10 +39,3 @@ class DriftWatch:
         if self.report is None:
             return []
         return [f"{d.label} {d.against()}" for d in self.report.differences if d.node == node]
-
-    async def _loop(self) -> None:
-        await asyncio.sleep(1.0)   # let the feeds connect first
-        while True:
-            with contextlib.suppress(Exception):   # a node that fails is left out; the next round asks again
-                await self.check()
-            await asyncio.sleep(self.every)

@@ -11,46 +11,35 @@ report once its feed is up); the newest answer wins. A node whose invoker is old
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from higgsfield.contract.fabric_last import PREFIX, LastFabric, newest, node_marks
 from higgsfield.control.backends.nodes.output import invoke
+from higgsfield.control.backends.nodes.periodic import Periodic
 from higgsfield.control.config import Config
 from higgsfield.control.remote import Group, Member
 
 FABRIC_EVERY_S = 120.0
 
 
-class FabricWatch:
+class FabricWatch(Periodic):
     """The newest :class:`LastFabric` among the up nodes; ``changed()`` when it changes."""
 
     def __init__(self, cfg: Config, members: Callable[[], list[Member]], changed: Callable[[], None], *,
                  every: float = FABRIC_EVERY_S) -> None:
-        self.cfg, self.members, self.changed, self.every = cfg, members, changed, every
+        super().__init__(every)
+        self.cfg, self.members, self.changed = cfg, members, changed
         self.last: LastFabric | None = None
         self._marks: dict[str, dict[str, Any]] = {}
         self._ended: set[str] = set()
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop())
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
 
     def seen(self, ended: Iterable[str]) -> None:
         """The runs the feeds report ended: a fabric test not seen ended before is asked for at once."""
         new = {r for r in ended if r.startswith(PREFIX)} - self._ended
         if new:   # also a node's first report: its feed is up now, so it can be asked (the first round may not)
             self._ended |= new
-            self._wake.set()
+            self.wake()
 
     def take(self, lasts: Iterable[LastFabric | None]) -> None:
         """Keep the newest result (an older or equal one changes nothing)."""
@@ -71,12 +60,3 @@ class FabricWatch:
         if up:
             results = await Group(up).run(one, timeout=self.cfg.ssh.command_timeout)
             self.take(r.value for r in results if r.ok)
-
-    async def _loop(self) -> None:
-        await asyncio.sleep(1.0)   # let the feeds connect first
-        while True:
-            self._wake.clear()
-            with contextlib.suppress(Exception):   # a node that fails is left out; the next round asks again
-                await self.check()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.every)
