@@ -119,14 +119,15 @@ def setup() -> tuple[object, Path, Path]:
 
 
 def engine(host: object, work: Path, known: Path) -> object:
-    from higgsfield.control.backends.slurm import SlurmCluster, SlurmSettings
+    from higgsfield.control.backends.slurm import SlurmCluster
+    from higgsfield.control.config.slurm import SlurmConfig
     from higgsfield.control.remote.hostkeys import PinnedHosts
     from higgsfield.control.remote.ssh import SSHTransport
 
     tb = _bed.load_testbed()
-    settings = SlurmSettings.from_mapping({"login": {"host": host.address, "user": host.user,  # type: ignore[attr-defined]
-                                                     "port": host.port}, "workdir": str(work),  # type: ignore[attr-defined]
-                                           "account": "testlab", "nodes": 2, "time": "5"})
+    settings = SlurmConfig.model_validate({
+        "login": {"host": host.address, "user": host.user, "port": host.port},  # type: ignore[attr-defined]
+        "workdir": str(work), "account": "testlab", "nodes": 2, "time": "5"})
     t = SSHTransport("login", host.address, user=host.user, port=host.port,  # type: ignore[attr-defined]
                      identity_file=str(tb.state_dir() / "client" / "id_ed25519"), pins=PinnedHosts(known))
     return SlurmCluster(t, settings)

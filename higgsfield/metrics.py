@@ -34,8 +34,10 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from higgsfield.contract.layout import RUN_DIR_VAR
+
 METRICS_FILE = "metrics.jsonl"
-RUN_DIR_ENV = "HIGGSFIELD_RUN_DIR"
+RUN_DIR_ENV = RUN_DIR_VAR
 MAX_LINE_BYTES = 64 * 1024   # a step's line is ~200 bytes: anything this long is not one (and is not parsed)
 MAX_STEP = 2**53             # the largest step a JSON number carries exactly (and a browser's too)
 HEARTBEAT_LINE = "#hb"

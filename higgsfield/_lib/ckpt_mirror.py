@@ -49,6 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from higgsfield.contract.layout import CHECKPOINT_MIRROR_VAR
+
 __all__ = ["Mirror", "Part", "Uploader", "mirror_root", "new_token", "open_mirror", "parts_to_fetch"]
 
 MARKER = "COMPLETE"
@@ -66,7 +68,7 @@ def mirror_root(url: str, project: str, experiment: str, run: str) -> str:
 
 def open_mirror(url: str | None, project: str | None, experiment: str | None, run: str | None) -> Mirror | None:
     """The run's mirror, or None (``url`` None: ``HIGGSFIELD_CHECKPOINT_MIRROR``); reads the environment now."""
-    url = os.environ.get("HIGGSFIELD_CHECKPOINT_MIRROR", "") if url is None else url
+    url = os.environ.get(CHECKPOINT_MIRROR_VAR, "") if url is None else url
     if not url:
         return None
     names = [project or os.environ.get("PROJECT_NAME") or "default",

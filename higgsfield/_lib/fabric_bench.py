@@ -44,6 +44,7 @@ from higgsfield.contract.fabric import (
     rounds,
     sizes,
 )
+from higgsfield.contract.layout import CHECKPOINT_DIR_VAR, NODE_VAR, RUN_DIR_VAR
 from higgsfield.experiment import experiment, param
 
 _SMI_FIELDS = ("index,name,memory.free,memory.total,ecc.errors.uncorrected.volatile.total,"
@@ -201,8 +202,8 @@ def fabric(params: Any) -> None:
     pairs = _pairwise(node, per_node, nnodes, int(params.pair_bytes), device, gpu)
     mine: dict[str, Any] | None = None
     if local == 0:
-        ckpt = Path(os.environ.get("HIGGSFIELD_CHECKPOINT_DIR") or os.environ.get("HIGGSFIELD_RUN_DIR") or ".")
-        mine = {"index": node, "node": os.environ.get("HIGGSFIELD_NODE", f"node{node}"), "ranks": per_node,
+        ckpt = Path(os.environ.get(CHECKPOINT_DIR_VAR) or os.environ.get(RUN_DIR_VAR) or ".")
+        mine = {"index": node, "node": os.environ.get(NODE_VAR, f"node{node}"), "ranks": per_node,
                 "intra_busbw_gbps": intra, "ckpt_write_mbps": _ckpt_write_mbps(ckpt, int(params.ckpt_mib)),
                 "ckpt_dir": str(ckpt), "gpus": _gpus(), "pairs": pairs}
     gathered = _gather_json(mine, device)

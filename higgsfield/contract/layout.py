@@ -15,6 +15,8 @@
 
 Both sides spell these names from here, so a file the node writes is the file the
 control side asks for (an SSH node through its invoker, a Slurm workdir directly).
+The ``HIGGSFIELD_*`` variables a run's ranks get (``RUN_DIR_VAR`` ...) are named here too:
+both runtimes and the Slurm task set them, the training library reads them.
 """
 
 from __future__ import annotations
@@ -57,3 +59,10 @@ SECRETS = "secrets.json"
 SCRIPT = "job.sh"
 JOB = "job.json"
 REQUEST_VERSION = 1   # of request.json: what the Slurm task reads
+
+# The run's own environment variables, which every rank gets (the node side sets them, the training library
+# reads them): its directory, its node's name, its checkpoint directory and mirror URL.
+RUN_DIR_VAR = "HIGGSFIELD_RUN_DIR"
+NODE_VAR = "HIGGSFIELD_NODE"
+CHECKPOINT_DIR_VAR = "HIGGSFIELD_CHECKPOINT_DIR"
+CHECKPOINT_MIRROR_VAR = "HIGGSFIELD_CHECKPOINT_MIRROR"

@@ -1,4 +1,5 @@
-"""A Slurm run's two submission files, typed: ``request.json`` (what the job runs) and ``job.json`` (the submission).
+"""A Slurm run's files, typed: ``request.json`` (what the job runs), ``job.json`` (the submission), and the
+``spec.json`` the job pins to its allocation.
 
 The control side writes both into the run's directory of the shared workdir
 (:meth:`higgsfield.control.backends.slurm.client.SlurmCluster.submit`):
@@ -13,6 +14,12 @@ The control side writes both into the run's directory of the shared workdir
   job id, when, through which login node, with which ``#SBATCH`` options, and the run's
   names and params. ``status``, ``kill`` and the listing read it back. A ``job.json``
   without a ``version`` is an earlier release's, of this same shape.
+- :class:`PinnedSlurmRun` (``spec.json``): what the job's batch step pinned to its
+  allocation (the RunSpec with its nodes, node 0, nproc) and the placement every node's
+  task needs (GPUs, checkpoint and cache directories, the job's python, ``allow_drift``).
+  The batch step writes it; each node's task (and the ``stacks`` task) reads it back.
+  One flat JSON object, the spec's fields and the placement's side by side, as an SSH
+  node's ``spec.json`` (the worker's entrypoint reads the spec's fields of either).
 
 Each has ``to_dict()`` (the JSON on disk) and a defensive ``from_dict()`` (through
 :func:`higgsfield.contract.decode.from_fields`: typed fields, bounded strings, names checked)
@@ -24,21 +31,22 @@ Use::
     put(SlurmRequest(spec=spec, secret_names=sorted(secrets), ...).to_dict())     # control side, at submit
     req = SlurmRequest.from_dict(read_json(path), where=str(path))               # node side, in the job
     job = SlurmJob.from_dict(loads(text)); job.job_id                            # control side, status/kill
+    pinned = PinnedSlurmRun.from_dict(read_json(path), where=str(path))          # node side, each node's task
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from higgsfield.contract.decode import DecodeError, from_fields
-from higgsfield.contract.layout import JOB, REQUEST, REQUEST_VERSION
+from higgsfield.contract.decode import DecodeError, from_fields, kind
+from higgsfield.contract.layout import JOB, REQUEST, REQUEST_VERSION, SPEC
 from higgsfield.contract.names import NAME_RE, is_run_name
 from higgsfield.contract.runspec import RunSpec, SpecError
 from higgsfield.contract.text import has_control, shown
 
-__all__ = ["JOB_VERSION", "REQUEST_VERSION", "SlurmJob", "SlurmRequest", "WrongVersion"]
+__all__ = ["JOB_VERSION", "REQUEST_VERSION", "PinnedSlurmRun", "SlurmJob", "SlurmRequest", "WrongVersion"]
 
 JOB_VERSION = 1          # of job.json; a file without one is an earlier release's (this same shape)
 MAX_TEXT = 4096          # a path, a login node, an #SBATCH option, a name: far below this
@@ -166,3 +174,49 @@ class SlurmJob:
         _line(job.login, "login")
         _lines(job.sbatch, "sbatch")
         return job
+
+
+# -- spec.json ------------------------------------------------------------------------------------
+
+_SPEC_KEYS = frozenset(f.name for f in fields(RunSpec))
+
+
+@dataclass(frozen=True)
+class PinnedSlurmRun:
+    """``spec.json`` of a Slurm run: the spec pinned to the allocation, and what every node's task needs beside it.
+
+    Written by the batch step once per start of the job (a requeue writes it again), read
+    by each node's task before torchrun. A field absent reads as its default (``allow_drift``
+    False: the key a job of an earlier release did not write).
+    """
+
+    spec: RunSpec                    # pinned: nodes in SLURM_NODEID order, node 0's view, nproc counted
+    gpus: int = 0                    # the slurm block's GPUs per node
+    checkpoint_dir: str = ""         # HIGGSFIELD_CHECKPOINT_DIR (the request's, in the shared workdir)
+    cache_dir: str = ""              # the project's cache in the shared workdir
+    python: str = ""                 # the batch step's interpreter: the ``stacks`` task runs under it
+    allow_drift: bool = False        # run --allow-drift: the nodes' differences are printed, torchrun starts anyway
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON of ``spec.json``: the spec's keys, then the placement's (``container`` always empty: the
+        key an SSH node's placement has, so a reader of either layout finds it)."""
+        return {**self.spec.to_dict(), "gpus": self.gpus, "checkpoint_dir": self.checkpoint_dir,
+                "cache_dir": self.cache_dir, "container": "", "python": self.python, "allow_drift": self.allow_drift}
+
+    @classmethod
+    def from_dict(cls, data: object, *, where: str = SPEC) -> PinnedSlurmRun:
+        """The pinned run in ``data`` (parsed JSON); :class:`DecodeError` in one line, ``where`` (the file)
+        first, naming the field that is wrong."""
+        if not isinstance(data, dict):
+            raise DecodeError(f"{where} is {kind(data)}, not an object")
+        try:
+            spec = RunSpec.from_dict({k: v for k, v in data.items() if k in _SPEC_KEYS})
+            rest = {k: v for k, v in data.items() if k not in _SPEC_KEYS}
+            pinned = from_fields(cls, {**rest, "spec": spec}, special={"spec": _as_is}, what=where)
+            if pinned.gpus < 0:
+                raise DecodeError("'gpus' must not be negative")
+            for key in ("checkpoint_dir", "cache_dir", "python"):
+                _line(getattr(pinned, key), key)
+        except (SpecError, DecodeError) as e:
+            raise DecodeError(f"{where}: {e}") from None
+        return pinned

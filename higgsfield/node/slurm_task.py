@@ -57,23 +57,23 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from higgsfield.contract.decode import DecodeError, read_json
 from higgsfield.contract.failure import Failure
-from higgsfield.contract.layout import KILL, REQUEST, SECRETS, SPEC
+from higgsfield.contract.layout import KILL, REQUEST, SECRETS
 from higgsfield.contract.names import check_node_name
 from higgsfield.contract.runspec import FAILED, KILLED, QUEUED, RUNNING, SUCCEEDED, RunSpec
-from higgsfield.contract.slurmjob import SlurmRequest, WrongVersion
+from higgsfield.contract.slurmjob import PinnedSlurmRun, SlurmRequest, WrongVersion
 from higgsfield.node import slurm_drift
 from higgsfield.node.runs.failure import describe, read_end
+from higgsfield.node.runtime.env import kept_basics, run_variables
 from higgsfield.node.slurm_stall import Stall, StallWatch, node_stacks, take_all, watch
-from higgsfield.node.state.placement import STOP_GRACE_S
+from higgsfield.node.state.placement import SPEC_MAX_BYTES, STOP_GRACE_S
 from higgsfield.node.state.records import RunDir, RunRecord, write_json
 
 PORT_VAR = "HIGGSFIELD_SLURM_PORT"
 SECRET_NAMES_VAR = "HIGGSFIELD_SLURM_SECRETS"   # names only: the values are the variables themselves
-KEPT_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "CUDA_VISIBLE_DEVICES")
+SLURM_KEPT_ENV = ("CUDA_VISIBLE_DEVICES",)   # Slurm's own, for the job's GPUs; kept beside the runtimes' basics
 _SRUN_TASK_ERROR = re.compile(r"srun: error: ([A-Za-z0-9_.:-]+): task (\d+): (.*)")
 
 
@@ -185,10 +185,9 @@ def batch(rd: RunDir, master: str, command: list[str]) -> int:
     except (TaskError, subprocess.CalledProcessError, ValueError) as e:
         return _start_failed(rd, req.spec, str(e))
     rd.make()
-    placement = {"gpus": req.gpus_per_node, "checkpoint_dir": req.checkpoint_dir,
-                 "cache_dir": req.cache_dir, "container": "", "python": sys.executable,
-                 "allow_drift": req.allow_drift}
-    write_json(rd.path / SPEC, {**spec.to_dict(), **placement})
+    write_json(rd.spec_path, PinnedSlurmRun(spec, gpus=req.gpus_per_node, checkpoint_dir=req.checkpoint_dir,
+                                              cache_dir=req.cache_dir, python=sys.executable,
+                                              allow_drift=req.allow_drift).to_dict())
     previous = _read_record(rd)
     record = RunRecord(project=spec.project, experiment=spec.experiment, run=spec.run, node=hosts[0], node_rank=0,
                        nnodes=len(hosts), nproc=spec.nproc or 1, state=RUNNING, runtime="slurm", command=command,
@@ -200,6 +199,7 @@ def batch(rd: RunDir, master: str, command: list[str]) -> int:
     write_record(rd, record)
     env = dict(os.environ)
     env.update(secrets)
+    # ephemeral on purpose, not contract.ports.free_port's rendezvous range (named by SSH nodes' firewall rules)
     env[PORT_VAR] = str(free_port())
     env[SECRET_NAMES_VAR] = ",".join(sorted(secrets))
     stopped: list[int] = []
@@ -337,12 +337,13 @@ def _record_start_failure(rd: RunDir, spec: RunSpec | None, reason: str) -> None
 
 # -- node: one per node, started by srun -----------------------------------------------------
 
-def torchrun_argv(spec: dict[str, Any], rd: RunDir, master: str, port: int, host: str, rdzv_id: str) -> list[str]:
-    """torchrun with the c10d rendezvous on ``master:port``; this node named ``host`` (its group rank's order)."""
+def torchrun_argv(spec: RunSpec, rd: RunDir, master: str, port: int, host: str, rdzv_id: str) -> list[str]:
+    """torchrun with the c10d rendezvous on ``master:port``; this node named ``host`` (its group rank's order:
+    unlike :func:`higgsfield.node.runtime.torchrun.argv`'s static rendezvous, c10d orders the nodes itself)."""
     return [
         sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", str(len(spec["nodes"])),
-        "--nproc_per_node", str(spec["nproc"]),
+        "--nnodes", str(spec.nnodes),
+        "--nproc_per_node", str(spec.nproc),
         "--rdzv_backend", "c10d",
         "--rdzv_endpoint", f"{master}:{port}",
         "--rdzv_id", rdzv_id,
@@ -352,25 +353,17 @@ def torchrun_argv(spec: dict[str, Any], rd: RunDir, master: str, port: int, host
     ]
 
 
-def node_env(spec: dict[str, Any], rd: RunDir, host: str, base: dict[str, str]) -> dict[str, str]:
-    """A minimal environment: the basics of ``base``, the run's secrets (named in it), the run's own variables."""
-    env = {k: v for k, v in base.items() if k in KEPT_ENV or k.startswith("LC_")}
+def node_env(pinned: PinnedSlurmRun, rd: RunDir, host: str, base: dict[str, str]) -> dict[str, str]:
+    """A minimal environment: the basics of ``base``, the run's secrets (named in it), the run's own variables
+    (:mod:`higgsfield.node.runtime.env`, as an SSH node's; ``host`` this node, the mirror's credentials secrets)."""
+    env = kept_basics(base, also=SLURM_KEPT_ENV)
     for name in filter(None, base.get(SECRET_NAMES_VAR, "").split(",")):
         if name in base:
             env[name] = base[name]
-    env.update({
-        "PROJECT_NAME": str(spec["project"]),
-        "EXPERIMENT_NAME": str(spec["experiment"]),
-        "RUN_NAME": str(spec["run"]),
-        "HIGGSFIELD_RUN_DIR": str(rd.path),
-        "HIGGSFIELD_NODE": host,
-        "PYTHONUNBUFFERED": "1",
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-    })
-    if spec.get("checkpoint_dir"):
-        env["HIGGSFIELD_CHECKPOINT_DIR"] = str(spec["checkpoint_dir"])
-    if spec.get("checkpoint_mirror"):  # the URL only: its credentials are secrets, set above from secrets.json
-        env["HIGGSFIELD_CHECKPOINT_MIRROR"] = str(spec["checkpoint_mirror"])
+    spec = pinned.spec
+    env.update(run_variables(project=spec.project, experiment=spec.experiment, run=spec.run, run_dir=str(rd.path),
+                             node=host, checkpoint_dir=pinned.checkpoint_dir,
+                             checkpoint_mirror=spec.checkpoint_mirror))
     return env
 
 
@@ -379,13 +372,13 @@ def attempt() -> str:
     return f"{os.environ.get('SLURM_JOB_ID', 'job')}.{os.environ.get('SLURM_RESTART_COUNT') or 0}"
 
 
-def drift_check(rd: RunDir, spec: dict[str, Any], host: str) -> bool:
+def drift_check(rd: RunDir, pinned: PinnedSlurmRun, host: str) -> bool:
     """The allocation's nodes compared (:mod:`higgsfield.node.slurm_drift`), each difference one line in the
     job's log; False: they differ and the run was not started with ``--allow-drift``."""
-    report = slurm_drift.check(rd, attempt(), [str(h) for h in spec["nodes"]], host)
+    report = slurm_drift.check(rd, attempt(), list(pinned.spec.nodes), host)
     for node_name, why in report.unreachable.items():
         print(f"higgsfield: drift check: {node_name} {why}; compared the others", file=sys.stderr, flush=True)
-    allowed = bool(spec.get("allow_drift"))
+    allowed = pinned.allow_drift
     for d in report.differences:
         print(f"higgsfield: {host}: drift: {d.line()}" + (" (allowed: --allow-drift)" if allowed else ""),
               file=sys.stderr, flush=True)
@@ -395,14 +388,16 @@ def drift_check(rd: RunDir, spec: dict[str, Any], host: str) -> bool:
 def node(rd: RunDir, master: str) -> int:
     """This node's torchrun, until it ends; SIGTERM (scancel) stops it and its workers. The nodes are compared
     first: on a difference (without ``--allow-drift``) no torchrun starts and the task exits DRIFT_EXIT."""
-    spec = json.loads((rd.path / SPEC).read_text())
-    node_rank = int(os.environ.get("SLURM_NODEID", "0"))
-    host = spec["nodes"][node_rank]
-    if not drift_check(rd, spec, host):
+    try:   # the spec.json the batch step pinned, decoded once
+        pinned = PinnedSlurmRun.from_dict(read_json(rd.spec_path, limit=SPEC_MAX_BYTES), where=str(rd.spec_path))
+    except (OSError, DecodeError) as e:
+        raise TaskError(f"cannot read the run's pinned spec: {e}") from None
+    host = pinned.spec.nodes[int(os.environ.get("SLURM_NODEID", "0"))]
+    if not drift_check(rd, pinned, host):
         return slurm_drift.DRIFT_EXIT
-    argv = torchrun_argv(spec, rd, master, int(os.environ[PORT_VAR]), host, attempt())
-    proc = subprocess.Popen(argv, env=node_env(spec, rd, host, dict(os.environ)),  # noqa: S603
-                            cwd=str(spec.get("code_dir") or rd.path))
+    argv = torchrun_argv(pinned.spec, rd, master, int(os.environ[PORT_VAR]), host, attempt())
+    proc = subprocess.Popen(argv, env=node_env(pinned, rd, host, dict(os.environ)),  # noqa: S603
+                            cwd=pinned.spec.code_dir or str(rd.path))
     stopping: list[float] = []
 
     def on_signal(sig: int, _frame: object) -> None:

@@ -1,5 +1,5 @@
-"""A Slurm run's request.json and job.json, typed (higgsfield.contract.slurmjob): both shapes of the previous
-release still read, the JSON on disk keeps its shape, another version and a damaged field are one line."""
+"""A Slurm run's request.json, job.json and pinned spec.json, typed (higgsfield.contract.slurmjob): the previous
+release's shapes still read, the JSON on disk keeps its shape, another version and a damaged field are one line."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.layout import REQUEST_VERSION
 from higgsfield.contract.runspec import RunSpec
-from higgsfield.contract.slurmjob import JOB_VERSION, SlurmJob, SlurmRequest, WrongVersion
+from higgsfield.contract.slurmjob import JOB_VERSION, PinnedSlurmRun, SlurmJob, SlurmRequest, WrongVersion
 
 # request.json and job.json as the previous release (0.2.x) wrote them, key for key
 OLD_SPEC: dict[str, Any] = {
@@ -104,3 +104,41 @@ def test_a_damaged_job_record_names_its_field_in_one_line(data: object, words: s
     with pytest.raises(DecodeError) as e:
         SlurmJob.from_dict(data)
     assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+# -- spec.json: the spec the job pinned to its allocation -------------------------------------------
+
+PINNED_SPEC: dict[str, Any] = {**OLD_SPEC, "node": "n1", "nodes": ["n1", "n2"], "master_addr": "n1", "nproc": 8}
+# spec.json as the batch step wrote it before the type: the spec's keys, then the placement's, in this order
+OLD_PINNED: dict[str, Any] = {**PINNED_SPEC, "gpus": 8, "checkpoint_dir": "/shared/hf/checkpoints/proj/r",
+                              "cache_dir": "/shared/hf/cache/proj", "container": "", "python": "/venv/bin/python",
+                              "allow_drift": False}
+
+
+def test_the_pinned_spec_reads_and_is_written_back_key_for_key() -> None:
+    pinned = PinnedSlurmRun.from_dict(json.loads(json.dumps(OLD_PINNED)), where="/w/runs/p/r/spec.json")
+    assert pinned.spec == RunSpec.from_dict(PINNED_SPEC) and pinned.spec.nodes == ("n1", "n2")
+    assert (pinned.gpus, pinned.python, pinned.allow_drift) == (8, "/venv/bin/python", False)
+    assert list(pinned.to_dict().items()) == list(OLD_PINNED.items())     # same keys, same order, same values
+    assert PinnedSlurmRun.from_dict(pinned.to_dict()) == pinned
+    drifting = PinnedSlurmRun.from_dict({**OLD_PINNED, "allow_drift": True})
+    assert drifting.allow_drift and drifting.to_dict()["allow_drift"] is True
+    assert PinnedSlurmRun.from_dict(PINNED_SPEC) == PinnedSlurmRun(pinned.spec)   # placement keys default
+
+
+@pytest.mark.parametrize(("data", "words"), [
+    ([OLD_PINNED], "spec.json is a list, not an object"),
+    ({**OLD_PINNED, "version": 2}, "run spec version 2"),
+    ({**OLD_PINNED, "node": "n2"}, "node 'n2' is not number 0 of its nodes"),
+    ({**OLD_PINNED, "nodes": ["n1", "n 2"]}, "node name 'n 2' is not valid"),
+    ({**OLD_PINNED, "gpus": "8"}, "'gpus' must be an integer, not a string"),
+    ({**OLD_PINNED, "gpus": -1}, "'gpus' must not be negative"),
+    ({**OLD_PINNED, "allow_drift": "yes"}, "'allow_drift' must be true or false"),
+    ({**OLD_PINNED, "checkpoint_dir": "/w/c\nx"}, "'checkpoint_dir'"),
+    ({**OLD_PINNED, "python": 3}, "'python' must be a string"),
+])
+def test_a_damaged_pinned_spec_names_the_file_and_its_field_in_one_line(data: object, words: str) -> None:
+    with pytest.raises(DecodeError) as e:
+        PinnedSlurmRun.from_dict(data, where="/w/runs/p/r/spec.json")
+    assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert str(e.value).startswith("/w/runs/p/r/spec.json")

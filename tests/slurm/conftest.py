@@ -112,9 +112,9 @@ def settings_data(login: Any, workdir: Path) -> dict[str, Any]:
 
 @pytest.fixture
 def cluster(settings_data: dict[str, Any], known_hosts: Path) -> Iterator[Cluster]:
-    from higgsfield.control.backends.slurm import SlurmSettings
+    from higgsfield.control.config.slurm import SlurmConfig
 
-    c = Cluster(SlurmSettings.from_mapping(settings_data, "test"), known_hosts)
+    c = Cluster(SlurmConfig.model_validate(settings_data), known_hosts)
     yield c
     # nothing of a test's runs outlives it
     subprocess.run(["scancel", "-u", "hfnode20"], capture_output=True, timeout=60)

@@ -17,11 +17,11 @@ from helpers_project import assert_one_line_error, run_cli, write
 from higgsfield.contract.errors import ConfigError, ParamError
 from higgsfield.control.backends import RunRequest, backend_for
 from higgsfield.control.backends.nodes.backend import NodesBackend
-from higgsfield.control.backends.slurm import SlurmSettings
 from higgsfield.control.backends.slurm import preflight as pf
 from higgsfield.control.backends.slurm.backend import SlurmBackend, SlurmSession
 from higgsfield.control.backends.slurm.machines import parse_sinfo_nodes, sinfo_nodes_argv
 from higgsfield.control.config import parse_config
+from higgsfield.control.config.slurm import SlurmConfig
 from higgsfield.control.remote.base import CommandResult
 
 pytestmark = pytest.mark.timeout(60)
@@ -107,10 +107,9 @@ class Login:
 
 def test_log_lines_are_tagged_node_slash_rank_from_the_allocation(tmp_path: Path) -> None:
     cfg = project(tmp_path, SLURM)
-    settings = SlurmSettings.from_mapping(cfg.slurm.model_dump(exclude_none=True))
     login = Login({"run.json": '{"state": "succeeded"}', "spec.json": '{"nodes": ["n2", "n1"], "nproc": 2}'},
                   ["0\tr0", "3\tr3", "-1\ttorchrun says", "#hb", "2\tr2"])
-    session = SlurmSession(cfg, settings, login)  # type: ignore[arg-type]
+    session = SlurmSession(cfg, cfg.slurm, login)  # type: ignore[arg-type]
 
     async def collect(**kw: Any) -> list[tuple[str, int, str]]:
         return [(ln.node, ln.rank, ln.text) async for ln in session._lines("r", follow=False, **kw)]
@@ -163,7 +162,7 @@ def test_sinfo_nodes_give_each_node_once_with_state_load_memory_gpus_and_reason(
 
 
 def test_a_bad_partition_or_account_is_one_line_naming_the_field() -> None:
-    s = SlurmSettings.from_mapping({"login": "h", "workdir": "/w", "partition": "nope", "account": "ghost"})
+    s = SlurmConfig.model_validate({"login": "h", "workdir": "/w", "partition": "nope", "account": "ghost"})
     f = pf.partition(s, pf.parse_sinfo(SINFO))
     assert not f.ok and f.problem == "partition 'nope' does not exist on the cluster (partitions: debug, gpu)"
     assert f.fix is not None and "slurm.partition" in f.fix
@@ -177,7 +176,7 @@ def test_a_bad_partition_or_account_is_one_line_naming_the_field() -> None:
 
 
 def test_the_test_only_job_is_shaped_like_a_run() -> None:
-    s = SlurmSettings.from_mapping({"login": "h", "workdir": "/w", "partition": "debug", "account": "lab",
+    s = SlurmConfig.model_validate({"login": "h", "workdir": "/w", "partition": "debug", "account": "lab",
                                     "nodes": 2, "gpus_per_node": 8, "time": "10", "extra": ["--qos=high"]})
     argv = pf.test_only_argv(s)
     assert argv[:3] == ("sbatch", "--test-only", "--nodes=2")

@@ -8,8 +8,9 @@ import pytest
 from helpers_project import assert_one_line_error, run_cli, write
 
 from higgsfield.contract.errors import ConfigError
-from higgsfield.control.backends.slurm.settings import SlurmSettings
+from higgsfield.control.backends.slurm.backend import SlurmBackend
 from higgsfield.control.config import json_schema, parse_config
+from higgsfield.control.config.slurm import SlurmConfig
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -36,8 +37,9 @@ def test_the_issue_block_parses_without_nodes(tmp_path: Path) -> None:
     s = cfg.slurm
     assert (s.login.host, s.login.user, s.login.port, s.login.name) == ("login.cluster.example", "me", 22, "login")
     assert (s.partition, s.account, s.nodes, s.gpus_per_node, s.time) == ("gpu", "my-lab", 8, 8, "24:00:00")
-    settings = SlurmSettings.from_mapping(s.model_dump(exclude_none=True))   # what the backend runs with
-    assert settings.workdir == "/shared/me/higgsfield" and settings.exclusive
+    assert s.workdir == "/shared/me/higgsfield" and s.exclusive and s.extra == []
+    assert s.interpreter == "/shared/me/higgsfield/venv/bin/python"
+    assert SlurmBackend(cfg).settings is s   # one model: the backend runs with the block as loaded
 
 
 def test_the_login_node_is_the_projects_one_node(tmp_path: Path) -> None:
@@ -100,11 +102,22 @@ def test_config_check_from_the_cli(tmp_path: Path) -> None:
 
 
 def test_run_flags_override_nodes_time_partition() -> None:
-    s = SlurmSettings.from_mapping({"login": "h", "workdir": "/w", "nodes": 2, "time": "10", "partition": "a"})
+    s = SlurmConfig.model_validate({"login": "h", "workdir": "/w", "nodes": 2, "time": "10", "partition": "a"})
     o = s.override(nodes=4, time="1:00:00", partition="b")
     assert (o.nodes, o.time, o.partition) == (4, "1:00:00", "b")
+    assert (s.nodes, s.time, s.partition) == (2, "10", "a")   # the loaded block is left as it is
+    assert s.override().model_dump() == s.model_dump()
     with pytest.raises(ConfigError, match="^--time: 'x' is not a Slurm time limit"):
         s.override(time="x")
+    for bad, msg in ((dict(nodes=0), "--nodes: expected a whole number from 1 to 4096 (got 0)"),
+                     (dict(nodes=True), "--nodes: expected a whole number from 1 to 4096 (got True)"),
+                     (dict(partition="a;b"), "--partition: 'a;b' is not a partition name: use letters, digits, "
+                                             "_ . - (several partitions joined by commas)"),
+                     (dict(time="0", where="run: "), "run: --time: '0' is a time limit of zero: give the run "
+                                                     "some time")):
+        with pytest.raises(ConfigError) as e:
+            s.override(**bad)  # type: ignore[arg-type]
+        assert str(e.value) == msg
 
 
 def test_metrics_of_a_slurm_project_asks_its_login_node(tmp_path: Path) -> None:

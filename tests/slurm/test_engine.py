@@ -209,9 +209,10 @@ def test_requeue_resumes_from_the_checkpoint(cluster: Cluster, workdir: Path) ->
                                                        ("account", "nolab", "Invalid account")])
 def test_bad_partition_or_account_is_one_clear_line(settings_data: dict[str, Any], known_hosts: Path,
                                                     workdir: Path, field: str, value: str, words: str) -> None:
-    from higgsfield.control.backends.slurm import SlurmRefused, SlurmSettings
+    from higgsfield.control.backends.slurm import SlurmRefused
+    from higgsfield.control.config.slurm import SlurmConfig
 
-    c = Cluster(SlurmSettings.from_mapping({**settings_data, field: value}, "test"), known_hosts)
+    c = Cluster(SlurmConfig.model_validate({**settings_data, field: value}), known_hosts)
     try:
         s = spec(c, workdir, f"bad{field}")
         with pytest.raises(SlurmRefused) as e:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from slurm_helpers import SECRET, Cluster
 from higgsfield.contract.errors import ConfigError
 from higgsfield.control.backends import RunRequest, backend_for
 from higgsfield.control.config import parse_config
+from higgsfield.control.config.slurm import SlurmConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.sshd]
 
@@ -41,11 +41,11 @@ def test_the_plan_passes_exclude_to_sbatch_and_refuses_a_bad_name(tmp_path: Path
 @pytest.mark.timeout(180)
 def test_a_job_submitted_with_exclude_runs_on_the_other_nodes(settings_data: dict[str, Any], known_hosts: Path,
                                                               workdir: Path) -> None:
-    from higgsfield.control.backends.slurm import SlurmSettings, template_spec
+    from higgsfield.control.backends.slurm import template_spec
     from higgsfield.control.backends.slurm.script import exclude_option
 
-    settings = SlurmSettings.from_mapping(settings_data, "test")
-    c = Cluster(dataclasses.replace(settings, extra=(exclude_option(("n1",)),)), known_hosts)
+    settings = SlurmConfig.model_validate(settings_data)
+    c = Cluster(settings.model_copy(update={"extra": [exclude_option(("n1",))]}), known_hosts)
     try:
         s = template_spec(project="slurmproj", experiment="probe", run=f"exclude-{os.getpid()}", module="slurmprobe",
                           code_dir=str(workdir / "code"), params={}, nproc=1, max_restarts=0)

@@ -14,12 +14,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from higgsfield.contract.errors import ConfigError
 from higgsfield.contract.names import MAX_RUN_NAME
-from higgsfield.contract.slurmjob import SlurmJob, SlurmRequest
+from higgsfield.contract.slurm_syntax import check_time, seconds
+from higgsfield.contract.slurmjob import PinnedSlurmRun, SlurmJob, SlurmRequest
 from higgsfield.control.backends.slurm import layout
 from higgsfield.control.backends.slurm.client import template_spec
 from higgsfield.control.backends.slurm.layout import RunPaths
@@ -32,8 +34,9 @@ from higgsfield.control.backends.slurm.parse import (
 )
 from higgsfield.control.backends.slurm.runstatus import merge
 from higgsfield.control.backends.slurm.script import BatchJob, render
-from higgsfield.control.backends.slurm.settings import SlurmSettings, check_time, seconds
 from higgsfield.control.backends.slurm.states import map_state
+from higgsfield.control.config import load_config
+from higgsfield.control.config.slurm import SlurmConfig
 from higgsfield.node import slurm_task
 
 pytestmark = pytest.mark.timeout(120)
@@ -195,11 +198,13 @@ def test_the_secrets_file_is_deleted_as_it_is_read(tmp_path: Path) -> None:
 
 
 def test_the_node_environment_is_minimal_with_the_named_secrets() -> None:
-    spec = {"project": "p", "experiment": "e", "run": "r", "checkpoint_dir": "/w/checkpoints/p/r"}
+    spec = template_spec(project="p", experiment="e", run="r", module="e", code_dir="/w/code", params={})
+    pinned = PinnedSlurmRun(slurm_task.pin_spec(SlurmRequest(spec=spec), ["n1", "n2"], "n1"),
+                            checkpoint_dir="/w/checkpoints/p/r")
     base = {"PATH": "/usr/bin", "A_KEY": "v", "OTHER": "x", "SLURM_JOB_ID": "3",
             slurm_task.SECRET_NAMES_VAR: "A_KEY", "SSH_AUTH_SOCK": "/tmp/s"}
     rd = slurm_task.run_dir("/w/runs/p/r")
-    env = slurm_task.node_env(spec, rd, "n2", base)
+    env = slurm_task.node_env(pinned, rd, "n2", base)
     assert env["A_KEY"] == "v" and env["HIGGSFIELD_NODE"] == "n2" and env["HIGGSFIELD_RUN_DIR"] == "/w/runs/p/r"
     assert env["HIGGSFIELD_CHECKPOINT_DIR"] == "/w/checkpoints/p/r"
     assert "OTHER" not in env and "SSH_AUTH_SOCK" not in env and "SLURM_JOB_ID" not in env
@@ -213,9 +218,9 @@ def test_the_checkpoint_mirror_reaches_the_ranks_as_on_ssh_nodes(mirror: str) ->
                          checkpoint_mirror=mirror)
     req = json.loads(json.dumps(SlurmRequest(spec=spec).to_dict()))  # as request.json carries it
     pinned = slurm_task.pin_spec(SlurmRequest.from_dict(req), ["n1", "n2"], "n1")
-    written = json.loads(json.dumps({**pinned.to_dict(), "checkpoint_dir": "/w/checkpoints/p/r"}))  # spec.json
+    written = json.loads(json.dumps(PinnedSlurmRun(pinned, checkpoint_dir="/w/checkpoints/p/r").to_dict()))  # spec.json
     base = {"PATH": "/usr/bin", "AWS_SECRET_ACCESS_KEY": "s3cr3t-7f2e", slurm_task.SECRET_NAMES_VAR: "AWS_SECRET_ACCESS_KEY"}
-    env = slurm_task.node_env(written, slurm_task.run_dir("/w/runs/p/r"), "n2", base)
+    env = slurm_task.node_env(PinnedSlurmRun.from_dict(written), slurm_task.run_dir("/w/runs/p/r"), "n2", base)
     assert env.get("HIGGSFIELD_CHECKPOINT_MIRROR") == (mirror or None), env
     assert env["AWS_SECRET_ACCESS_KEY"] == "s3cr3t-7f2e" and "s3cr3t-7f2e" not in json.dumps(written)
 
@@ -269,9 +274,11 @@ def test_squeue_and_sacct_lines_parse() -> None:
 
 def test_merge_takes_the_rank_and_node_from_the_record_and_the_state_from_slurm() -> None:
     from higgsfield.control.backends.slurm.parse import Job
+    from higgsfield.node.state.records import RunRecord
 
-    record = {"state": "failed", "reason": "rank 3: RuntimeError: boom on node n2", "failed_node": "n2",
-              "failed_rank": 3, "error_tail": ["boom"], "node": "n1", "started_at": 5.0, "ended_at": 9.0}
+    record = RunRecord(project="p", experiment="e", run="r", node="n1", node_rank=0, nnodes=2, nproc=1,
+                       state="failed", reason="rank 3: RuntimeError: boom on node n2", failed_node="n2",
+                       failed_rank=3, error_tail=["boom"], started_at=5.0, ended_at=9.0).to_dict()
     st = merge(SlurmJob.from_dict({"job_id": "4", "project": "p", "run": "r", "submitted_at": 1.0}),
                Job("4", "FAILED", "NonZeroExitCode", 1, ("n1", "n2")), record)
     assert (st.state, st.failed_node, st.failed_rank, st.exit_code) == ("failed", "n2", 3, 1)
@@ -290,7 +297,7 @@ GOOD = {"login": {"host": "login.cluster.example", "user": "me"}, "workdir": "/s
 
 
 def test_settings_read_the_issue_example() -> None:
-    s = SlurmSettings.from_mapping(GOOD, "higgsfield.yml: slurm")
+    s = SlurmConfig.model_validate(GOOD)
     assert (s.login.host, s.login.user, s.login.port, s.nodes, s.gpus_per_node) == \
         ("login.cluster.example", "me", 22, 8, 8)
     assert s.interpreter == "/shared/me/hf/venv/bin/python"
@@ -305,17 +312,21 @@ def test_settings_read_the_issue_example() -> None:
     ({"account": "a b"}, "slurm.account: 'a b' is not an account name"),
     ({"time": "24h"}, "slurm.time: '24h' is not a Slurm time limit"),
     ({"time": "0"}, "slurm.time: '0' is a time limit of zero"),
-    ({"nodes": 0}, "slurm.nodes: expected a whole number from 1"),
-    ({"gpus_per_node": True}, "slurm.gpus_per_node: expected a whole number"),
+    ({"nodes": 0}, "slurm.nodes: input should be greater than or equal to 1 (got 0)"),
+    ({"gpus_per_node": True}, "slurm.gpus_per_node: expected a number, not true"),
     ({"login": {"host": "-oProxyCommand=x"}}, "slurm.login.host"),
     ({"login": {"host": "h", "user": "root"}}, "slurm.login.user: 'root' is refused"),
-    ({"nodez": 2}, "slurm: unknown key 'nodez'"),
-    ({"extra": ["--qos high"]}, "slurm.extra[0]"),
+    ({"nodez": 2}, "slurm.nodez: unknown key 'nodez'"),
+    ({"extra": ["--qos high"]}, "slurm.extra: '--qos high' is not one sbatch option"),
 ])
-def test_settings_errors_are_one_line_naming_the_field(change: dict[str, object], words: str) -> None:
+def test_settings_errors_are_one_line_naming_the_field(tmp_path: Path, change: dict[str, object], words: str) -> None:
+    """As a user meets them: higgsfield.yml read by the config loader, one line naming the file, line and field."""
+    path = tmp_path / "higgsfield.yml"
+    path.write_text(yaml.safe_dump({"name": "lab", "slurm": {**GOOD, **change}}, sort_keys=False))
     with pytest.raises(ConfigError) as e:
-        SlurmSettings.from_mapping({**GOOD, **change}, "slurm")
-    assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
+        load_config(path)
+    assert str(e.value).startswith(f"{path}:") and f": {words}" in str(e.value), str(e.value)
+    assert "\n" not in str(e.value)
 
 
 def test_time_limits() -> None:
@@ -325,7 +336,7 @@ def test_time_limits() -> None:
     assert check_time("unlimited") == "UNLIMITED" and seconds("UNLIMITED") == -1
     assert check_time(45) == "45"
     with pytest.raises(ConfigError, match="--time"):
-        SlurmSettings.from_mapping(GOOD).override(time="soon", where="")
+        SlurmConfig.model_validate(GOOD).override(time="soon", where="")
 
 
 def test_the_task_module_stays_free_of_the_control_side() -> None:

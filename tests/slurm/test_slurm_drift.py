@@ -27,7 +27,7 @@ import pytest
 from slurm_helpers import SECRET, Cluster
 
 from higgsfield.contract.drift import NodeFacts
-from higgsfield.contract.slurmjob import SlurmRequest
+from higgsfield.contract.slurmjob import PinnedSlurmRun, SlurmRequest
 from higgsfield.node import slurm_drift
 from higgsfield.node.state.records import RunDir
 
@@ -90,6 +90,7 @@ def test_a_node_that_writes_no_facts_is_named_and_the_others_are_compared(tmp_pa
 @pytest.mark.timeout(30)
 def test_a_node_task_on_drifted_nodes_starts_no_torchrun_unless_drift_is_allowed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from higgsfield.control.backends.slurm import template_spec
     from higgsfield.node import slurm_task
 
     rd = _rd(tmp_path)
@@ -101,11 +102,13 @@ def test_a_node_task_on_drifted_nodes_starts_no_torchrun_unless_drift_is_allowed
     monkeypatch.setenv("SLURM_NODEID", "0")
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
     monkeypatch.delenv(slurm_task.PORT_VAR, raising=False)   # torchrun would need it: never reached
-    (rd.path / "spec.json").write_text(json.dumps({"nodes": ["n1", "n2"], "allow_drift": False}))
+    spec = template_spec(project="proj", experiment="probe", run="run1", module="probe", code_dir="/c", params={})
+    pinned = PinnedSlurmRun(slurm_task.pin_spec(SlurmRequest(spec=spec), ["n1", "n2"], "n1"))
+    (rd.path / "spec.json").write_text(json.dumps(pinned.to_dict()))
     assert slurm_task.node(rd, "n1") == slurm_drift.DRIFT_EXIT
     assert f"n1: drift: n2: NVIDIA driver {DRIVER} (the other 1 node: none)" in capsys.readouterr().err
     assert slurm_drift.verdict(rd, "9.0")[0].node == "n2"
-    assert slurm_task.drift_check(rd, {"nodes": ["n1", "n2"], "allow_drift": True}, "n1") is True
+    assert slurm_task.drift_check(rd, dataclasses.replace(pinned, allow_drift=True), "n1") is True
     assert "(allowed: --allow-drift)" in capsys.readouterr().err
 
 
@@ -184,10 +187,11 @@ def _until_ended(c: Cluster, project: str, run: str, timeout: float = 90) -> Any
 @pytest.mark.timeout(150)
 def test_a_job_on_drifted_nodes_fails_before_training_unless_drift_is_allowed(
         settings_data: dict[str, Any], known_hosts: Path, workdir: Path) -> None:
-    from higgsfield.control.backends.slurm import SlurmSettings, template_spec
+    from higgsfield.control.backends.slurm import template_spec
+    from higgsfield.control.config.slurm import SlurmConfig
 
-    settings = SlurmSettings.from_mapping(settings_data, "test")
-    c = Cluster(dataclasses.replace(settings, extra=("--nodelist=n1,n2",)), known_hosts)
+    settings = SlurmConfig.model_validate(settings_data)
+    c = Cluster(settings.model_copy(update={"extra": ["--nodelist=n1,n2"]}), known_hosts)
     project = "slurmproj"
     try:
         with gpu_driver_on("n2"):

@@ -10,22 +10,21 @@ Use::
     cfg = Config.model_validate({"name": "demo", "nodes": [{"host": "gpu-1"}]})
     cfg.node_port(cfg.nodes[0])      # 22
 
-One typed model of higgsfield.yml in one module (over 400 lines): the JSON Schema that
-editors complete from, and every error's field path, come from these classes together.
+The JSON Schema that editors complete from, and every error's field path, come from these
+classes together; the ``slurm:`` block (the model the Slurm backend runs with) is
+:mod:`higgsfield.control.config.slurm`, and the field types all blocks share are
+:mod:`higgsfield.control.config.fields`.
 """
 
 from __future__ import annotations
 
 import getpass
 import re
-from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     ValidationInfo,
     field_validator,
@@ -43,37 +42,20 @@ from higgsfield.contract.names import (
     check_node_name,
     check_secret_name,
     check_text,
-    check_user,
-)
-from higgsfield.contract.slurm_syntax import (
-    MAX_GPUS_PER_NODE,
-    MAX_NODES,
-    check_abs_path,
-    check_account,
-    check_extra_option,
-    check_partition,
-    check_time,
-    check_workdir,
 )
 from higgsfield.contract.text import shown
 from higgsfield.contract.units import FORMS, duration_s
+from higgsfield.control.config.fields import Float, Int, Port
+from higgsfield.control.config.fields import Model as _Model
+from higgsfield.control.config.fields import checked as _checked
+from higgsfield.control.config.fields import refuse_root as _refuse_root
+from higgsfield.control.config.slurm import LoginConfig, SlurmConfig
 
 __all__ = ["CONFIG_FILE", "Config", "DockerConfig", "InstallConfig", "LoginConfig", "NodeConfig", "NodeDup",
            "CheckpointConfig", "RetentionConfig", "SSHConfig", "SlurmConfig", "json_schema"]
 
 CONFIG_FILE = "higgsfield.yml"
 BRANCH_RE = re.compile(r"\A[A-Za-z0-9._/-]{1,200}\Z")
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=False)
-
-
-def _no_bool(v: Any) -> Any:
-    # pydantic's lax mode reads YAML's true/false as 1/0; a number field never means a bool.
-    if isinstance(v, bool):
-        raise ValueError(f"expected a number, not {str(v).lower()}")
-    return v
 
 
 def _nproc(v: Any) -> Any:
@@ -83,20 +65,8 @@ def _nproc(v: Any) -> Any:
     raise ValueError(f"must be 'auto' or an integer >= 1 (got {shown(v)})")
 
 
-Int = Annotated[int, BeforeValidator(_no_bool)]
-Float = Annotated[float, Field(allow_inf_nan=False), BeforeValidator(_no_bool)]   # .inf would overflow a timer
-Port = Annotated[int, Field(ge=1, le=65535), BeforeValidator(_no_bool)]
 # Constraints sit inside the Annotated so the JSON Schema says minimum/maximum inside anyOf.
 Nproc = Annotated[Annotated[int, Field(ge=1)] | Literal["auto"], BeforeValidator(_nproc)]
-
-
-def _refuse_root(user: str | None) -> str | None:
-    return None if user is None else check_user(user)
-
-
-def _checked(*fields: str, check: Callable[[Any], Any]) -> Any:
-    """A field validator running ``check`` on each set value (None, the default, is left alone)."""
-    return field_validator(*fields)(classmethod(lambda cls, v: v if v is None else check(v)))
 
 
 def _state_dir(v: str) -> str:
@@ -181,62 +151,6 @@ class InstallConfig(_Model):
 
     _source = _checked("source", check=_pip_source)
     _index = _checked("index_url", check=_index_url)
-
-
-def _login_shorthand(v: Any) -> Any:
-    return {"host": v} if isinstance(v, str) else v
-
-
-class LoginConfig(_Model):
-    """The cluster's login node: reached over SSH like any node, its host key pinned by ``setup``."""
-
-    host: str = Field(..., min_length=1, description="The login node's host name or address.")
-    user: str | None = Field(None, description="Your user on the cluster; default: ssh.user, else your local user.")
-    port: Port = Field(22, description="SSH port.")
-    name: str = Field("login", description="How logs and errors call the login node.")
-    identity_file: str | None = Field(None, description="Private key file; default: ssh.identity_file.")
-
-    _user = field_validator("user")(classmethod(lambda cls, v: _refuse_root(v)))
-    _host = _checked("host", check=check_host)
-    _name = _checked("name", check=check_node_name)
-    _identity = _checked("identity_file", check=check_text)
-
-
-def _time_limit(v: Any) -> Any:
-    return check_time(_no_bool(v))
-
-
-class SlurmConfig(_Model):
-    """A Slurm cluster: runs are batch jobs submitted through its login node (``nodes`` is then not used)."""
-
-    login: Annotated[LoginConfig, BeforeValidator(_login_shorthand)] = Field(
-        ..., description="The login node: {host: login.cluster.example, user: me}.")
-    workdir: str = Field(..., description="An absolute path every compute node sees: releases, the project "
-                                          "environment, runs, logs and checkpoints live there.")
-    partition: str | None = Field(None, description="Partition (or several, comma-separated); default: the "
-                                                    "cluster's default. --partition per run.")
-    account: str | None = Field(None, description="Account to charge; default: your default account.")
-    nodes: Int = Field(1, ge=1, le=MAX_NODES, description="Nodes per run (one torchrun each). --nodes per run.")
-    gpus_per_node: Int = Field(0, ge=0, le=MAX_GPUS_PER_NODE,
-                               description="GPUs per node (--gpus-per-node; 0 for a CPU partition).")
-    cpus_per_task: Int | None = Field(None, ge=1, le=4096, description="CPUs for each node's torchrun.")
-    time: Annotated[str, BeforeValidator(_time_limit)] | None = Field(
-        None, description="Time limit: minutes, HH:MM:SS or D-HH:MM:SS (quoted); default: the partition's. "
-                          "--time per run.")
-    python: str | None = Field(None, description="The compute nodes' python for runs; default: the project "
-                                                 "environment deploy builds in the workdir.")
-    exclusive: bool = Field(True, description="Whole nodes (--exclusive): each node's torchrun uses all of it.")
-    extra: list[str] = Field(default_factory=list, description="More sbatch options, one '--name=value' each.")
-
-    _workdir = _checked("workdir", check=check_workdir)
-    _partition = _checked("partition", check=check_partition)
-    _account = _checked("account", check=check_account)
-    _python = _checked("python", check=check_abs_path)
-
-    @field_validator("extra")
-    @classmethod
-    def _extra(cls, v: list[str]) -> list[str]:
-        return [check_extra_option(o) for o in v]
 
 
 def _max_age(v: Any) -> Any:

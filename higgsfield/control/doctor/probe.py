@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from higgsfield.control.backends.slurm import SlurmSettings
 from higgsfield.control.backends.slurm import preflight as pf
 from higgsfield.control.remote.base import CommandResult
 from higgsfield.control.remote.invoker import invoker_argv, invoker_bin
@@ -21,6 +20,7 @@ from higgsfield.control.remote.probe import Clock
 
 if TYPE_CHECKING:
     from higgsfield.control.config import Config, NodeConfig
+    from higgsfield.control.config.slurm import SlurmConfig
 
 COMMAND_TIMEOUT_S = 20.0
 
@@ -60,9 +60,10 @@ def _slurm_reads(cfg: Config) -> list[tuple[str, ...]]:
     return [pf.WHICH, pf.SINFO, pf.test_only_argv(s)]
 
 
-def _slurm_settings(cfg: Config) -> SlurmSettings:
+def _slurm_settings(cfg: Config) -> SlurmConfig:
+    """The slurm block the checks ask about (only called for a project that has one)."""
     assert cfg.slurm is not None
-    return SlurmSettings.from_mapping(cfg.slurm.model_dump(exclude_none=True), "slurm")
+    return cfg.slurm
 
 
 def _version_argv(cfg: Config, node: NodeConfig) -> tuple[str, ...]:

@@ -23,24 +23,24 @@ import posixpath
 import secrets
 
 from higgsfield.contract.errors import StepFailed
-from higgsfield.control.backends.slurm import SlurmSettings
 from higgsfield.control.backends.slurm import preflight as pf
+from higgsfield.control.config.slurm import SlurmConfig
 from higgsfield.control.provision.context import NodeContext
 from higgsfield.control.provision.step import Check, Step
 from higgsfield.control.remote.probe import Read
 
 
-def settings_of(ctx: NodeContext) -> SlurmSettings:
+def settings_of(ctx: NodeContext) -> SlurmConfig:
     if ctx.cfg.slurm is None:
         raise StepFailed("the slurm step needs a slurm block in higgsfield.yml")
-    return SlurmSettings.from_mapping(ctx.cfg.slurm.model_dump(exclude_none=True), "slurm")
+    return ctx.cfg.slurm
 
 
 class SlurmStep(Step):
     name = "slurm"
     title = "Slurm + workdir"
 
-    def _workdir_ok(self, s: SlurmSettings) -> tuple[str, ...]:
+    def _workdir_ok(self, s: SlurmConfig) -> tuple[str, ...]:
         return ("test", "-d", s.workdir, "-a", "-w", s.workdir, "-a", "-f", pf.shared_mark(s))
 
     def reads(self, ctx: NodeContext) -> list[Read]:

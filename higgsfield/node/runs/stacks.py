@@ -49,7 +49,7 @@ STACKS_SIGNAL = signal.SIGRTMIN + 7
 SETTLE_S = 0.15          # a dump whose size stayed the same this long is complete
 PY_SPY_S = 3.0
 STACKS_VERSION = 1
-RUN_DIR_VAR = "HIGGSFIELD_RUN_DIR"
+RUN_DIR_VAR = layout.RUN_DIR_VAR
 
 _armed: IO[str] | None = None   # the worker's dump file: kept open for faulthandler
 

@@ -11,7 +11,8 @@ Both runtimes run the same command (the Docker runtime inside the project's imag
 The process runtime gives torchrun a *minimal* environment: the locale, ``PATH``,
 ``HOME`` and the user's identity from the invoker's, then the run's own variables and
 its secrets. Nothing else of the invoker's environment (an SSH agent socket, a
-login's tokens, whatever the node's shell exported) reaches user code.
+login's tokens, whatever the node's shell exported) reaches user code. Both halves are
+built by :mod:`higgsfield.node.runtime.env`, as a Slurm node's task builds its own.
 
 The run's processes are told apart from any other by psutil (:mod:`higgsfield.node.state.pids`):
 torchrun by its recorded pid and start time, each worker by the pid it wrote to
@@ -26,13 +27,11 @@ from collections.abc import Sequence
 
 import psutil
 
+from higgsfield.contract.layout import RUN_DIR_VAR
+from higgsfield.node.runtime.env import kept_basics, run_variables
 from higgsfield.node.state import pids
 from higgsfield.node.state.placement import NodeRun
 from higgsfield.node.state.records import RunDir
-
-# What the process runtime keeps of the invoker's environment (plus every LC_* locale variable).
-KEPT_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR")
-RUN_DIR_VAR = "HIGGSFIELD_RUN_DIR"
 
 
 def argv(run: NodeRun, rd: RunDir, python: str, port: int) -> list[str]:
@@ -53,21 +52,9 @@ def argv(run: NodeRun, rd: RunDir, python: str, port: int) -> list[str]:
 def run_vars(run: NodeRun, rd: RunDir) -> dict[str, str]:
     """The run's own variables (both runtimes)."""
     spec = run.spec
-    env = {
-        "PROJECT_NAME": spec.project,
-        "EXPERIMENT_NAME": spec.experiment,
-        "RUN_NAME": spec.run,
-        RUN_DIR_VAR: str(rd.path),
-        "HIGGSFIELD_NODE": spec.node,
-        "PYTHONUNBUFFERED": "1",
-        # torchrun restarts over gloo fail to reconnect when the rendezvous store is shared.
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-    }
-    if run.placement.checkpoint_dir:
-        env["HIGGSFIELD_CHECKPOINT_DIR"] = run.placement.checkpoint_dir
-    if spec.checkpoint_mirror:  # the URL only: its credentials are secrets, set beside it
-        env["HIGGSFIELD_CHECKPOINT_MIRROR"] = spec.checkpoint_mirror
-    return env
+    return run_variables(project=spec.project, experiment=spec.experiment, run=spec.run, run_dir=str(rd.path),
+                         node=spec.node, checkpoint_dir=run.placement.checkpoint_dir,
+                         checkpoint_mirror=spec.checkpoint_mirror)
 
 
 def process_env(run: NodeRun, rd: RunDir, secrets: dict[str, str], gpu_ids: Sequence[int] = (),
@@ -76,8 +63,7 @@ def process_env(run: NodeRun, rd: RunDir, secrets: dict[str, str], gpu_ids: Sequ
 
     ``gpu_ids``: the GPUs the run holds on this node (``CUDA_VISIBLE_DEVICES``; none on a CPU node).
     """
-    src = os.environ if base is None else base
-    env = {k: v for k, v in src.items() if k in KEPT_ENV or k.startswith("LC_")}
+    env = kept_basics(os.environ if base is None else base)
     env.update(secrets)
     env.update(run_vars(run, rd))
     if gpu_ids:

@@ -1,6 +1,8 @@
 """The Slurm backend (control side): a run is one batch job on a cluster reached through its login node.
 
-- :mod:`~higgsfield.control.backends.slurm.settings`: the ``slurm:`` block of higgsfield.yml (:class:`SlurmSettings`);
+What the cluster is and what a run asks of it is higgsfield.yml's ``slurm:`` block itself, as config
+loading typed and checked it (:class:`~higgsfield.control.config.slurm.SlurmConfig`). Here:
+
 - :mod:`~higgsfield.control.backends.slurm.layout`: where a run's files live in the shared workdir;
 - :mod:`~higgsfield.control.backends.slurm.script`: the batch script (``#SBATCH`` lines, one ``srun`` task per node);
 - :mod:`~higgsfield.control.backends.slurm.states`: Slurm's job states as run states;
@@ -30,7 +32,5 @@ from higgsfield.control.backends.slurm.client import (
 )
 from higgsfield.control.backends.slurm.machines import ClusterNode
 from higgsfield.control.backends.slurm.parse import Job
-from higgsfield.control.backends.slurm.settings import Login, SlurmSettings
 
-__all__ = ["ClusterNode", "Job", "Login", "SlurmCluster", "SlurmError", "SlurmRefused", "SlurmSettings", "Submitted",
-           "template_spec"]
+__all__ = ["ClusterNode", "Job", "SlurmCluster", "SlurmError", "SlurmRefused", "Submitted", "template_spec"]

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import replace
 from typing import Any
 
 from higgsfield.contract.errors import RunError
@@ -33,11 +32,11 @@ from higgsfield.contract.params import check_run_name, resolve
 from higgsfield.control.backends.backend import Changed, Fleet, Plan, RunRequest
 from higgsfield.control.backends.nodes.deploy import DeployResult, deploy
 from higgsfield.control.backends.nodes.start import RunHandle, new_run_name
-from higgsfield.control.backends.slurm import SlurmSettings
 from higgsfield.control.backends.slurm.fleet import ClusterFleet
 from higgsfield.control.backends.slurm.script import exclude_option
 from higgsfield.control.backends.slurm.session import SlurmPlan, SlurmSession
-from higgsfield.control.config import CONFIG_FILE, Config
+from higgsfield.control.config import Config
+from higgsfield.control.config.slurm import SlurmConfig
 from higgsfield.control.project.discovery import find_experiment
 from higgsfield.control.remote import open_group
 
@@ -52,8 +51,7 @@ class SlurmBackend:
             raise RunError("SlurmBackend needs a config with a slurm block")
         self.cfg = cfg
         self.login_cfg = cfg.on_login_node()
-        self.settings = SlurmSettings.from_mapping(cfg.slurm.model_dump(exclude_none=True),
-                                                   f"{cfg.path or CONFIG_FILE}: slurm")
+        self.settings: SlurmConfig = cfg.slurm   # checked as the config was loaded; plan() copies it per run
 
     def plan(self, request: RunRequest) -> SlurmPlan:
         exp = find_experiment(self.cfg.project_dir / "src", request.experiment)
@@ -62,9 +60,9 @@ class SlurmBackend:
             check_run_name(request.run_name)
         settings = self.settings.override(nodes=request.nodes, time=request.time, partition=request.partition)
         if request.exclusive:
-            settings = replace(settings, exclusive=True)
+            settings = settings.model_copy(update={"exclusive": True})
         if request.exclude:
-            settings = replace(settings, extra=(*settings.extra, exclude_option(request.exclude)))
+            settings = settings.model_copy(update={"extra": [*settings.extra, exclude_option(request.exclude)]})
         return SlurmPlan(experiment=request.experiment, module=exp.module, params=values,
                          run=request.run_name or new_run_name(request.experiment),
                          max_restarts=request.max_restarts, settings=settings, stall=request.stall(self.cfg),

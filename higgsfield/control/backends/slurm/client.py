@@ -48,8 +48,8 @@ from higgsfield.control.backends.slurm.machines import ClusterNode, parse_sinfo_
 from higgsfield.control.backends.slurm.parse import Job, parse_sacct, parse_squeue, sbatch_error
 from higgsfield.control.backends.slurm.runstatus import merge
 from higgsfield.control.backends.slurm.script import BatchJob, render
-from higgsfield.control.backends.slurm.settings import SlurmSettings
 from higgsfield.control.backends.slurm.states import map_state
+from higgsfield.control.config.slurm import SlurmConfig
 from higgsfield.control.remote.base import Transport
 
 PENDING_NODE = "pending"   # the spec's node fields until the job knows its allocation
@@ -93,7 +93,7 @@ def template_spec(*, project: str, experiment: str, run: str, module: str, code_
 class SlurmCluster:
     """One Slurm cluster, reached through its login node's ``transport``."""
 
-    def __init__(self, transport: Transport, settings: SlurmSettings) -> None:
+    def __init__(self, transport: Transport, settings: SlurmConfig) -> None:
         self.transport = transport
         self.settings = settings
         self._accounting: bool | None = None
@@ -105,7 +105,7 @@ class SlurmCluster:
         s = self.settings
         return BatchJob(paths=paths, python=s.interpreter, nodes=s.nodes, gpus_per_node=s.gpus_per_node,
                         cpus_per_task=s.cpus_per_task, partition=s.partition, account=s.account, time=s.time,
-                        max_restarts=max_restarts, exclusive=s.exclusive, extra=s.extra)
+                        max_restarts=max_restarts, exclusive=s.exclusive, extra=tuple(s.extra))
 
     # -- submit -------------------------------------------------------------------------------
 

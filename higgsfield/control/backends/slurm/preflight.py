@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from higgsfield.control.backends.slurm.parse import sbatch_error
-from higgsfield.control.backends.slurm.settings import SlurmSettings
+from higgsfield.control.config.slurm import SlurmConfig
 
 COMMANDS = ("sbatch", "srun", "squeue", "scancel", "sinfo")
 # one name per 'command -v': dash's takes only its first argument
@@ -86,7 +86,7 @@ def commands(which_stdout: str) -> Finding:
     return Finding(True, "sbatch srun squeue scancel sinfo")
 
 
-def partition(settings: SlurmSettings, parts: Sequence[Partition]) -> Finding:
+def partition(settings: SlurmConfig, parts: Sequence[Partition]) -> Finding:
     """The configured partition(s) exist (a missing one is the user's to fix in higgsfield.yml)."""
     names = [p.name for p in parts]
     if not parts:
@@ -104,7 +104,7 @@ def partition(settings: SlurmSettings, parts: Sequence[Partition]) -> Finding:
     return Finding(True, "; ".join(p.describe() for p in parts if p.name in wanted))
 
 
-def test_only_argv(settings: SlurmSettings) -> tuple[str, ...]:
+def test_only_argv(settings: SlurmConfig) -> tuple[str, ...]:
     """``sbatch --test-only`` of a job shaped like a run: validated by slurmctld, never started."""
     s = settings
     argv = ["sbatch", "--test-only", f"--nodes={s.nodes}", "--ntasks-per-node=1", "--job-name=higgsfield-check",
@@ -117,7 +117,7 @@ def test_only_argv(settings: SlurmSettings) -> tuple[str, ...]:
     return (*argv, *s.extra, "--wrap", "true")
 
 
-def submit(settings: SlurmSettings, ok: bool, stdout: str, stderr: str) -> Finding:
+def submit(settings: SlurmConfig, ok: bool, stdout: str, stderr: str) -> Finding:
     """What ``sbatch --test-only`` said of a run's shape (the account and partition, the time, the size)."""
     if ok:
         return Finding(True, f"account {settings.account or '(default)'}: a {settings.nodes}-node job is accepted")
@@ -138,7 +138,7 @@ def submit(settings: SlurmSettings, ok: bool, stdout: str, stderr: str) -> Findi
                    "check slurm.nodes, gpus_per_node and extra in higgsfield.yml against 'sinfo -s'")
 
 
-def shared_argv(settings: SlurmSettings, path: str) -> tuple[str, ...]:
+def shared_argv(settings: SlurmConfig, path: str) -> tuple[str, ...]:
     """One task on one compute node that prints ``path`` (written by the login node): the workdir is shared."""
     argv = ["srun", f"--immediate={SHARED_WAIT_S}", "--nodes=1", "--ntasks=1", "--job-name=higgsfield-setup",
             "--quiet"]
@@ -148,5 +148,5 @@ def shared_argv(settings: SlurmSettings, path: str) -> tuple[str, ...]:
     return (*argv, "--time=1", "cat", path)
 
 
-def shared_mark(settings: SlurmSettings) -> str:
+def shared_mark(settings: SlurmConfig) -> str:
     return posixpath.join(settings.workdir, SHARED_MARK)

@@ -15,7 +15,7 @@ import json
 import posixpath
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from higgsfield.contract.errors import NoSuchRun, RunError
@@ -26,9 +26,10 @@ from higgsfield.control.backends.nodes.logs import LogLine
 from higgsfield.control.backends.nodes.metrics import parse_metrics
 from higgsfield.control.backends.nodes.start import RunHandle
 from higgsfield.control.backends.nodes.status import resolve_target
-from higgsfield.control.backends.slurm import ClusterNode, SlurmCluster, SlurmSettings, template_spec
+from higgsfield.control.backends.slurm import ClusterNode, SlurmCluster, template_spec
 from higgsfield.control.backends.timeouts import FINAL_POLL_S, FINAL_WAIT_S
 from higgsfield.control.config import Config
+from higgsfield.control.config.slurm import SlurmConfig
 from higgsfield.control.remote import Transport
 from higgsfield.metrics import MetricsItem
 
@@ -47,7 +48,7 @@ class SlurmPlan:
     params: dict[str, Any]
     run: str
     max_restarts: int
-    settings: SlurmSettings
+    settings: SlurmConfig
     stall: StallSettings = StallSettings()
     allow_drift: bool = False
     """``run --allow-drift``: the job's own drift check (its nodes compared before torchrun) reports and goes on."""
@@ -56,7 +57,7 @@ class SlurmPlan:
 class SlurmSession:
     """The login node, connected, for one command."""
 
-    def __init__(self, cfg: Config, settings: SlurmSettings, transport: Transport) -> None:
+    def __init__(self, cfg: Config, settings: SlurmConfig, transport: Transport) -> None:
         self.cfg, self.settings, self.transport = cfg, settings, transport
         self.cluster = SlurmCluster(transport, settings)   # its interpreter is the invoker's: it reads the logs
 
@@ -89,7 +90,7 @@ class SlurmSession:
                              code_dir=code, params=plan.params, nproc=None if nproc == "auto" else int(nproc),
                              max_restarts=plan.max_restarts, checkpoint_mirror=self.cfg.checkpoint.mirror or "",
                              **plan.stall.spec_fields())
-        settings = plan.settings if python is None else replace(plan.settings, python=python)
+        settings = plan.settings if python is None else plan.settings.model_copy(update={"python": python})
         submitted = await SlurmCluster(self.transport, settings).submit(spec, dict(secrets or {}),
                                                                         allow_drift=plan.allow_drift)
         return RunHandle(self.cfg.name, plan.experiment, plan.run, [], job_id=submitted.job_id)
