@@ -2,7 +2,7 @@
 
 Each value ends up in an ``#SBATCH`` line or an argument of ``sbatch``/``squeue``, so it is
 held to Slurm's own syntax before anything is sent. The checks live here, apart from
-:mod:`higgsfield.control.backends.slurm`, because both the typed config (:mod:`higgsfield.control.config.schema`,
+:mod:`higgsfield.control.backends.slurm`, because both the typed config (:mod:`higgsfield.control.config.slurm`,
 which the remote layer imports) and the Slurm engine use them: a neutral, stdlib-only
 module keeps the two from importing each other in a circle.
 
