@@ -120,6 +120,7 @@ import torch.distributed as dist
 from higgsfield._lib.ckpt_mirror import Part, Uploader, new_token, open_mirror, parts_to_fetch
 from higgsfield._lib.hf_meta import HF_DIR, write_hf_meta
 from higgsfield.contract.errors import CheckpointError
+from higgsfield.contract.layout import CHECKPOINT_DIR_VAR, NODE_VAR
 
 __all__ = ["Checkpoint", "CheckpointError", "checkpoint_dir", "MARKER"]
 
@@ -152,8 +153,8 @@ def checkpoint_dir(project: str | None = None, experiment: str | None = None, ru
                    env: dict[str, str] | None = None) -> Path:
     """The run's checkpoint directory (see the module docstring); reads ``env`` (os.environ) now."""
     env = dict(os.environ) if env is None else env
-    if env.get("HIGGSFIELD_CHECKPOINT_DIR") and not (project or experiment or run):
-        return Path(env["HIGGSFIELD_CHECKPOINT_DIR"]).expanduser()
+    if env.get(CHECKPOINT_DIR_VAR) and not (project or experiment or run):
+        return Path(env[CHECKPOINT_DIR_VAR]).expanduser()
     project = project or env.get("PROJECT_NAME") or "default"
     experiment = experiment or env.get("EXPERIMENT_NAME") or "default"
     run = run or env.get("RUN_NAME") or "default"
@@ -230,7 +231,7 @@ class Checkpoint:
         dist.broadcast_object_list(token, src=0)
         seen = (self.directory / f"{_PROBE}{token[0]}").is_file()
         node_key = os.environ.get("GROUP_RANK") or socket.gethostname()
-        name = os.environ.get("HIGGSFIELD_NODE") or socket.gethostname()
+        name = os.environ.get(NODE_VAR) or socket.gethostname()
         mine = (seen, node_key, name, str(self.directory))
         infos: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(infos, mine)  # every rank has looked before anyone removes the probe
