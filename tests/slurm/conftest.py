@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from slurm_helpers import EXPERIMENT, Cluster
+from slurm_helpers import EXPERIMENT, Cluster, SharedProject, make_project
 from testbed import shared_node_venv
 
 REPO = Path(__file__).resolve().parents[2]
@@ -119,3 +119,11 @@ def cluster(settings_data: dict[str, Any], known_hosts: Path) -> Iterator[Cluste
     # nothing of a test's runs outlives it
     subprocess.run(["scancel", "-u", "hfnode20"], capture_output=True, timeout=60)
     c.close()
+
+
+@pytest.fixture(scope="session")
+def slurm_project(login: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedProject]:
+    """One user's cluster project for the session (nothing set up yet): the journey sets it up and deploys
+    it, the dashboard's tests reuse it after; its jobs cancelled and its workdir removed at the session end."""
+    with make_project(login, tmp_path_factory.mktemp("slurm-project"), "journey") as (user, workdir):
+        yield SharedProject(user, workdir)

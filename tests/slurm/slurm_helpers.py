@@ -196,3 +196,51 @@ def make_project(login: Any, root: Path, label: str) -> Iterator[tuple[User, Pat
                   "\n".join(f"  {k:<34} {v:6.1f}" for k, v in user.timings.items()))
         if not os.environ.get("HF_SLURM_KEEP"):
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def print_timings(label: str, user: User) -> None:
+    """``user``'s timings so far, under ``label`` (as make_project prints them at its end), then forgotten:
+    the next test on the same project prints only its own."""
+    if user.timings:
+        print(f"\nslurm {label} timings (s):\n" +
+              "\n".join(f"  {k:<34} {v:6.1f}" for k, v in user.timings.items()))
+    user.timings.clear()
+
+
+class SharedProject:
+    """The session's one cluster project (make_project's), and how far it got.
+
+    The journey must set a project up and deploy it from nothing; the dashboard's tests only need one
+    that is set up and deployed, and making it costs a minute (mostly the project environment built in
+    the workdir). So the journey takes this project while it is fresh and marks it once its deploy step
+    passed; the dashboard's tests then reuse it (``reuse``), put back as they need it, and set up and
+    deploy one of their own when the journey did not get that far (or did not run)."""
+
+    def __init__(self, user: User, workdir: Path) -> None:
+        self.user, self.workdir = user, workdir
+        self.config = (user.cwd / "higgsfield.yml").read_text()   # as made: the journey's last step edits it
+        self.claimed = False    # a test began with it: no longer a never-set-up project
+        self.deployed = False   # set up and deployed, and that checked
+
+    def claim(self) -> bool:
+        """Take the project as a fresh one (never set up); False when a test already had it."""
+        fresh, self.claimed = not self.claimed, True
+        return fresh
+
+    def mark_deployed(self, user: User) -> None:
+        """``user`` set this project up and deployed it (a journey on a project of its own marks nothing)."""
+        if user is self.user:
+            self.deployed = True
+
+    def reuse(self) -> bool:
+        """Whether the project is set up and deployed; if so it is put back as made, less the workdir's
+        runs: none of its jobs left in Slurm, higgsfield.yml as made (the journey ends with ``partition:
+        nope``), no ``pulled/`` (what the journey's pull brought home)."""
+        if not self.deployed:
+            return False
+        subprocess.run(["scancel", "-u", self.workdir.owner()], capture_output=True, timeout=60)
+        left = squeue_names()
+        assert left == [], f"jobs left in Slurm by an earlier test on the project: {left}"
+        (self.user.cwd / "higgsfield.yml").write_text(self.config)
+        shutil.rmtree(self.user.cwd / "pulled", ignore_errors=True)
+        return True

@@ -14,6 +14,9 @@ its home (which the bed's compute nodes n1..n3 see)::
     higgsfield ci run probe                   # as a workflow does: queued behind it, Slurm's reason shown
     higgsfield status --json; kill; ci kill   # both end killed, nothing left in squeue
 
+The project is the session's (``slurm_project``): the dashboard's tests (test_slurm_ui.py, after this
+file) reuse it once this test got through its deploy, rather than set up and deploy one more.
+
     .venv/bin/python -m pytest tests/slurm/test_slurm_journey.py -s
 """
 
@@ -33,20 +36,30 @@ from typing import Any
 
 import pytest
 import yaml
-from slurm_helpers import SECRET, User, by_rank, make_project, squeue_names
+from slurm_helpers import SECRET, SharedProject, User, by_rank, make_project, print_timings, squeue_names
 
 pytestmark = [pytest.mark.slow, pytest.mark.sshd]
 
 
 @pytest.fixture
-def cluster_project(login: Any, tmp_path: Path) -> Iterator[tuple[User, Path]]:
-    """A new project whose config names the cluster; its workdir (not created yet) is removed afterwards."""
-    with make_project(login, tmp_path, "journey") as made:
-        yield made
+def cluster_project(slurm_project: SharedProject, login: Any, tmp_path: Path) -> Iterator[tuple[User, Path]]:
+    """A new project whose config names the cluster, its workdir not created yet: the session's (which the
+    dashboard's tests reuse once this deployed it; removed at the session end), or one of its own when a
+    test had that one first (removed afterwards). None of its jobs outlives the test."""
+    if not slurm_project.claim():
+        with make_project(login, tmp_path, "journey") as made:
+            yield made
+        return
+    try:
+        yield slurm_project.user, slurm_project.workdir
+    finally:
+        subprocess.run(["scancel", "-u", login["host"].user], capture_output=True, timeout=60)
+        print_timings("journey", slurm_project.user)
 
 
 @pytest.mark.timeout(900)
-def test_setup_deploy_run_logs_status_kill_and_ci_on_slurm(cluster_project: tuple[User, Path]) -> None:
+def test_setup_deploy_run_logs_status_kill_and_ci_on_slurm(cluster_project: tuple[User, Path],
+                                                           slurm_project: SharedProject) -> None:
     user, workdir = cluster_project
 
     # -- setup: the host key pinned, the cluster checked, the workdir shared, the invoker in it -------
@@ -65,6 +78,7 @@ def test_setup_deploy_run_logs_status_kill_and_ci_on_slurm(cluster_project: tupl
     for name in ("slurm", "partition", "account", "invoker", "environment"):
         assert doctor[name]["ok"], (name, doctor[name])
     assert re.fullmatch(r"debug\*: 3 nodes, \d idle", doctor["partition"]["summary"]), doctor["partition"]
+    slurm_project.mark_deployed(user)   # the dashboard's tests may use it from here on
 
     # -- a run followed to its end: 2 nodes x 2 ranks, merged node/rank logs ----------------------------
     r = user("run", "probe", "--run-name", "first", timeout=300, timed="run, followed (2 nodes x 2)")

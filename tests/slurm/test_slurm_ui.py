@@ -1,8 +1,10 @@
 """The dashboard of a Slurm project, in a real browser, on the real cluster (issue 12, item 7).
 
-The project is set up and deployed through the real CLI (as the journey does: nothing placed by
-hand), then one ``higgsfield ui`` serves the module. The page must see Slurm runs like any others,
-through the Slurm backend:
+The project is set up and deployed through the real CLI (nothing placed by hand): by the journey,
+whose project these tests reuse when it ran first in the session and got through its deploy (this
+file's name sorts after test_slurm_journey.py for that), or here, which costs a minute more (mostly
+the project environment). Then one ``higgsfield ui`` serves the module. The page must see Slurm runs
+like any others, through the Slurm backend:
 
 - a run started from the page's typed form is submitted as a batch job; its row goes
   queued/running -> succeeded on its own, its ranks' lines arrive tagged with their compute node
@@ -13,13 +15,14 @@ through the Slurm backend:
 - kill from the page (scancel) ends a pending run and a running one, leaving nothing in squeue and
   no process of either behind; no secret reaches the page.
 
-    .venv/bin/python -m pytest tests/slurm/test_dashboard.py -s
+    .venv/bin/python -m pytest tests/slurm/test_slurm_ui.py -s
 """
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -27,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from slurm_helpers import SECRET, User, make_project, squeue_names
+from slurm_helpers import SECRET, SharedProject, User, make_project, print_timings, squeue_names
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(TESTS / "ui"), str(TESTS / "runs")]   # the dashboard's helpers (tests/ has no packages)
@@ -43,8 +46,18 @@ STEPS = 12
 
 
 @pytest.fixture(scope="module")
-def project(login: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[User, Path]]:
-    """The cluster project, set up (login host key pinned) and deployed (release + environment in the workdir)."""
+def project(slurm_project: SharedProject, login: Any,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[User, Path]]:
+    """The cluster project, set up (login host key pinned) and deployed (release + environment in the workdir):
+    the journey's, put back as made (its runs stay in the workdir: this module's are all named ``ui-*``), or
+    one of this module's own. None of its jobs outlives the module."""
+    if slurm_project.reuse():
+        try:
+            yield slurm_project.user, slurm_project.workdir
+        finally:
+            subprocess.run(["scancel", "-u", login["host"].user], capture_output=True, timeout=60)
+            print_timings("ui", slurm_project.user)
+        return
     with make_project(login, tmp_path_factory.mktemp("slurm-ui"), "ui") as (user, workdir):
         user("setup", "--accept-new-host-keys", timeout=600, timed="setup")
         user("deploy", timeout=900, timed="deploy")
