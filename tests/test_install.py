@@ -3,10 +3,17 @@
 `pip install higgsfield` from PyPI gets an unrelated project of that name, so users install
 from a checkout or the repository URL; pip builds the same wheel (or the sdist) either way.
 Both are built (`python -m build`) from a copy of the checkout's files, so a build never
-writes into the checkout. Each is installed into a venv of its own, torch first and pinned,
+writes into the checkout. Each is installed into a venv of its own: torch first and pinned,
 then the artifact with its `[train]` extra, and a new user's first two commands run there:
 `higgsfield init demo` and, in the project, `higgsfield run example` on its one `localhost`
 node (it trains on CPU).
+
+torch is the slow part of an install and the same in both venvs, so it is installed once for
+the module (`pip install --target`) into a directory that holds torch and its dependencies
+only, and each venv sees that directory through a `.pth` file in its site-packages (as a
+pip-installed torch would be seen): pip then finds torch already satisfied when it installs
+the artifact, and each venv checks that its torch is the shared one and that higgsfield is its
+own copy.
 
 Everything runs with cwd under tmp_path and without PYTHONPATH or the dev venv, so only the
 installed copy of higgsfield can be imported. pip keeps this machine's configuration (HOME
@@ -72,9 +79,28 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"wheel": wheel[0], "sdist": sdist[0]}
 
 
+@pytest.fixture(scope="module")
+def shared_torch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """torch (pinned) and its dependencies, nothing else, in a directory of their own, installed once."""
+    target = tmp_path_factory.mktemp("torch")
+    # --no-compile: byte-compiling torch alone doubles the install's time
+    _run([sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", "--target", target, TORCH],
+         cwd=target, env=_pip_env(), timeout=600)
+    assert (target / "torch").is_dir() and not (target / "higgsfield").exists(), sorted(target.iterdir())
+    return target
+
+
+def _see_shared_torch(venv: Path, shared: Path) -> None:
+    """``venv`` sees ``shared`` (torch and its dependencies) through a ``.pth`` file: after its own
+    site-packages on sys.path, as pip sees installed packages there."""
+    site = sorted(venv.glob("lib/python3*/site-packages"))
+    assert len(site) == 1, site
+    (site[0] / "shared-torch.pth").write_text(f"{shared}\n")
+
+
 @pytest.mark.parametrize("kind", ["wheel", "sdist"])
 def test_a_fresh_venv_installs_the_artifact_then_init_and_run_example_train(
-        artifacts: dict[str, Path], tmp_path: Path, kind: str) -> None:
+        artifacts: dict[str, Path], shared_torch: Path, tmp_path: Path, kind: str) -> None:
     venv, home, work = tmp_path / "venv", tmp_path / "home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
@@ -82,14 +108,19 @@ def test_a_fresh_venv_installs_the_artifact_then_init_and_run_example_train(
     python, higgsfield = venv / "bin" / "python", venv / "bin" / "higgsfield"
 
     _run([sys.executable, "-m", "venv", venv], cwd=work, env=pip_env, timeout=120)
-    # --no-compile: byte-compiling torch alone doubles the install's time
-    _run([python, "-m", "pip", "install", "--quiet", "--no-compile", TORCH], cwd=work, env=pip_env, timeout=600)
+    _see_shared_torch(venv, shared_torch)   # torch first: installed once for the module (shared_torch)
     _run([python, "-m", "pip", "install", "--quiet", "--no-compile", f"{artifacts[kind]}[train]"],
          cwd=work, env=pip_env, timeout=600)
 
     where = Path(_run([python, "-c", "import higgsfield; print(higgsfield.__file__)"],
                       cwd=work, env=cli_env, timeout=60).stdout.strip())
     assert where.is_relative_to(venv) and not where.is_relative_to(REPO), where
+    # pip found torch satisfied: the venv imports the shared one, the pinned version, and has no torch of its own
+    torch_at, version = _run([python, "-c", "import torch; print(torch.__file__); print(torch.__version__)"],
+                             cwd=work, env=cli_env, timeout=120).stdout.split()
+    assert Path(torch_at).is_relative_to(shared_torch) and version.split("+")[0] == TORCH.split("==")[1], \
+        (torch_at, version)
+    assert not list(venv.glob("lib/python3*/site-packages/torch")), "pip installed a torch into the venv"
 
     init = _run([higgsfield, "init", "demo"], cwd=work, env=cli_env, timeout=120)
     assert "Created project 'demo' in ./demo" in init.stdout

@@ -1,5 +1,8 @@
 """``doctor --fabric`` on three real test-bed nodes (hfnode24..26, 127.0.0.26-28), the process runtime.
 
+The project is ``fabric_cluster`` (conftest.py), deployed once for this module and test_drift_bed.py;
+each test here leaves it as it found it (the link unthrottled, the process runtime deployed).
+
 One benchmark run through the CLI, as a user starts it, checked for several things at once
 (the bed's time is scarce): the all-reduce table from 8 B to 64 MiB with time, algbw, busbw
 and latency each positive and busbw = algbw x 2(n-1)/n; each node's own figures (its best
@@ -36,31 +39,17 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "runs"))  # runs_helpers (tests/ has no packages)
 
-from runs_helpers import Cluster, bed_for, exe, runs_conftest  # noqa: E402
+from runs_helpers import Cluster, exe  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.sshd]
 
-INDICES = (24, 25, 26)   # this module's own hosts: nobody else's on the shared bed
-PROJECT = "hffabric"
+INDICES = (24, 25, 26)   # the hosts of ``fabric_cluster`` (conftest.py)
 
 
 def _git(d: Path, *args: str) -> None:
     subprocess.run([exe("git"), *args], cwd=d, check=True, capture_output=True,
                    env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
                         "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"})
-
-
-@pytest.fixture(scope="module")
-def fabric_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    bed = bed_for(INDICES)
-    c = runs_conftest().make_cluster(bed, tmp_path_factory.mktemp("fabric") / PROJECT, INDICES)
-    yml = c.dir / "higgsfield.yml"
-    yml.write_text(yml.read_text().replace("runtime: docker\n", "runtime: process\n"))
-    _git(c.dir, "commit", "-qam", "runtime process")
-    t0 = time.monotonic()
-    c.hf("deploy", check=True, timeout=900)
-    print(f"\ndeploy (process runtime, 3 nodes): {time.monotonic() - t0:.1f}s")
-    yield c
 
 
 def _table_numbers(result: Any) -> str:
@@ -73,7 +62,7 @@ def _table_numbers(result: Any) -> str:
     return buf.getvalue()
 
 
-@pytest.mark.timeout(600)   # the first test pays for the module's deploy (about 2 min on a fresh bed)
+@pytest.mark.timeout(600)   # the first test pays for the cluster's deploy (about 2 min on a fresh bed)
 def test_fabric_reports_sizes_bandwidths_latency_nodes_and_pairs(fabric_cluster: Cluster) -> None:
     from higgsfield.contract.fabric import FabricResult, sizes
 
@@ -179,7 +168,10 @@ def test_run_preflight_names_the_slowed_node_passes_it_over_and_runs_on_the_heal
 
 @pytest.mark.timeout(300)
 def test_fabric_in_docker_reports_the_same_figures(fabric_cluster: Cluster) -> None:
-    """The Docker runtime: the benchmark runs in each node's container (host network), figures as above."""
+    """The Docker runtime: the benchmark runs in each node's container (host network), figures as above.
+
+    The cluster is shared (conftest.py): ``finally`` switches it back to the process runtime and deploys
+    that again (the venvs are still there: seconds), so the tests after this one find it as it was."""
     from higgsfield.contract.fabric import sizes
 
     c = fabric_cluster
@@ -202,3 +194,4 @@ def test_fabric_in_docker_reports_the_same_figures(fabric_cluster: Cluster) -> N
     finally:
         yml.write_text(yml.read_text().replace("runtime: docker\n", "runtime: process\n"))
         _git(c.dir, "commit", "-qam", "runtime process")
+        c.hf("deploy", check=True, timeout=600)
