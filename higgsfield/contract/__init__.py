@@ -1,8 +1,9 @@
 """The contract both sides read: what crosses from the laptop to a node and back, stdlib only.
 
-The run spec, node records and status (:mod:`.runspec`), a run's failure and the
+The run spec, node records and status (:mod:`.runspec`; one node's part of a run's status,
+:mod:`.nodepart`), the dashboard's node feed (:mod:`.feed`), a run's failure and the
 coordinator's verdict (:mod:`.failure`), the run directory's names (:mod:`.layout`),
-a Slurm run's request and submission files (:mod:`.slurmjob`), every invoker verb's
+a Slurm run's request, submission and pinned-spec files (:mod:`.slurmjob`), every invoker verb's
 reply (:mod:`.replies`, :mod:`.replies_disk`), the prune request
 (:mod:`.prunespec`), the defensive decoder every reader goes through
 (:mod:`.decode`), the error tree (:mod:`.errors`), and the small vocabularies both

@@ -36,6 +36,7 @@ from typing import Any
 from higgsfield.contract.decode import DecodeError, from_fields, kind, tail
 from higgsfield.contract.errors import RunError
 from higgsfield.contract.names import MAX_NAME, NAME_RE, check_node_name, is_run_name
+from higgsfield.contract.nodepart import NodePart, stall_of
 from higgsfield.contract.stacks import Diagnosis
 from higgsfield.contract.text import has_control, one_line, shown
 
@@ -444,18 +445,17 @@ class NodeRuns:
 class RunStatus:
     """One run across its nodes: what ``status``, ``status --json`` and the dashboard show.
 
-    ``nodes`` maps each node (in node-rank order) to its own record of the run
-    (the node's ``run.json``: state, slots, ports, exit code, times); a backend without
-    per-node records (a scheduler) fills what it knows. ``failed_node`` and
-    ``failed_rank`` name the run's first failure (``failed_rank`` None: the node's
-    launcher itself failed), ``error_tail`` the last lines of its error.
+    ``nodes`` maps each node (in node-rank order) to its part of the run (:class:`NodePart`: state,
+    slots, exit code, times, stall); a backend without per-node records (a scheduler) fills what it
+    knows. ``failed_node`` and ``failed_rank`` name the run's first failure (``failed_rank`` None: the
+    node's launcher itself failed), ``error_tail`` the last lines of its error.
     """
 
     project: str
     experiment: str
     run: str
     state: str
-    nodes: dict[str, dict[str, Any]]
+    nodes: dict[str, NodePart]
     created_at: float
     started_at: float | None = None
     ended_at: float | None = None
@@ -466,9 +466,8 @@ class RunStatus:
     error_tail: list[str] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
     """The run's resolved params (what a re-run starts from); added to schema 1 (readers ignore new keys)."""
-    stall: dict[str, Any] | None = None
-    """The diagnosis of the run's latest stall (:class:`higgsfield.contract.stacks.Diagnosis` as a dict);
-    added to schema 1 like ``params``."""
+    stall: Diagnosis | None = None
+    """The diagnosis of the run's latest stall (JSON: ``Diagnosis.to_dict()``); added to schema 1 like ``params``."""
 
     @property
     def duration(self) -> float | None:
@@ -487,17 +486,18 @@ class RunStatus:
                 "started_at": self.started_at, "ended_at": self.ended_at, "duration": self.duration,
                 "exit_code": self.exit_code, "failed_node": self.failed_node, "failed_rank": self.failed_rank,
                 "reason": self.reason, "error_tail": list(self.error_tail), "params": dict(self.params),
-                "stall": self.stall,
-                "node_states": {n: r.get("state") for n, r in self.nodes.items()}}
+                "stall": None if self.stall is None else self.stall.to_dict(),
+                "node_states": {n: p.state for n, p in self.nodes.items()}}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunStatus:
-        """A status read back from ``to_dict``'s JSON (per-node records keep only their state)."""
+        """A status read back from ``to_dict``'s JSON (per-node parts keep only their state; a stall that
+        does not decode is none)."""
         states = d.get("node_states") or {}
         return cls(project=d["project"], experiment=d["experiment"], run=d["run"], state=d["state"],
-                   nodes={n: {"state": states.get(n)} for n in d.get("nodes") or []},
+                   nodes={n: NodePart(state=states.get(n)) for n in d.get("nodes") or []},
                    created_at=float(d["created_at"]), started_at=d.get("started_at"), ended_at=d.get("ended_at"),
                    exit_code=d.get("exit_code"), failed_node=d.get("failed_node"),
                    failed_rank=d.get("failed_rank"), reason=d.get("reason"),
                    error_tail=list(d.get("error_tail") or []), params=dict(d.get("params") or {}),
-                   stall=d.get("stall") if isinstance(d.get("stall"), dict) else None)
+                   stall=stall_of(d.get("stall")))

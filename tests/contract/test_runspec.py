@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from higgsfield.contract.nodepart import NodePart
 from higgsfield.contract.runspec import (
     ACTIVE,
     SPEC_VERSION,
@@ -110,7 +111,7 @@ def test_any_json_either_parses_or_raises_a_spec_error(patch: dict[str, object])
 def test_states_are_one_vocabulary_and_status_json_round_trips() -> None:
     assert set(STATES) == ACTIVE | TERMINAL and not ACTIVE & TERMINAL
     st_ = RunStatus(project="demo", experiment="e", run="r", state="failed",
-                    nodes={"gpu0": {"state": "failed"}, "gpu1": {"state": "killed"}}, created_at=1.0,
+                    nodes={"gpu0": NodePart("failed"), "gpu1": NodePart("killed")}, created_at=1.0,
                     started_at=2.0, ended_at=5.0, exit_code=1, failed_node="gpu1", failed_rank=3,
                     reason="rank 3 exited 1", error_tail=["boom"])
     d = json.loads(json.dumps(st_.to_dict()))

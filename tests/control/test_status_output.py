@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from helpers_project import local_project
 
+from higgsfield.contract.nodepart import NodePart
 from higgsfield.contract.runspec import RunStatus
 from higgsfield.control.cli._status_table import layout
 
@@ -78,7 +79,8 @@ def test_status_prints_every_run_name_whole(project: Path, columns: int) -> None
 
 def test_dates_shorten_before_any_column_goes() -> None:
     now = time.time()
-    runs = [RunStatus("p", "tiny_llama", "tiny_llama-20261201-183005-ab12", "running", {"hfnode1": {}}, now, now)]
+    runs = [RunStatus("p", "tiny_llama", "tiny_llama-20261201-183005-ab12", "running", {"hfnode1": NodePart("running")}, now,
+                      now)]
     titles, widths, rows = layout(runs, 110)
     assert titles == ["RUN", "EXPERIMENT", "STATE", "NODES", "STARTED", "DURATION", "EXIT", "FIRST FAILURE"]
     assert rows[0][4] == time.strftime("%m-%d %H:%M", time.localtime(now))

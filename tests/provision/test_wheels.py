@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import zipfile
 from pathlib import Path
 
+import pytest
+
 import higgsfield
+from higgsfield.contract.errors import StepFailed
+from higgsfield.control.provision.invoker import _PROBE, _node_python
 from higgsfield.control.provision.wheels import (
     NodePython,
     _platforms,
@@ -51,3 +57,19 @@ def test_wheelhouse_requirements_come_from_the_wheel_sent(tmp_path: Path) -> Non
                    "Requires-Dist: hf-not-installed-dep>=1.2\nRequires-Dist: torch>=2.6; extra == \"train\"\n")
     got = runtime_requirements(fake)
     assert got[0].startswith("click==") and got[1:] == ["hf-not-installed-dep>=1.2"]
+
+
+def test_the_nodes_python_probe_is_decoded_once_and_a_bad_answer_is_one_line() -> None:
+    """The probe (the invoker step's ``_PROBE``) run by this very Python decodes to its NodePython; an answer
+    that does not decode fails the step in one line, never a KeyError."""
+    out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, check=True, timeout=30)
+    py = _node_python(out.stdout)
+    assert py.version == f"{sys.version_info[0]}.{sys.version_info[1]}" and py.machine
+    assert _node_python('{"version": "3.11", "machine": "x86_64", "glibc": null}') == \
+        NodePython("3.11", "x86_64", None)
+    for bad, needle in (("not json", "not JSON"), ('{"machine": "x"}', "'version'"),
+                        ('{"version": 3.11, "machine": "x", "glibc": null}', "'version' must be a string"),
+                        ('{"version": "three", "machine": "x", "glibc": null}', "is not MAJOR.MINOR")):
+        with pytest.raises(StepFailed) as e:
+            _node_python(bad)
+        assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)

@@ -16,6 +16,7 @@ from higgsfield.contract.slurmjob import SlurmJob
 from higgsfield.contract.stacks import Frame, RankStacks, Thread
 from higgsfield.control.backends.slurm.parse import Job
 from higgsfield.control.backends.slurm.runstatus import merge
+from higgsfield.control.backends.stall import stall_fields
 from higgsfield.node import slurm_stall
 from higgsfield.node.state.records import RunDir, RunRecord
 
@@ -106,10 +107,13 @@ def test_the_watch_finds_a_stall_keeps_its_diagnosis_and_sees_progress_again(tmp
 
 def test_a_stalled_job_reads_stalled_while_slurm_runs_it() -> None:
     diagnosis = {"groups": [], "odd": ["n1/1"], "summary": "n1/1 is at x.py:3"}
-    record = {"state": "stalled", "reason": "stalled: n1/1 is at x.py:3", "node": "n1", "stall": diagnosis}
+    record = RunRecord(project="p", experiment="e", run="r", node="n1", node_rank=0, nnodes=2, nproc=2,
+                       state="stalled", reason="stalled: n1/1 is at x.py:3", stall=diagnosis).to_dict()
     st = merge(SlurmJob("5"), Job("5", "RUNNING", nodes=("n1", "n2")), record)
     assert (st.state, st.reason, st.active) == ("stalled", "stalled: n1/1 is at x.py:3", True)
-    assert st.stall == diagnosis and st.to_dict()["stall"] == diagnosis          # status --json carries it
+    assert st.stall is not None and st.stall.odd == ("n1/1",)
+    assert st.to_dict()["stall"] == diagnosis          # status --json carries it
+    assert stall_fields(st)["stall"] == diagnosis       # and keeps it: the CLI and the page add these fields
     assert merge(SlurmJob("5"), None, {**record, "stall": {"odd": 3}}).stall is None   # one that does not decode
     failed = merge(SlurmJob("5"), Job("5", "FAILED", "NonZeroExitCode", 1, ("n1", "n2")),
                    {**record, "state": "failed", "failed_node": "n1", "failed_rank": 1})

@@ -4,6 +4,7 @@ them), the run view the page gets (RunStatus plus queue places, no record intern
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import subprocess
@@ -20,6 +21,7 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from higgsfield.contract import runspec  # noqa: E402
 from higgsfield.contract.errors import HiggsfieldError, ParamError  # noqa: E402
+from higgsfield.contract.feed import FeedLine  # noqa: E402
 from higgsfield.control.config import load_config  # noqa: E402
 from higgsfield.control.ui.app import STATIC, create_app  # noqa: E402
 from higgsfield.control.ui.hub import Hub  # noqa: E402
@@ -108,6 +110,16 @@ def test_the_page_sees_status_json_and_queue_places_but_no_internals(hub: Hub) -
         assert internal not in text
     assert set(first) >= {"version", "project", "experiment", "run", "state", "nodes", "failed_node",
                           "failed_rank", "error_tail", "params"}
+    assert first["node_records"] == {"localhost": {"state": "running", "slots": [0, 1], "exit_code": None,
+                                                   "started_at": 1.0, "ended_at": None, "reason": None,
+                                                   "exclusive": False, "nproc": 2}}
+    assert list(first)[-6:] == ["node_states", "node_records", "stalled_at", "stale_nodes", "queue",
+                                "queue_position"]
+    assert first["queue"] == {"localhost": {"position": 0, "slots": [0, 1], "want": 2, "committed": True}}
+    node = hub.nodes_payload()["nodes"][0]
+    assert list(node) == ["name", "host", "state", "reason", "since", "sample", "history", "queue", "skipped",
+                          "drift", "fabric"]
+    assert node["queue"][1] == {"project": "other", "run": "x", "want": 1, "slots": None, "committed": False}
 
 
 def test_the_page_gets_the_run_states_from_the_contract(hub: Hub) -> None:
@@ -154,5 +166,7 @@ def _records(hub: Hub, records: list[dict[str, Any]], queue: list[dict[str, Any]
     """What the nodes' feeds would have brought: node 0 holds the records (and its queue)."""
     st = hub.fleet.feeds[0].state  # type: ignore[attr-defined]  # SSH nodes: a NodesFleet
     st.state = "up"
-    st.records = {r["run"]: r for r in records}
-    st.queue = queue or []
+    line = FeedLine.parse(json.dumps({"runs": records, "full": True, "queue": queue or []}))   # decoded as the feed is
+    assert line is not None and line.runs is not None and line.queue is not None
+    st.records = {v.run: v for v in line.runs}
+    st.queue = line.queue

@@ -4,8 +4,9 @@ When no rank of a run progresses within its ``stall_timeout``, the run's supervi
 agree on it through the coordinator, take every rank's stack and write the diagnosis
 (:class:`~higgsfield.contract.stacks.Diagnosis`) into each node's run record (``stall``,
 with ``stalled_at``). A backend's :class:`~higgsfield.contract.runspec.RunStatus` keeps each
-node's record in ``nodes``; this reads the diagnosis back from them, decoded once, so
-every view of a run shows the same words whichever backend holds it.
+node's part in ``nodes`` (:class:`~higgsfield.contract.nodepart.NodePart`, its stall decoded once by
+the merge); this reads the diagnosis back from them, so every view of a run shows the same words
+whichever backend holds it.
 
 Use::
 
@@ -17,29 +18,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.runspec import RunStatus
 from higgsfield.contract.stacks import Diagnosis
 
 
 def diagnosis_of(status: RunStatus) -> Diagnosis | None:
-    """The diagnosis of ``status``'s stall (the first node record holding one that decodes), else None."""
-    for record in status.nodes.values():
-        data = record.get("stall")
-        if data is None:
-            continue
-        try:
-            return Diagnosis.from_dict(data)
-        except DecodeError:
-            continue
-    return None
+    """The diagnosis of ``status``'s stall: the first node part holding one, else the run's own (a scheduler's
+    nodes know only their state, so a Slurm run's diagnosis is the job's, in ``status.stall``), else None."""
+    return next((p.stall for p in status.nodes.values() if p.stall is not None), status.stall)
 
 
 def stalled_at(status: RunStatus) -> float | None:
-    """When the run was found stalled (the earliest node record's ``stalled_at``), else None."""
-    times = [v for r in status.nodes.values() if isinstance(v := r.get("stalled_at"), (int, float))
-             and not isinstance(v, bool)]
-    return float(min(times)) if times else None
+    """When the run was found stalled (the earliest node part's ``stalled_at``), else None."""
+    times = [p.stalled_at for p in status.nodes.values() if p.stalled_at is not None]
+    return min(times) if times else None
 
 
 def stall_fields(status: RunStatus) -> dict[str, Any]:

@@ -13,11 +13,12 @@ so the nodes' exact build reaches every run with no package index and no copy.
 
 from __future__ import annotations
 
-import json
 import re
 
 import higgsfield
+from higgsfield.contract.decode import DecodeError, from_fields, loads
 from higgsfield.contract.errors import StepFailed
+from higgsfield.contract.text import shown
 from higgsfield.control.provision.context import NodeContext
 from higgsfield.control.provision.step import Check, Step
 from higgsfield.control.provision.wheels import NodePython, build_id
@@ -39,6 +40,17 @@ async def installed_version(ctx: NodeContext) -> str | None:
     r = await ctx.read(_version_argv(ctx))
     m = VERSION_RE.search(r.stdout) if r.ok else None
     return m.group(1) if m else None
+
+
+def _node_python(stdout: str) -> NodePython:
+    """``_PROBE``'s answer, decoded once (typed fields); one that does not decode fails the step in one line."""
+    try:
+        py = from_fields(NodePython, loads(stdout), what="the answer")
+        if not re.fullmatch(r"\d+\.\d+", py.version):
+            raise DecodeError(f"'version' {shown(py.version)} is not MAJOR.MINOR")
+    except DecodeError as e:
+        raise StepFailed(f"the node's python3 did not describe itself: {e}") from None
+    return py
 
 
 class InvokerStep(Step):
@@ -71,8 +83,7 @@ class InvokerStep(Step):
             await ctx.apt_install("python3", "python3-venv")
             r = await ctx.run(["python3", "-c", _PROBE])
         r.check()
-        info = json.loads(r.stdout)
-        py = NodePython(info["version"], info["machine"], info["glibc"])
+        py = _node_python(r.stdout)
         if tuple(int(x) for x in py.version.split(".")) < MIN_PYTHON:
             raise StepFailed(f"the node's python3 is {py.version}; the invoker needs Python >= "
                              f"{'.'.join(map(str, MIN_PYTHON))}")

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from higgsfield.contract.errors import RunError
+from higgsfield.contract.nodepart import NodePart
 from higgsfield.contract.runspec import RunStatus
 from higgsfield.control.backends import RunRequest, backend_for
 from higgsfield.control.backends.backend import Plan
@@ -48,8 +49,6 @@ from higgsfield.control.workflows.form import form_inputs
 COALESCE_S = 0.05
 FIND_WAIT_S = 3.0      # a run page opened right after a start elsewhere waits this long for the run to show
 SUBSCRIBER_BACKLOG = 64
-#: What of a node's record of a run reaches the page (never its command, pids or container details).
-NODE_FIELDS = ("state", "slots", "exit_code", "started_at", "ended_at", "reason", "exclusive", "nproc")
 
 
 class Hub:
@@ -89,11 +88,9 @@ class Hub:
 
     def run_view(self, status: RunStatus) -> dict[str, Any]:
         """``status --json``'s object for one run, plus per-node records, queue places and slots."""
-        out = status.to_dict()
-        out["node_records"] = {n: {k: r.get(k) for k in NODE_FIELDS} for n, r in status.nodes.items()}
-        out.update(stall_fields(status))     # a stalled run: its diagnosis, shown in the table and on its page
-        out.update(self.fleet.places(status))
-        return out
+        return {**status.to_dict(), "node_records": {n: _node_record(p) for n, p in status.nodes.items()},
+                **stall_fields(status),      # a stalled run: its diagnosis, shown in the table and on its page
+                **self.fleet.places(status)}
 
     def runs_payload(self) -> dict[str, Any]:
         runs = self.runs()
@@ -245,6 +242,14 @@ class Hub:
                 if asyncio.get_running_loop().time() >= deadline:
                     raise
             await asyncio.sleep(0.1)
+
+
+def _node_record(part: NodePart) -> dict[str, Any]:
+    """What of a node's part of a run reaches the page (None: its backend does not know it; never a command,
+    pids or a container: a part holds none)."""
+    return {"state": part.state, "slots": None if part.slots is None else list(part.slots),
+            "exit_code": part.exit_code, "started_at": part.started_at, "ended_at": part.ended_at,
+            "reason": part.reason, "exclusive": part.exclusive, "nproc": part.nproc}
 
 
 def _form_environ(exp: DiscoveredExperiment, values: Mapping[str, Any]) -> dict[str, str]:

@@ -9,6 +9,9 @@ Each node runs ``higgsfield invoker stats --follow --project P`` (see
 :mod:`higgsfield.node.observe.watch`) on the dashboard's connection to it: a machine sample
 every ``SAMPLE_EVERY_S``, and the project's run records and the node's queue whenever
 they change. Nothing is polled and no process is started per refresh, on either side.
+Each line is decoded once, as it arrives (:class:`~higgsfield.contract.feed.FeedLine`: a
+:class:`~higgsfield.contract.feed.NodeSample`, typed records and queue entries); the page
+gets their ``to_dict()``, the JSON the node printed.
 
 A node is *up* while its feed speaks. A feed that ends or breaks marks the node down
 at once (with the reason); one that goes silent (a frozen node, a dropped network that
@@ -22,23 +25,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from higgsfield.contract.decode import DecodeError
+from higgsfield.contract.feed import FeedLine, NodeSample, QueueEntry
 from higgsfield.contract.runspec import ACTIVE, NodeRunView, RunStatus
-from higgsfield.contract.text import one_line
 from higgsfield.control.backends.backend import Changed, Plan, RunHandle
 from higgsfield.control.backends.fleet import CONNECTING, DOWN, HISTORY, UP, why
 from higgsfield.control.backends.nodes.fleet_drift import DriftWatch
 from higgsfield.control.backends.nodes.fleet_fabric import FabricWatch
 from higgsfield.control.backends.nodes.session import NodesSession
 from higgsfield.control.backends.nodes.start import RunPlan
-from higgsfield.control.backends.nodes.status import merge
+from higgsfield.control.backends.nodes.status import merge, views
 from higgsfield.control.config import Config
 from higgsfield.control.remote import Group, Member
 from higgsfield.control.remote.invoker import invoker_argv
@@ -59,40 +60,50 @@ class NodeState:
     reason: str | None = None
     since: float = field(default_factory=time.time)       # when ``state`` began (wall clock, for the page)
     heard: float = field(default_factory=time.monotonic)  # last line from the feed
-    sample: dict[str, Any] | None = None
+    sample: NodeSample | None = None
     history: deque[list[float | None]] = field(default_factory=lambda: deque(maxlen=HISTORY))
-    records: dict[str, dict[str, Any]] = field(default_factory=dict)   # run -> this node's record
-    queue: list[dict[str, Any]] = field(default_factory=list)
+    records: dict[str, NodeRunView] = field(default_factory=dict)   # run -> this node's record
+    queue: list[QueueEntry] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)   # the node's files that do not decode, one line each
 
     def to_dict(self) -> dict[str, Any]:
         """The page's view of the node (no secret: host name, figures, which run holds which slot)."""
         return {"name": self.name, "host": self.host, "state": self.state, "reason": self.reason,
-                "since": self.since, "sample": self.sample, "history": list(self.history),
-                "queue": self.queue, "skipped": list(self.skipped)}
+                "since": self.since, "sample": None if self.sample is None else self.sample.to_dict(),
+                "history": list(self.history), "queue": [e.to_dict() for e in self.queue],
+                "skipped": list(self.skipped)}
 
-    def positions(self, project: str) -> dict[str, dict[str, Any]]:
+    def positions(self, project: str) -> dict[str, Place]:
         """``project``'s runs -> their place in this node's queue: the slots held, or the position among
         the waiters (1 = next; every project's waiters count: they wait for the same slots)."""
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, Place] = {}
         waiting = 0
         for e in self.queue:
-            held = e.get("slots")
-            if held is None:
+            if e.slots is None:
                 waiting += 1
-            if e.get("project") != project:
-                continue
-            out[str(e.get("run"))] = {"position": 0 if held is not None else waiting, "slots": held,
-                                      "want": e.get("want"), "committed": bool(e.get("committed"))}
+            if e.project == project:
+                out[e.run] = Place(0 if e.slots is not None else waiting, e.slots, e.want, e.committed)
         return out
 
 
-def _point(sample: dict[str, Any]) -> list[float | None]:
+@dataclass(frozen=True)
+class Place:
+    """A run's place in one node's queue, as the page shows it (``position`` 0: it holds ``slots``)."""
+
+    position: int
+    slots: list[int] | None
+    want: int | None
+    committed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"position": self.position, "slots": self.slots, "want": self.want, "committed": self.committed}
+
+
+def _point(sample: NodeSample) -> list[float | None]:
     """[time, cpu %, memory %, mean GPU util % (None without GPUs)] for the sparklines."""
-    mem_total = sample.get("mem_total") or 0
-    gpus = [g.get("util_percent") for g in sample.get("gpus") or [] if g.get("util_percent") is not None]
-    return [float(sample.get("time") or time.time()), float(sample.get("cpu_percent") or 0.0),
-            100.0 * float(sample.get("mem_used") or 0) / mem_total if mem_total else None,
+    gpus = [g.util_percent for g in sample.gpus if g.util_percent is not None]
+    return [sample.time or time.time(), sample.cpu_percent,
+            100.0 * sample.mem_used / sample.mem_total if sample.mem_total else None,
             sum(gpus) / len(gpus) if gpus else None]
 
 
@@ -171,33 +182,27 @@ class NodeFeed:
                 await asyncio.wait_for(stream.aclose(), 5)  # type: ignore[attr-defined]
 
     def _apply(self, raw: str) -> None:
-        try:
-            msg = json.loads(raw)
-        except ValueError:
+        line = FeedLine.parse(raw)   # decoded once, here (a part that does not decode is not shown)
+        if line is None:
             return  # a login banner or a stray print: not the feed's
-        if not isinstance(msg, dict):
-            return
         st = self.state
         if st.state != UP:
             self._mark(UP)
-        if isinstance(msg.get("node"), dict):
-            st.sample = msg["node"]
-            st.history.append(_point(st.sample))
+        if line.node is not None:
+            st.sample = line.node
+            st.history.append(_point(line.node))
             self.changed("node")
         runs_changed = False
-        if isinstance(msg.get("runs"), list):
-            if msg.get("full"):
+        if line.runs is not None:
+            if line.full:
                 st.records = {}
-            for rec in msg["runs"]:   # decoded once, here: one that does not decode is not shown
-                with contextlib.suppress(DecodeError):
-                    view = NodeRunView.from_dict(rec)
-                    st.records[view.run] = view.to_dict()
+            st.records.update((view.run, view) for view in line.runs)
             runs_changed = True
-        if isinstance(msg.get("skipped"), list):
-            st.skipped = [one_line(str(x), 600) for x in msg["skipped"][:100]]
+        if line.skipped is not None:
+            st.skipped = line.skipped
             self.changed("node")
-        if isinstance(msg.get("queue"), list):
-            st.queue = [e for e in msg["queue"] if isinstance(e, dict)]   # every project's: they share the slots
+        if line.queue is not None:
+            st.queue = line.queue   # every project's: they share the slots
             runs_changed = True
             self.changed("node")
         if runs_changed:
@@ -212,12 +217,8 @@ class NodesFleet:
         self.cfg = cfg
         self.changed = changed
         self.group = Group.of(cfg, cfg.nodes)
-        options: dict[str, float] = {}
-        if every is not None:
-            options["every"] = every
-        if silent is not None:
-            options["silent"] = silent
-        self.feeds = [NodeFeed(cfg, m, changed, **options) for m in self.group.members]
+        self.feeds = [NodeFeed(cfg, m, changed, every=SAMPLE_EVERY_S if every is None else every,
+                               silent=SILENT_S if silent is None else silent) for m in self.group.members]
         self.label = f"{len(cfg.nodes)} node(s)"
         self.drift = DriftWatch(cfg, lambda: [f.member for f in self.feeds if f.state.state == UP],
                                 lambda: changed("nodes"))
@@ -247,26 +248,20 @@ class NodesFleet:
         return runs
 
     def nodes(self) -> list[dict[str, Any]]:
-        out = []
-        for f in self.feeds:
-            d = f.state.to_dict()
-            d["queue"] = [{k: e.get(k) for k in ("project", "run", "want", "slots", "committed")}
-                          for e in f.state.queue]
-            d["drift"] = self.drift.marks(f.state.name)   # the Nodes view marks a drifted node
-            d["fabric"] = self.fabric.marks(f.state.name)  # ... and its last fabric figures, a slow one
-            out.append(d)
-        return out
+        # the Nodes view marks a drifted node, and shows its last fabric figures (a slow one marked)
+        return [{**f.state.to_dict(), "drift": self.drift.marks(f.state.name),
+                 "fabric": self.fabric.marks(f.state.name)} for f in self.feeds]
 
     def places(self, status: RunStatus) -> dict[str, Any]:
         down = {f.state.name for f in self.feeds if f.state.state != UP}
-        queue: dict[str, Any] = {}
+        queue: dict[str, Place] = {}
         for f in self.feeds:
             if f.state.name in status.nodes:
                 place = f.state.positions(self.cfg.name).get(status.run)
                 if place is not None:
                     queue[f.state.name] = place
-        waiting = [p["position"] for p in queue.values() if p.get("position")]
-        return {"stale_nodes": sorted(down & set(status.nodes)), "queue": queue,
+        waiting = [p.position for p in queue.values() if p.position]
+        return {"stale_nodes": sorted(down & set(status.nodes)), "queue": {n: p.to_dict() for n, p in queue.items()},
                 "queue_position": max(waiting) if waiting and status.state in ACTIVE else None}
 
     def session(self, nodes: Sequence[str] | None = None) -> NodesSession:
@@ -280,10 +275,10 @@ class NodesFleet:
     def learn(self, handle: RunHandle) -> None:
         """Records a node just answered (a start): known now, before its feed reports them."""
         feeds = {f.state.name: f for f in self.feeds}
-        for rec in handle.records:
-            f = feeds.get(str(rec.get("node")))
-            if f is not None and isinstance(rec.get("run"), str):
-                f.state.records.setdefault(rec["run"], rec)
+        for view in views(handle.records):   # decoded once, here: one that does not decode waits for the feed
+            f = feeds.get(view.node)
+            if f is not None:
+                f.state.records.setdefault(view.run, view)
         self.changed("runs")
 
     def poke(self) -> None:

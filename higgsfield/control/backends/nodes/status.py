@@ -26,6 +26,7 @@ from typing import Any
 
 from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.errors import CommandError, NoSuchRun
+from higgsfield.contract.nodepart import NodePart, stall_of
 from higgsfield.contract.runspec import (
     ACTIVE,
     FAILED,
@@ -122,7 +123,7 @@ def merge(records: Iterable[NodeRunView | Mapping[str, Any]]) -> list[RunStatus]
             codes.insert(0, failing.exit_code)  # the run's exit code: the failing node's
         out.append(RunStatus(
             project=recs[0].project, experiment=recs[0].experiment, run=run, state=state,
-            nodes={r.node: r.to_dict() for r in recs}, created_at=min(r.created_at for r in recs),
+            nodes={r.node: part_of(r) for r in recs}, created_at=min(r.created_at for r in recs),
             started_at=min(starts) if starts else None,
             ended_at=max(ends) if ends and state not in ACTIVE else None,
             exit_code=codes[0] if codes else (0 if state == SUCCEEDED else None),
@@ -132,6 +133,13 @@ def merge(records: Iterable[NodeRunView | Mapping[str, Any]]) -> list[RunStatus]
             error_tail=list(first.error_tail) if first else [],
             params=dict(recs[0].params)))
     return sorted(out, key=lambda s: s.created_at)
+
+
+def part_of(view: NodeRunView) -> NodePart:
+    """A node's part of a run, as its decoded record describes it."""
+    return NodePart(state=view.state, slots=tuple(view.slots), nproc=view.nproc, exclusive=view.exclusive,
+                    exit_code=view.exit_code, reason=view.reason, started_at=view.started_at,
+                    ended_at=view.ended_at, stall=stall_of(view.stall), stalled_at=view.stalled_at)
 
 
 def _merged_state(states: set[str]) -> str:
