@@ -99,14 +99,16 @@ def _arrived_in_the_dashboard(project: Path) -> None:
     """The dashboard's run feed (the same reads as ``logs -f``) gets the cut line and every line after it."""
     import asyncio
 
+    import anyio
+
     from higgsfield.control.backends import backend_for
     from higgsfield.control.config.loader import load_config
     from higgsfield.control.ui.runfeed import RunFeed
 
     async def main() -> list[str]:
         cfg = load_config(project / "higgsfield.yml")
-        async with backend_for(cfg).session() as session:
-            feed = RunFeed(session, await session.find("big"), lambda f: None)
+        async with backend_for(cfg).session() as session, anyio.create_task_group() as tasks:
+            feed = RunFeed(session, await session.find("big"), lambda f: None, tasks)
             feed.subscribe()
             deadline = time.monotonic() + 60
             while not feed.logs_done and time.monotonic() < deadline:

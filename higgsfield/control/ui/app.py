@@ -34,9 +34,10 @@ from collections.abc import AsyncIterator, Callable
 from importlib.resources import files
 from typing import Any
 
+from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
@@ -52,30 +53,26 @@ from higgsfield.control.ui.security import MAX_BODY, csrf_token
 KEEPALIVE_S = 15.0   # an SSE comment this often keeps proxies and the browser from closing a quiet stream
 STATIC = files("higgsfield.control.ui") / "static"
 MAX_STREAMS_PER_CLIENT = 8
+RETRY_MS = 1000     # the browser reconnects a dropped stream after this long
 MAX_DEPTH = 32       # a form is {"experiment", "values": {name: scalar}, "check"}: depth 2
 
 
-def _sse(event: Event) -> bytes:
+def _sse(event: Event) -> ServerSentEvent:
     name, data = event
-    return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'), allow_nan=False)}\n\n".encode()
+    return ServerSentEvent(json.dumps(data, separators=(",", ":"), allow_nan=False), event=name, sep="\n")
 
 
-async def _stream(q: asyncio.Queue[Event], backlog: list[Event]) -> AsyncIterator[bytes]:
-    yield b"retry: 1000\n\n"
+async def _stream(q: asyncio.Queue[Event], backlog: list[Event]) -> AsyncIterator[ServerSentEvent]:
+    yield ServerSentEvent(retry=RETRY_MS, sep="\n")
     for ev in backlog:
         yield _sse(ev)
     while True:
-        try:
-            ev = await asyncio.wait_for(q.get(), KEEPALIVE_S)
-        except asyncio.TimeoutError:
-            yield b": keepalive\n\n"
-            continue
+        ev = await q.get()
         if ev[0] == "bye":
             return
-        if ev[0] == "reset":          # the page fell behind: it reconnects and gets the backlog again
-            yield _sse(ev)
-            return
         yield _sse(ev)
+        if ev[0] == "reset":          # the page fell behind: it reconnects and gets the backlog again
+            return
 
 
 def _error(e: Exception | str, status: int = 400) -> JSONResponse:
@@ -148,12 +145,13 @@ class StreamSlots:
             del self.open[client]
 
 
-class EventStream(StreamingResponse):
-    """An SSE response that runs ``release`` once when it ends, however: done, failed, cancelled, or the
-    client gone before the first byte (when the body's own ``finally`` never runs)."""
+class EventStream(EventSourceResponse):
+    """An SSE response (framing, keep-alive comments, the client's disconnect: sse-starlette's) that runs
+    ``release`` once when it ends, however: done, failed, cancelled, or the client gone before the first
+    byte (when the body's own ``finally`` never runs)."""
 
-    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None], headers: dict[str, str]) -> None:
-        super().__init__(content, media_type="text/event-stream", headers=headers)
+    def __init__(self, content: AsyncIterator[ServerSentEvent], release: Callable[[], None]) -> None:
+        super().__init__(content, sep="\n", ping=KEEPALIVE_S, ping_message_factory=_keepalive)
         self._release: Callable[[], None] | None = release
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -168,10 +166,13 @@ class EventStream(StreamingResponse):
             release()
 
 
+def _keepalive() -> ServerSentEvent:
+    return ServerSentEvent(comment="keepalive", sep="\n")
+
+
 def create_app(hub: Hub, token: str) -> Starlette:
     """The ASGI app of ``hub`` (wrap it in :class:`~higgsfield.control.ui.security.Guard` to serve it)."""
     csrf = csrf_token(token)
-    sse_headers = {"cache-control": "no-store", "x-accel-buffering": "no"}
 
     async def index(request: Request) -> Response:
         return FileResponse(str(STATIC / "index.html"), headers={"cache-control": "no-store"})
@@ -197,7 +198,7 @@ def create_app(hub: Hub, token: str) -> Starlette:
             unsubscribe(q)
             slots.give(who)
 
-        return EventStream(_stream(q, backlog), release, sse_headers)
+        return EventStream(_stream(q, backlog), release)
 
     async def events(request: Request) -> Response:
         who = client(request)

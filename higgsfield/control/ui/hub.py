@@ -32,7 +32,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Mapping
+from contextlib import AsyncExitStack
 from typing import Any
+
+import anyio
+import anyio.abc
 
 from higgsfield.contract.errors import RunError
 from higgsfield.contract.nodepart import NodePart
@@ -63,12 +67,16 @@ class Hub:
         self._dirty: set[str] = set()
         self._flush: asyncio.TimerHandle | None = None
         self._experiments: tuple[tuple[tuple[str, float], ...] | None, list[str]] = (None, [])
+        self._stack = AsyncExitStack()
+        self._tasks: anyio.abc.TaskGroup | None = None    # the run feeds' reads and closes: they end with the hub
 
     # -- life -------------------------------------------------------------------
 
     async def start(self) -> None:
         """Connect and start watching (a host key that is not the pinned one refuses the whole dashboard);
-        a node that cannot be reached is shown down and tried again, it stops nothing."""
+        a node that cannot be reached is shown down and tried again, it stops nothing. :meth:`close` is
+        awaited in the same task (the hub's task group is entered here and left there)."""
+        self._tasks = await self._stack.enter_async_context(anyio.create_task_group())
         await self.fleet.start()
 
     async def close(self) -> None:
@@ -78,6 +86,9 @@ class Hub:
         for q in list(self.subscribers):
             with contextlib.suppress(asyncio.QueueFull):
                 q.put_nowait(("bye", {}))
+        if self._tasks is not None:
+            self._tasks.cancel_scope.cancel()     # what is left (a dropped feed's close) ends here
+        await self._stack.aclose()
 
     # -- the state ----------------------------------------------------------------
 
@@ -160,14 +171,17 @@ class Hub:
             status = next((r for r in self.runs() if r.run == run), None)
             if status is None:
                 raise RunError(f"no run named '{run}' (see 'higgsfield status')")
-            feed = RunFeed(self.fleet.session(list(status.nodes)), status, self._drop_feed)
+            if self._tasks is None:
+                raise RunError("the dashboard has not started")
+            feed = RunFeed(self.fleet.session(list(status.nodes)), status, self._drop_feed, self._tasks)
             self.run_feeds[run] = feed
         return feed
 
     def _drop_feed(self, feed: RunFeed) -> None:
         if self.run_feeds.get(feed.run) is feed:
             del self.run_feeds[feed.run]
-            asyncio.get_running_loop().create_task(feed.close())
+            if self._tasks is not None:
+                self._tasks.start_soon(feed.close, name=f"close-{feed.run}")
 
     def _refresh_run_feeds(self) -> None:
         by_name = {r.run: r for r in self.runs()}

@@ -19,6 +19,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import anyio
+import anyio.abc
+
 from higgsfield.contract.runspec import RunStatus
 from higgsfield.control.backends import Session
 from higgsfield.control.backends.fleet import why
@@ -33,9 +36,14 @@ Event = tuple[str, Any]
 
 
 class RunFeed:
-    """The shared reads of one run; ``on_idle`` is called when nobody watched it for ``LINGER_S``."""
+    """The shared reads of one run; ``on_idle`` is called when nobody watched it for ``LINGER_S``.
 
-    def __init__(self, session: Session, status: RunStatus, on_idle: Callable[[RunFeed], None]) -> None:
+    The reads run in ``tasks`` (the hub's task group: they end with the hub at the latest), under a
+    cancel scope of the feed's own that :meth:`close` cancels."""
+
+    def __init__(self, session: Session, status: RunStatus, on_idle: Callable[[RunFeed], None],
+                 tasks: anyio.abc.TaskGroup) -> None:
+        self.tasks = tasks
         self.session = session
         self.status = status
         self.run = status.run
@@ -50,7 +58,8 @@ class RunFeed:
         self.subscribers: set[asyncio.Queue[Event]] = set()
         self._pending: list[list[Any]] = []
         self._flush: asyncio.TimerHandle | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._reads: anyio.CancelScope | None = None
+        self._read_done = anyio.Event()
         self._idle: asyncio.TimerHandle | None = None
 
     # -- subscribers --------------------------------------------------------------
@@ -60,7 +69,7 @@ class RunFeed:
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
-        if not self._tasks:
+        if self._reads is None:
             self._start()
         q: asyncio.Queue[Event] = asyncio.Queue(maxsize=SUBSCRIBER_BACKLOG)
         self.subscribers.add(q)
@@ -107,15 +116,22 @@ class RunFeed:
         self.skipped = 0
         self.errors.clear()
         self.logs_done = self.metrics_done = False
-        self._tasks = [asyncio.create_task(self._logs(), name=f"logs-{self.run}"),
-                       asyncio.create_task(self._metrics(), name=f"metrics-{self.run}")]
+        self._reads = anyio.CancelScope()
+        self.tasks.start_soon(self._read, self._reads, name=f"feed-{self.run}")
+
+    async def _read(self, scope: anyio.CancelScope) -> None:
+        try:
+            with scope:
+                async with anyio.create_task_group() as reads:
+                    reads.start_soon(self._logs, name=f"logs-{self.run}")
+                    reads.start_soon(self._metrics, name=f"metrics-{self.run}")
+        finally:
+            self._read_done.set()
 
     async def close(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        if self._reads is not None:
+            self._reads.cancel()
+            await self._read_done.wait()
         if self._idle is not None:
             self._idle.cancel()
         for q in list(self.subscribers):

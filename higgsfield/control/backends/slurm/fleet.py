@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from higgsfield.contract.errors import RunError
 from higgsfield.contract.runspec import QUEUED, RUNNING, RunStatus
@@ -34,6 +34,9 @@ from higgsfield.control.backends.fleet import CONNECTING, DOWN, HISTORY, UP, why
 from higgsfield.control.backends.slurm import ClusterNode
 from higgsfield.control.backends.slurm.session import SlurmPlan, SlurmSession
 from higgsfield.control.config import Config, NodeConfig
+
+if TYPE_CHECKING:
+    import anyio.abc
 
 RUNS_EVERY_S = 2.0
 NODES_EVERY_S = 5.0
@@ -67,19 +70,22 @@ class ClusterFleet:
         self._wake = asyncio.Event()
         self._stack = AsyncExitStack()
         self._session: SlurmSession | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._watching: anyio.abc.TaskGroup | None = None
 
     # -- life ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Connect and start the watch; :meth:`close` (in the same task: the watch's task group is entered
+        here and left there) stops it, then disconnects."""
+        import anyio  # here, not at the top: the CLI imports this module too, and anyio comes with the 'ui' extra
+
         self._session = await self._stack.enter_async_context(self.connect())
-        self._task = asyncio.create_task(self._watch(), name="slurm-watch")
+        self._watching = await self._stack.enter_async_context(anyio.create_task_group())
+        self._watching.start_soon(self._watch, name="slurm-watch")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        if self._watching is not None:
+            self._watching.cancel_scope.cancel()   # the watch stops; the stack leaves its group, then disconnects
         await self._stack.aclose()
 
     async def _watch(self) -> None:
