@@ -54,7 +54,8 @@ def test_a_scheduler_knows_only_the_state_and_the_json_reads_back() -> None:
     again = RunStatus.from_dict(d)
     assert again == st and again.to_dict() == d
     assert RunStatus.from_dict({**d, "stall": {"odd": 3}}).stall is None   # one that does not decode: none
-    assert stall_fields(st) == {"stall": None, "stalled_at": None}   # per-node stalls only (as before)
+    # the nodes know only their state: the views fall back to the run's own diagnosis (a Slurm job's)
+    assert stall_fields(st) == {"stall": DIAGNOSIS, "stalled_at": None}
 
 
 @pytest.mark.parametrize("v", [None, {"odd": 3}, [], "stalled", {"groups": [{"ranks": [1]}], "odd": [], "summary": ""}])
