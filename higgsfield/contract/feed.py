@@ -14,6 +14,9 @@ left out of its list, and a line that is not the feed's (a login banner) is None
 of another ``version`` (``FEED_VERSION``; none: version 1, the shape the feed always had)
 is a one-line :class:`~higgsfield.contract.decode.DecodeError` naming which side to upgrade.
 
+The node builds its samples as these same types (:mod:`higgsfield.node.observe.stats`,
+:mod:`higgsfield.node.runtime.gpus`) and prints their ``to_dict()``: a sample is defined once, here.
+
 The dashboard sends the page :meth:`NodeSample.to_dict` and :meth:`QueueEntry.to_dict`: the
 keys and order the node printed (``app.js`` reads them).
 

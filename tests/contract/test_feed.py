@@ -13,16 +13,20 @@ import pytest
 from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.feed import FEED_VERSION, FeedLine, GpuSample, NodeSample, QueueEntry
 from higgsfield.node.gang.queue import Entry
-from higgsfield.node.observe import stats
 from higgsfield.node.observe.watch import feed
-from higgsfield.node.runtime.gpus import GpuSample as NodeGpu
 from higgsfield.node.state.records import RunDir, RunRecord
 
 pytestmark = pytest.mark.timeout(60)
 
-SAMPLE = stats.NodeSample(time=12.5, cpu_percent=3.0, cpu_count=8, load1=0.5, mem_used=1 << 30, mem_total=8 << 30,
-                          disk_used=5, disk_total=10, gpus=[NodeGpu(0, "NVIDIA H200", 55.0, 1024.0, 141000.0, 40.0),
-                                                           NodeGpu(1, "NVIDIA H200", None, None, None, None)])
+SAMPLE = NodeSample(time=12.5, cpu_percent=3.0, cpu_count=8, load1=0.5, mem_used=1 << 30, mem_total=8 << 30,
+                    disk_used=5, disk_total=10, gpus=[GpuSample(0, "NVIDIA H200", 55.0, 1024.0, 141000.0, 40.0),
+                                                     GpuSample(1, "NVIDIA H200", None, None, None, None)])
+# what the node printed before it built the contract's types (its own dataclasses, through asdict): key for key
+PRINTED = ('{"time": 12.5, "cpu_percent": 3.0, "cpu_count": 8, "load1": 0.5, "mem_used": 1073741824, '
+           '"mem_total": 8589934592, "disk_used": 5, "disk_total": 10, "gpus": [{"index": 0, "name": "NVIDIA H200", '
+           '"util_percent": 55.0, "mem_used_mib": 1024.0, "mem_total_mib": 141000.0, "temperature_c": 40.0}, '
+           '{"index": 1, "name": "NVIDIA H200", "util_percent": null, "mem_used_mib": null, "mem_total_mib": null, '
+           '"temperature_c": null}]}')
 
 
 def _wire(d: dict[str, Any]) -> str:
@@ -40,6 +44,7 @@ def test_what_the_node_prints_decodes_and_gives_the_same_json_back(tmp_path: Pat
     assert samples and all(json.dumps(s.to_dict()) == json.dumps(raw) for raw, s in samples)
     runs = next(ln for ln in lines if ln is not None and ln.runs is not None)
     assert runs.full and [v.run for v in runs.runs or []] == ["r0"] and runs.queue == []
+    assert json.dumps(SAMPLE.to_dict()) == PRINTED                    # the node's sample: the wire of before
     with_gpus = json.loads(json.dumps(SAMPLE.to_dict()))
     decoded = NodeSample.from_dict(with_gpus)
     assert json.dumps(decoded.to_dict()) == json.dumps(with_gpus)     # key for key, in the node's order

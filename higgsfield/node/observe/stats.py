@@ -6,7 +6,9 @@ so a sample costs a few ``/proc`` reads and no process start. GPUs come from NVM
 (:mod:`higgsfield.node.runtime.gpus`) in this process; where NVML is missing, from one
 ``nvidia-smi --query-gpu=... -lms N`` that keeps running beside it and prints a line
 per GPU every N ms (read by a thread; the latest line per GPU is the sample's); a
-node with neither has ``gpus: []``.
+node with neither has ``gpus: []``. A sample is the contract's
+:class:`~higgsfield.contract.feed.NodeSample` (each GPU a :class:`~higgsfield.contract.feed.GpuSample`):
+the node builds and prints the type the dashboard decodes, so the feed's shape is written once.
 
 Use::
 
@@ -24,34 +26,15 @@ import shutil
 import subprocess
 import threading
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import psutil
 
-from higgsfield.node.runtime.gpus import GpuSample, Nvml
+from higgsfield.contract.feed import GpuSample, NodeSample
+from higgsfield.node.runtime.gpus import Nvml
 
 GPU_FIELDS = ("index", "name", "utilization.gpu", "memory.used", "memory.total", "temperature.gpu")
 SMI_TIMEOUT_S = 10.0
-
-
-@dataclass
-class NodeSample:
-    """One sample of a node's machine; sizes in bytes, ``cpu_percent`` of all cores (0..100)."""
-
-    time: float
-    cpu_percent: float
-    cpu_count: int
-    load1: float
-    mem_used: int
-    mem_total: int
-    disk_used: int
-    disk_total: int
-    gpus: list[GpuSample] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def parse_smi(text: str) -> dict[int, GpuSample]:

@@ -4,7 +4,8 @@ NVML answers in microseconds from this process, where ``nvidia-smi`` is a proces
 start per question (or one kept running beside the sampler). A node whose driver
 ships no ``libnvidia-ml`` (or an install without nvidia-ml-py) falls back to
 ``nvidia-smi``; a node with neither has no GPUs. A figure a GPU cannot report
-(NVML's ``NotSupported``) is None, as nvidia-smi's ``[N/A]`` is.
+(NVML's ``NotSupported``) is None, as nvidia-smi's ``[N/A]`` is. Each GPU's sample is the contract's
+:class:`~higgsfield.contract.feed.GpuSample`, the type the dashboard decodes it into.
 
 Use::
 
@@ -17,21 +18,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from higgsfield.contract.feed import GpuSample
 
 MIB = 1024 * 1024
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class GpuSample:
-    index: int
-    name: str
-    util_percent: float | None
-    mem_used_mib: float | None
-    mem_total_mib: float | None
-    temperature_c: float | None
 
 
 class Nvml:
