@@ -7,17 +7,21 @@ tests/slurm/test_slurm_journey.py).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers_project import assert_one_line_error, run_cli, write
 
-from higgsfield.contract.errors import ConfigError, ParamError
+from higgsfield.contract.errors import ConfigError, ParamError, RunError
+from higgsfield.contract.slurmjob import PinnedSlurmRun
 from higgsfield.control.backends import RunRequest, backend_for
 from higgsfield.control.backends.nodes.backend import NodesBackend
 from higgsfield.control.backends.slurm import preflight as pf
+from higgsfield.control.backends.slurm import template_spec
 from higgsfield.control.backends.slurm.backend import SlurmBackend, SlurmSession
 from higgsfield.control.backends.slurm.machines import parse_sinfo_nodes, sinfo_nodes_argv
 from higgsfield.control.config import parse_config
@@ -105,9 +109,16 @@ class Login:
             yield line
 
 
+def _pinned(nodes: tuple[str, ...], nproc: int) -> str:
+    """The ``spec.json`` a job pins to its allocation (``nodes`` in SLURM_NODEID order)."""
+    spec = template_spec(project="lab", experiment="probe", run="r", module="probe", code_dir="/c", params={})
+    return json.dumps(PinnedSlurmRun(replace(spec, node=nodes[0], nodes=nodes, master_addr=nodes[0],
+                                             nproc=nproc)).to_dict())
+
+
 def test_log_lines_are_tagged_node_slash_rank_from_the_allocation(tmp_path: Path) -> None:
     cfg = project(tmp_path, SLURM)
-    login = Login({"run.json": '{"state": "succeeded"}', "spec.json": '{"nodes": ["n2", "n1"], "nproc": 2}'},
+    login = Login({"run.json": '{"state": "succeeded"}', "spec.json": _pinned(("n2", "n1"), 2)},
                   ["0\tr0", "3\tr3", "-1\ttorchrun says", "#hb", "2\tr2"])
     session = SlurmSession(cfg, cfg.slurm, login)  # type: ignore[arg-type]
 
@@ -121,6 +132,9 @@ def test_log_lines_are_tagged_node_slash_rank_from_the_allocation(tmp_path: Path
     asyncio.run(collect(ranks=(3,), since=5.0))   # the login node's invoker filters: it is asked to
     argv = login.calls[-1]
     assert argv[:2] == ["/shared/me/hf/venv/bin/python", "-m"] and argv[-4:] == ["--since", "5.0", "--rank", "3"]
+    # a spec.json that does not decode (cut short, not the job's) places no rank: every line is the job's own
+    login.files["spec.json"] = '{"nodes": ["n2", "n1"], "nproc": 2}'
+    assert {node for node, _, _ in asyncio.run(collect())} == {"slurm"}
 
 
 SINFO = """\
@@ -195,3 +209,30 @@ def test_which_finds_every_command_in_sh(tmp_path: Path) -> None:
     out = subprocess.run(list(pf.WHICH), capture_output=True, text=True, timeout=30,
                          env={**os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin"}).stdout
     assert pf.commands(out).ok, out
+
+
+class Deployed(Login):
+    """A login node where the project is deployed (``code`` resolves), with the given files."""
+
+    async def run(self, argv: Sequence[str], **kw: Any) -> CommandResult:
+        if argv[0] == "readlink":
+            return CommandResult("login", tuple(argv), 0, "/shared/me/hf/projects/lab/releases/abc\n")
+        return await super().run(argv, **kw)
+
+
+@pytest.mark.parametrize(("env", "python"), [
+    ('{"key": "k1", "dir": "/e/k1", "python": "/e/k1/bin/python", "torch": "2.6.0", "built_at": 1.0}',
+     "/e/k1/bin/python"),
+    (None, None), ("not json", None), ('["/e/k1/bin/python"]', None), ('{"python": 3}', None), ("{}", None),
+])
+def test_the_project_environment_is_read_from_its_record(tmp_path: Path, env: str | None,
+                                                          python: str | None) -> None:
+    cfg = project(tmp_path, SLURM)
+    session = SlurmSession(cfg, cfg.slurm, Deployed({} if env is None else {"env.json": env}, []))  # type: ignore[arg-type]
+    if python is not None:
+        assert asyncio.run(session._deployed()) == ("/shared/me/hf/projects/lab/releases/abc", python)
+        return
+    with pytest.raises(RunError) as e:   # absent or damaged: as none, the same one line
+        asyncio.run(session._deployed())
+    assert str(e.value) == ("project 'lab' has no project environment in /shared/me/hf on login: run 'higgsfield "
+                            "deploy' (it builds one from requirements.txt)")

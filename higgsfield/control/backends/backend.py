@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from higgsfield.contract.errors import ConfigError, RunError
-from higgsfield.contract.runspec import ON_STALL, RunStatus
+from higgsfield.contract.runspec import ON_STALL, NodeRunView, RunStatus
 from higgsfield.contract.stacks import RankStacks
 from higgsfield.control.config import Config
 from higgsfield.metrics import MetricsItem
@@ -45,7 +45,8 @@ class RunHandle:
     experiment: str
     run: str
     nodes: list[str]
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[NodeRunView] = field(default_factory=list)
+    """Each node's record of its part, as its start answered (decoded; the Slurm job writes its own later)."""
     job_id: str | None = None
     """The scheduler's id of the run (a Slurm job), where a backend has one."""
     notes: list[str] = field(default_factory=list)

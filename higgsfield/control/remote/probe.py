@@ -37,6 +37,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from higgsfield.contract.decode import DecodeError, from_fields, loads
 from higgsfield.control.remote.base import CommandResult, Transport
 
 READ_TIMEOUT_S = 60.0
@@ -158,20 +159,53 @@ async def probe(transport: Transport, reads: Sequence[Read], *, clock: bool = Fa
         result = await transport.run(argv, check=False, timeout=limit)
     got = Probe(transport.node, seconds=time.monotonic() - start, clock=measured)
     try:
-        data = json.loads(result.stdout.strip().splitlines()[-1]) if result.ok else None
-        answers = data["results"] if isinstance(data, dict) else None
-        if not isinstance(answers, list) or len(answers) != len(unique):
-            raise ValueError("no answer")
-        got.uid = int(data["uid"])  # type: ignore[index]
-        for read, (code, out, err, as_root) in zip(unique, answers, strict=True):
-            ran = ("sudo", "-n", *read.argv) if as_root else read.argv
-            got.answers[read] = CommandResult(transport.node, ran, int(code), str(out), str(err))
-    except (ValueError, TypeError, KeyError, IndexError):
-        got.answers.clear()
+        answer = _answer(result.stdout, len(unique)) if result.ok else None
+    except DecodeError:
+        answer = None
+    if answer is None:
         tail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or ["no output"]
         got.error = f"the probe (python3) exited {result.exit_status}: {tail[0][:200]}"
         got.clock = None
+        return got
+    got.uid = answer.uid
+    for read, (code, out, err, as_root) in zip(unique, answer.results, strict=True):
+        ran = ("sudo", "-n", *read.argv) if as_root else read.argv
+        got.answers[read] = CommandResult(transport.node, ran, code, out, err)
     return got
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """The script's last line: the login's uid, and one ``[exit, stdout, stderr, as_root]`` per read, in order."""
+
+    uid: int
+    results: list[tuple[int, str, str, bool]]
+
+
+def _results(v: object) -> list[tuple[int, str, str, bool]]:
+    what = "a list of [exit, stdout, stderr, as_root]"
+    if not isinstance(v, list):
+        raise TypeError(what)
+    out = []
+    for item in v:
+        if not (isinstance(item, list) and len(item) == 4):
+            raise TypeError(what)
+        code, stdout, stderr, as_root = item
+        if isinstance(code, bool) or not isinstance(code, int) or not isinstance(stdout, str) \
+                or not isinstance(stderr, str) or not isinstance(as_root, bool):
+            raise TypeError(what)
+        out.append((code, stdout, stderr, as_root))
+    return out
+
+
+def _answer(stdout: str, reads: int) -> _Answer:
+    """The probe's answer to ``reads`` reads, decoded once; DecodeError (one line) when it is not one."""
+    lines = stdout.strip().splitlines()
+    answer = from_fields(_Answer, loads(lines[-1] if lines else ""), special={"results": _results},
+                         what="the probe's answer")
+    if len(answer.results) != reads:
+        raise DecodeError(f"the probe answered {len(answer.results)} reads of {reads}")
+    return answer
 
 
 async def _with_clock(transport: Transport, argv: Sequence[str]) -> tuple[CommandResult, Clock | None]:

@@ -31,8 +31,9 @@ import asyncio
 import json
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from importlib.resources import files
-from typing import Any
+from typing import Any, ClassVar
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
@@ -73,6 +74,29 @@ async def _stream(q: asyncio.Queue[Event], backlog: list[Event]) -> AsyncIterato
         yield _sse(ev)
         if ev[0] == "reset":          # the page fell behind: it reconnects and gets the backlog again
             return
+
+
+@dataclass(frozen=True)
+class StartForm:
+    """The body of ``POST /api/runs``, decoded once: the experiment, its form's values (its params, not yet
+    checked: the hub checks them as ``higgsfield run`` would), and whether only to check them."""
+
+    EXPECTED: ClassVar[str] = 'expected {"experiment": NAME, "values": {...}}'
+
+    experiment: str
+    values: dict[str, Any]
+    check: bool = False
+
+    @classmethod
+    def parse(cls, body: object) -> StartForm | None:
+        """The form in ``body`` (parsed JSON); None when it is not one (answered 400 with ``EXPECTED``).
+        ``values`` may be left out (none); ``check`` is any JSON value, true when truthy."""
+        if not isinstance(body, dict):
+            return None
+        experiment, values = body.get("experiment"), body.get("values", {})
+        if not isinstance(experiment, str) or not isinstance(values, dict):
+            return None
+        return cls(experiment, values, bool(body.get("check")))
 
 
 def _error(e: Exception | str, status: int = 400) -> JSONResponse:
@@ -254,13 +278,13 @@ def create_app(hub: Hub, token: str) -> Starlette:
             body: Any = await read_json(request)
         except BadBody as e:
             return _error(e, e.status)
-        if not isinstance(body, dict) or not isinstance(body.get("experiment"), str) \
-                or not isinstance(body.get("values", {}), dict):
-            return JSONResponse({"error": "expected {\"experiment\": NAME, \"values\": {...}}"}, status_code=400)
+        form = StartForm.parse(body)
+        if form is None:
+            return JSONResponse({"error": StartForm.EXPECTED}, status_code=400)
         try:
-            if body.get("check"):
-                return JSONResponse(hub.check(body["experiment"], body.get("values", {})))
-            return JSONResponse(await hub.start_run(body["experiment"], body.get("values", {})))
+            if form.check:
+                return JSONResponse(hub.check(form.experiment, form.values))
+            return JSONResponse(await hub.start_run(form.experiment, form.values))
         except HiggsfieldError as e:
             return _error(e)
 

@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
+
 from higgsfield.contract.feed import FeedLine, NodeSample, QueueEntry
 from higgsfield.contract.runspec import ACTIVE, NodeRunView, RunStatus
 from higgsfield.control.backends.backend import Changed, Plan, RunHandle
@@ -39,7 +41,7 @@ from higgsfield.control.backends.nodes.fleet_drift import DriftWatch
 from higgsfield.control.backends.nodes.fleet_fabric import FabricWatch
 from higgsfield.control.backends.nodes.session import NodesSession
 from higgsfield.control.backends.nodes.start import RunPlan
-from higgsfield.control.backends.nodes.status import merge, views
+from higgsfield.control.backends.nodes.status import merge
 from higgsfield.control.config import Config
 from higgsfield.control.remote import Group, Member
 from higgsfield.control.remote.invoker import invoker_argv
@@ -99,6 +101,10 @@ class Place:
         return {"position": self.position, "slots": self.slots, "want": self.want, "committed": self.committed}
 
 
+class _Down(Exception):
+    """A node's feed ended or broke (the node is marked down): the feed is tried again."""
+
+
 def _point(sample: NodeSample) -> list[float | None]:
     """[time, cpu %, memory %, mean GPU util % (None without GPUs)] for the sparklines."""
     gpus = [g.util_percent for g in sample.gpus if g.util_percent is not None]
@@ -148,21 +154,27 @@ class NodeFeed:
             self.changed("node")
 
     async def _run(self) -> None:
-        retry = 1.0
-        while not self._closing:
-            try:
-                await self._follow()
-                reason = "its feed ended"
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - any failure is this node's, shown on the page
-                reason = why(e)
-            self._mark(DOWN, reason)
-            # A broken or silent connection is dropped; the next try logs in afresh (same single connection).
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.member.transport.close(), 5)
-            await asyncio.sleep(retry)
-            retry = min(retry * 2, RETRY_MAX_S)
+        """The feed for the dashboard's whole life: tried again after 1, 2, 4, 4... seconds (tenacity) each
+        time it ends or breaks, until the feed is closed."""
+        retrying = AsyncRetrying(wait=wait_exponential(max=RETRY_MAX_S),
+                                 retry=retry_if_exception(lambda e: isinstance(e, Exception) and not self._closing))
+        async for attempt in retrying:
+            with attempt:
+                await self._once()
+
+    async def _once(self) -> None:
+        """One connection's feed, followed until it ends or breaks; then the node is marked down (with the
+        reason), the connection dropped (the next try logs in afresh: the same single connection), and
+        :class:`_Down` raised, for :meth:`_run` to wait and try again."""
+        try:
+            await self._follow()
+            reason = "its feed ended"
+        except Exception as e:  # noqa: BLE001 - any failure is this node's, shown on the page
+            reason = why(e)
+        self._mark(DOWN, reason)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.member.transport.close(), 5)
+        raise _Down(reason)
 
     async def _follow(self) -> None:
         stream = self.member.transport.stream(self.argv())
@@ -275,7 +287,7 @@ class NodesFleet:
     def learn(self, handle: RunHandle) -> None:
         """Records a node just answered (a start): known now, before its feed reports them."""
         feeds = {f.state.name: f for f in self.feeds}
-        for view in views(handle.records):   # decoded once, here: one that does not decode waits for the feed
+        for view in handle.records:
             f = feeds.get(view.node)
             if f is not None:
                 f.state.records.setdefault(view.run, view)

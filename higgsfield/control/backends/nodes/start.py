@@ -49,6 +49,7 @@ from higgsfield.control.backends import pick
 from higgsfield.control.backends.backend import RunHandle, StallSettings
 from higgsfield.control.backends.nodes.kill import stop_run
 from higgsfield.control.backends.nodes.output import UPGRADE_HINT, invoke_reply
+from higgsfield.control.backends.nodes.status import views
 from higgsfield.control.backends.timeouts import START_S, step_timeout
 from higgsfield.control.config import Config, NodeConfig
 from higgsfield.control.project.discovery import find_experiment
@@ -160,7 +161,7 @@ async def launch(group: Group, cfg: Config, plan: RunPlan, *,
     if any(not r.ok for r in results):
         await _clean_up(group, cfg, plan.run, attempt, results)
     return RunHandle(cfg.name, plan.experiment, plan.run, names,
-                     [r.value.record() for r in results if r.value is not None])
+                     views(r.value.record() for r in results if r.value is not None))   # decoded once, here
 
 
 def _name_in_use(err: CommandError, run: str, node: str) -> RunNameInUse | None:

@@ -40,7 +40,7 @@ from higgsfield.contract.runspec import ACTIVE, RunSpec, RunStatus
 from higgsfield.contract.slurm_stacks import SRUN_WAIT_S as STACKS_SRUN_WAIT_S
 from higgsfield.contract.slurm_stacks import parse_saved, parse_srun
 from higgsfield.contract.slurm_stacks import srun_argv as stacks_srun_argv
-from higgsfield.contract.slurmjob import SlurmJob, SlurmRequest
+from higgsfield.contract.slurmjob import PinnedSlurmRun, SlurmJob, SlurmRequest
 from higgsfield.contract.stacks import RankStacks
 from higgsfield.control.backends.slurm.layout import RunPaths
 from higgsfield.control.backends.slurm.listing import _LIST_RUNS, listed_runs
@@ -250,14 +250,14 @@ class SlurmCluster:
         out = [merge(i.job, jobs.get(i.job.job_id), i.record) for i in items]
         return sorted(out, key=lambda st: st.created_at), skipped
 
-    async def placement(self, project: str, run: str) -> dict[str, Any] | None:
-        """The spec the job pinned to its allocation (``spec.json``: its nodes in node-rank order, nproc)."""
+    async def placement(self, project: str, run: str) -> PinnedSlurmRun | None:
+        """The spec the job pinned to its allocation (``spec.json``: its nodes in node-rank order, nproc);
+        None while there is none, or one that does not decode (the job has not placed its ranks)."""
         r = await self.transport.run(["cat", self.paths(project, run).file("spec.json")], check=False)
         try:
-            data = json.loads(r.stdout) if r.ok else None
-        except ValueError:
+            return PinnedSlurmRun.from_dict(loads(r.stdout)) if r.ok else None
+        except DecodeError:
             return None
-        return data if isinstance(data, dict) else None
 
     # -- stacks -------------------------------------------------------------------------------
 
@@ -266,8 +266,8 @@ class SlurmCluster:
         --overlap`` on the login node (:mod:`~higgsfield.contract.slurm_stacks`); ``node -> why`` for
         the nodes that gave none. SlurmError when the job has not placed its ranks yet."""
         placed = await self.placement(project, run)
-        nodes = [str(n) for n in (placed or {}).get("nodes") or []]
-        python = str((placed or {}).get("python") or self.settings.interpreter)
+        nodes = list(placed.spec.nodes) if placed else []
+        python = (placed.python if placed else "") or self.settings.interpreter
         if not nodes:
             raise SlurmError(f"run '{run}' has not started on its nodes yet: no stacks to take")
         job_id = await self.job_id(project, run)

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import posixpath
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from higgsfield.contract.decode import DecodeError, loads
 from higgsfield.contract.errors import NoSuchRun, RunError
+from higgsfield.contract.replies import EnvReply
 from higgsfield.contract.runspec import ACTIVE, QUEUED, RunStatus
 from higgsfield.contract.stacks import RankStacks
 from higgsfield.control.backends.backend import RunList, StacksResult, StallSettings
@@ -74,9 +75,9 @@ class SlurmSession:
         if self.settings.python:
             return code.stdout.strip(), None
         env = await t.run(["cat", posixpath.join(root, "env.json")], check=False)
-        try:
-            python = str(json.loads(env.stdout)["python"]) if env.ok else None
-        except (ValueError, KeyError, TypeError):
+        try:   # the environment's record: the shape of ``invoker env``'s result (an absent or damaged one: none)
+            python = EnvReply.from_dict(loads(env.stdout)).python if env.ok else None
+        except DecodeError:
             python = None
         if not python:
             raise RunError(f"project '{self.cfg.name}' has no project environment in {self.settings.workdir} on "
@@ -126,10 +127,10 @@ class SlurmSession:
         project = self.cfg.name
         if not await self._started(run, follow):
             return
-        placed = await self.cluster.placement(project, run) or {}
+        placed = await self.cluster.placement(project, run)
         # torchrun's c10d rendezvous orders the nodes by name (each is --local_addr its own): as slurm_task does
-        hosts = sorted(str(h) for h in placed.get("nodes") or [])
-        nproc = max(1, int(placed.get("nproc") or 1))
+        hosts = sorted(placed.spec.nodes) if placed else []
+        nproc = max(1, (placed.spec.nproc if placed else None) or 1)
         argv = self.cluster.logs_argv(project, run, follow=follow, since=since)
         for r in ranks:
             argv += ["--rank", str(r)]
