@@ -28,8 +28,9 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
@@ -45,6 +46,9 @@ from higgsfield.control.backends.nodes.status import merge
 from higgsfield.control.config import Config
 from higgsfield.control.remote import Group, Member
 from higgsfield.control.remote.invoker import invoker_argv
+
+if TYPE_CHECKING:
+    import anyio.abc
 
 SAMPLE_EVERY_S = 2.0
 SILENT_S = 6.0          # no line for this long: the node is not answering
@@ -128,22 +132,15 @@ class NodeFeed:
         self.every = every
         self.silent = silent
         self.state = NodeState(member.name, str(member.node.host))
-        self._task: asyncio.Task[None] | None = None
         self._closing = False
 
     def argv(self) -> list[str]:
         return [*invoker_argv(self.cfg, self.member.node), "stats", "--follow", "--every", f"{self.every:g}",
                 "--project", self.cfg.name]
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=f"feed-{self.member.name}")
-
-    async def close(self) -> None:
+    def closing(self) -> None:
+        """The dashboard is closing: a feed that ends now is not tried again (its task group then ends it)."""
         self._closing = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
 
     def _mark(self, state: str, reason: str | None = None) -> None:
         st = self.state
@@ -153,19 +150,20 @@ class NodeFeed:
             st.state, st.reason = state, reason
             self.changed("node")
 
-    async def _run(self) -> None:
+    async def run(self) -> None:
         """The feed for the dashboard's whole life: tried again after 1, 2, 4, 4... seconds (tenacity) each
-        time it ends or breaks, until the feed is closed."""
+        time it ends or breaks, until the dashboard closes (its fleet's task group is cancelled)."""
         retrying = AsyncRetrying(wait=wait_exponential(max=RETRY_MAX_S),
                                  retry=retry_if_exception(lambda e: isinstance(e, Exception) and not self._closing))
-        async for attempt in retrying:
-            with attempt:
-                await self._once()
+        with contextlib.suppress(_Down):   # the last try, ended while closing: nothing to raise into the group
+            async for attempt in retrying:
+                with attempt:
+                    await self._once()
 
     async def _once(self) -> None:
         """One connection's feed, followed until it ends or breaks; then the node is marked down (with the
         reason), the connection dropped (the next try logs in afresh: the same single connection), and
-        :class:`_Down` raised, for :meth:`_run` to wait and try again."""
+        :class:`_Down` raised, for :meth:`run` to wait and try again."""
         try:
             await self._follow()
             reason = "its feed ended"
@@ -236,21 +234,29 @@ class NodesFleet:
                                 lambda: changed("nodes"))
         self.fabric = FabricWatch(cfg, lambda: [f.member for f in self.feeds if f.state.state == UP],
                                   lambda: changed("nodes"))
+        self._stack = AsyncExitStack()
+        self._tasks: anyio.abc.TaskGroup | None = None   # the feeds and the watches: they end with the dashboard
 
     async def start(self) -> None:
         """Connect every node (a host key that is not the pinned one refuses the whole dashboard) and
-        start the feeds; a node that cannot be reached is shown down and tried again, it stops nothing."""
+        start the feeds and the watches in a task group of the fleet's own; a node that cannot be reached
+        is shown down and tried again, it stops nothing. :meth:`close` is awaited in the same task (the
+        group is entered here and left there)."""
+        import anyio  # here, not at the top: the CLI imports this module too, and anyio comes with the 'ui' extra
+
         await self.group.connect()
+        self._tasks = await self._stack.enter_async_context(anyio.create_task_group())
         for f in self.feeds:
-            f.start()
-        self.drift.start()
-        self.fabric.start()
+            self._tasks.start_soon(f.run, name=f"feed-{f.member.name}")
+        self._tasks.start_soon(self.drift.run, name="drift-watch")
+        self._tasks.start_soon(self.fabric.run, name="fabric-watch")
 
     async def close(self) -> None:
-        await self.drift.close()
-        await self.fabric.close()
         for f in self.feeds:
-            await f.close()
+            f.closing()
+        if self._tasks is not None:
+            self._tasks.cancel_scope.cancel()   # the feeds and watches stop; the stack leaves their group
+        await self._stack.aclose()
         await self.group.close()
 
     def runs(self) -> list[RunStatus]:

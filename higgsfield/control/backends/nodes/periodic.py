@@ -3,7 +3,7 @@
 The drift marks and the fabric marks each ask the fleet's nodes one question at start,
 every ``every`` seconds after, and (the fabric marks) at once when :meth:`Periodic.wake`
 is called; a round that fails leaves the last answer and the next round asks again.
-Subclasses write :meth:`check` only.
+Subclasses write :meth:`check` only; the fleet runs :meth:`Periodic.run` in its task group.
 """
 
 from __future__ import annotations
@@ -13,31 +13,24 @@ import contextlib
 
 
 class Periodic:
-    """Runs :meth:`check` one second after :meth:`start`, then every ``every`` seconds or on :meth:`wake`."""
+    """Runs :meth:`check` one second after :meth:`run` starts, then every ``every`` seconds or on :meth:`wake`.
+
+    :meth:`run` runs in the fleet's task group until the group is cancelled (the dashboard closing).
+    """
 
     every: float
 
     def __init__(self, every: float) -> None:
         self.every = every
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
 
     async def check(self) -> None:
         raise NotImplementedError
 
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop())
-
     def wake(self) -> None:
         self._wake.set()
 
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-
-    async def _loop(self) -> None:
+    async def run(self) -> None:
         await asyncio.sleep(1.0)   # let the feeds connect first
         while True:
             self._wake.clear()
