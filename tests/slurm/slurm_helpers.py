@@ -23,6 +23,27 @@ from helpers_project import cli_env
 
 SECRET = "slurm-s3cret-4e1d9c"
 
+OFFLINE_CONFIG = """\
+name: lab
+slurm:
+  login: {host: login.example, user: me}
+  workdir: /shared/me/hf
+  nodes: 2
+"""
+"""A Slurm project whose login host is never reached: for what ``plan`` decides before any ssh."""
+PROBE_EXPERIMENT = "from higgsfield.experiment import experiment\n\n@experiment('probe')\ndef probe(params):\n    pass\n"
+
+
+def offline_backend(root: Path) -> Any:
+    """The backend of an :data:`OFFLINE_CONFIG` project under ``root`` with the one experiment ``probe``."""
+    from higgsfield.control.backends import backend_for
+    from higgsfield.control.config import parse_config
+
+    (root / "src").mkdir(exist_ok=True)
+    (root / "src" / "probe.py").write_text(PROBE_EXPERIMENT)
+    (root / "higgsfield.yml").write_text(OFFLINE_CONFIG)
+    return backend_for(parse_config(OFFLINE_CONFIG, root / "higgsfield.yml"))
+
 EXPERIMENT = '''\
 """Ranks of a Slurm run: an all_reduce, a failing rank, a checkpoint that a requeue resumes from."""
 import os

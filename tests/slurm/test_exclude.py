@@ -7,31 +7,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from slurm_helpers import SECRET, Cluster
+from slurm_helpers import SECRET, Cluster, offline_backend
 
 from higgsfield.contract.errors import ConfigError
-from higgsfield.control.backends import RunRequest, backend_for
-from higgsfield.control.config import parse_config
+from higgsfield.control.backends import RunRequest
 from higgsfield.control.config.slurm import SlurmConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.sshd]
 
-SLURM = """\
-name: lab
-slurm:
-  login: {host: login.example, user: me}
-  workdir: /shared/me/hf
-  nodes: 2
-"""
-EXPERIMENT = "from higgsfield.experiment import experiment\n\n@experiment('probe')\ndef probe(params):\n    pass\n"
 
 
 @pytest.mark.timeout(30)
 def test_the_plan_passes_exclude_to_sbatch_and_refuses_a_bad_name(tmp_path: Path) -> None:
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "probe.py").write_text(EXPERIMENT)
-    (tmp_path / "higgsfield.yml").write_text(SLURM)
-    backend = backend_for(parse_config(SLURM, tmp_path / "higgsfield.yml"))
+    backend = offline_backend(tmp_path)
     plan: Any = backend.plan(RunRequest("probe", exclude=("n1", "n3")))
     assert plan.settings.extra[-1] == "--exclude=n1,n3"
     with pytest.raises(ConfigError, match="not a Slurm node name"):

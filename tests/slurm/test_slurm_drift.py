@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from slurm_helpers import SECRET, Cluster
+from slurm_helpers import SECRET, Cluster, offline_backend
 
 from higgsfield.contract.drift import NodeFacts
 from higgsfield.contract.slurmjob import PinnedSlurmRun, SlurmRequest
@@ -34,14 +34,6 @@ from higgsfield.node.state.records import RunDir
 DRIVER = "535.104.05"
 MODEL = "NVIDIA H100 80GB HBM3"
 MARKER = "hf-drift-test"
-SLURM = """\
-name: lab
-slurm:
-  login: {host: login.example, user: me}
-  workdir: /shared/me/hf
-  nodes: 2
-"""
-PROBE = "from higgsfield.experiment import experiment\n\n@experiment('probe')\ndef probe(params):\n    pass\n"
 
 
 # -- the pure parts, no cluster ------------------------------------------------------------------
@@ -114,13 +106,10 @@ def test_a_node_task_on_drifted_nodes_starts_no_torchrun_unless_drift_is_allowed
 
 @pytest.mark.timeout(30)
 def test_allow_drift_travels_in_the_plan_and_the_request(tmp_path: Path) -> None:
-    from higgsfield.control.backends import RunRequest, backend_for
+    from higgsfield.control.backends import RunRequest
     from higgsfield.control.backends.slurm import template_spec
-    from higgsfield.control.config import parse_config
 
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "probe.py").write_text(PROBE)
-    backend = backend_for(parse_config(SLURM, tmp_path / "higgsfield.yml"))
+    backend = offline_backend(tmp_path)
     assert backend.plan(RunRequest("probe", allow_drift=True)).allow_drift is True  # type: ignore[attr-defined]
     assert backend.plan(RunRequest("probe")).allow_drift is False                    # type: ignore[attr-defined]
     spec = template_spec(project="p", experiment="probe", run="r1", module="probe", code_dir="/c", params={})
