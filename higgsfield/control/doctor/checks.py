@@ -32,7 +32,6 @@ from higgsfield.control.doctor.probe import (
     SUDO_OK,
     Facts,
     _env_argv,
-    _slurm_settings,
     _usage_argv,
     _version_argv,
 )
@@ -44,15 +43,15 @@ R = TypeVar("R", bound=Typed)
 
 if TYPE_CHECKING:
     from higgsfield.control.config import Config, NodeConfig
+    from higgsfield.control.config.slurm import SlurmConfig
 
 MIN_FREE_GIB = 10.0
 MIN_FREE_FRACTION = 0.10   # of the filesystem under the state dir or the checkpoints: below, prune
 MAX_SKEW_S = 2.0
 
 
-def _slurm(cfg: Config, f: Facts, d: NodeDiagnosis) -> None:
+def _slurm(s: SlurmConfig, f: Facts, d: NodeDiagnosis) -> None:
     """The commands, the partition (its nodes, idle ones, GPUs from sinfo), and a run's job accepted."""
-    s = _slurm_settings(cfg)
     found = pf.commands(f(pf.WHICH).stdout)
     d.checks["slurm"] = Probe(found.ok, found.summary, found.problem, found.fix)
     if not found.ok:

@@ -74,7 +74,7 @@ async def _check_node(cfg: Config, m: Member, d: NodeDiagnosis) -> None:
         d.checks["invoker"] = _invoker(cfg, m.node, facts)
         d.checks["environment"] = _environment(cfg, m.node, facts)
         d.checks["usage"] = _usage(cfg, m.node, facts)
-        _slurm(cfg, facts, d)
+        _slurm(cfg.slurm, facts, d)
         return
     d.checks["sudo"] = _sudo(facts)
     d.checks["docker"] = _docker(facts)

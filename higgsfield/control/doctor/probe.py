@@ -50,20 +50,13 @@ def reads(cfg: Config, node: NodeConfig) -> list[tuple[str, ...]]:
     """Every command the checks read on ``node``."""
     env = _env_argv(cfg, node)
     if cfg.slurm is not None:  # a cluster's login node: Slurm's view instead of sudo, Docker and local GPUs
-        return [_version_argv(cfg, node), _usage_argv(cfg, node), *([env] if env else []), *_slurm_reads(cfg)]
+        return [_version_argv(cfg, node), _usage_argv(cfg, node), *([env] if env else []), *_slurm_reads(cfg.slurm)]
     out = [SUDO_OK, DOCKER_INFO, GPU_QUERY, SMI, DF_HOME, DF_IMAGES, _version_argv(cfg, node), _usage_argv(cfg, node)]
     return out + ([env] if env else [])
 
 
-def _slurm_reads(cfg: Config) -> list[tuple[str, ...]]:
-    s = _slurm_settings(cfg)
+def _slurm_reads(s: SlurmConfig) -> list[tuple[str, ...]]:
     return [pf.WHICH, pf.SINFO, pf.test_only_argv(s)]
-
-
-def _slurm_settings(cfg: Config) -> SlurmConfig:
-    """The slurm block the checks ask about (only called for a project that has one)."""
-    assert cfg.slurm is not None
-    return cfg.slurm
 
 
 def _version_argv(cfg: Config, node: NodeConfig) -> tuple[str, ...]:
