@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 from faults_helpers import kill_run_quietly, name, report
 from runs_helpers import STATE, Cluster, exe, runs_conftest, wait_for
+from testbed import cpu_torch_requirements
 
 pytestmark = [pytest.mark.slow, pytest.mark.sshd]
 
@@ -140,6 +141,7 @@ def stall_cluster(fault_bed, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     base = runs_conftest().make_cluster(fault_bed, tmp_path_factory.mktemp("stall") / PROJECT, HOSTS)
     c = StallCluster(base.dir, base.bed, base.nodes)
     (c.dir / "src" / "stall.py").write_text(STALL)
+    (c.dir / "requirements.txt").write_text(cpu_torch_requirements(fault_bed.state_dir()))
     _configure(c, "process")
     yield c
 

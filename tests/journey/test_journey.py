@@ -334,9 +334,11 @@ def _journey(tb: Any, user: User, key: Path, env: dict[str, str], tmp_path: Path
         nproc_per_node=2, runtime="docker", state_dir=f"~/{STATE}",
         docker={"base_image": tb.BASE_IMAGE})  # no registry here: the bed's offline image (python + torch)
     # the CPU build of torch that this machine's pip has on disk (a plain `torch` would be a CUDA build)
+    import testbed
+
     with (user.cwd / "requirements.txt").open("a") as f:
         # (the comment makes this journey's image new to the shared engine, so deploy really builds it)
-        f.write(f"torch=={tb.TORCH_VERSION}  # journey {uuid.uuid4().hex[:8]}\n")
+        f.write(testbed.cpu_torch_requirements(tb.state_dir()).rstrip("\n") + f"  # journey {uuid.uuid4().hex[:8]}\n")
     (user.cwd / "src" / "probe.py").write_text(PROBE)
     user.git("init", "-q", "-b", "main")
     user.commit("a new project")
@@ -372,7 +374,8 @@ def _journey(tb: Any, user: User, key: Path, env: dict[str, str], tmp_path: Path
     out = user("deploy", timeout=1200, timed="deploy, process (3 venvs built)")
     for node in NODES:  # the per-node progress, then the result
         assert re.search(rf"{node}: environment: installing 1 requirement\(s\) from requirements.txt", out.stderr)
-        assert re.search(rf"{node}: environment: ready: torch {re.escape(tb.TORCH_VERSION)}", out.stderr)
+        # the CPU build from the bed's disk: PyPI's CUDA build is about 5 GiB per node and has filled CI's disk
+        assert re.search(rf"{node}: environment: ready: torch {re.escape(tb.TORCH_VERSION)}\+cpu", out.stderr)
         assert re.search(rf"{node}: shipped, environment [0-9a-f]{{12}}-py3\d+ built", out.stderr), out.stderr
     envs = {node: json.loads((_home(node) / STATE / "projects" / PROJECT / "env.json").read_text()) for node in NODES}
     assert len({e["key"] for e in envs.values()}) == 1

@@ -12,7 +12,9 @@ whatever order the tests run.
 
 from __future__ import annotations
 
+import json
 import os
+import pwd
 import subprocess
 import sys
 import time
@@ -24,7 +26,8 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "runs"))  # runs_helpers (tests/ has no packages)
 
-from runs_helpers import Cluster, bed_for, exe, runs_conftest  # noqa: E402
+from runs_helpers import STATE, Cluster, bed_for, exe, runs_conftest  # noqa: E402
+from testbed import cpu_torch_requirements  # noqa: E402
 
 INDICES = (24, 25, 26)   # the fabric cluster's own hosts: nobody else's on the shared bed
 PROJECT = "hffabric"
@@ -42,8 +45,13 @@ def fabric_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster
     c = runs_conftest().make_cluster(bed, tmp_path_factory.mktemp("fabric") / PROJECT, INDICES)
     yml = c.dir / "higgsfield.yml"
     yml.write_text(yml.read_text().replace("runtime: docker\n", "runtime: process\n"))
+    (c.dir / "requirements.txt").write_text(cpu_torch_requirements(bed.state_dir()))
     _git(c.dir, "commit", "-qam", "runtime process")
     t0 = time.monotonic()
     c.hf("deploy", check=True, timeout=900)
     print(f"\ndeploy (process runtime, 3 nodes): {time.monotonic() - t0:.1f}s")
+    # each node's venv has the CPU wheel from the bed's disk, not PyPI's CUDA build (about 5 GiB each)
+    torches = [json.loads((Path(pwd.getpwnam(f"hfnode{i}").pw_dir) / STATE / "projects" / PROJECT / "env.json").read_text())["torch"]
+               for i in INDICES]
+    assert torches == [f"{bed.TORCH_VERSION}+cpu"] * len(INDICES), torches
     yield c
