@@ -74,6 +74,19 @@ def test_a_bad_value_is_one_line_naming_file_line_and_field(tmp_path: Path, chan
     assert "more problem" not in msg
 
 
+def test_preflight_is_refused_beside_a_slurm_block_and_kept_for_ssh_nodes(tmp_path: Path) -> None:
+    """'preflight: true' would make every run of a Slurm project fail on a flag it never gave: said once, here."""
+    text = BLOCK + "preflight: true\n"
+    with pytest.raises(ConfigError) as info:
+        parse(text, tmp_path)
+    assert str(info.value) == (f"{tmp_path / 'higgsfield.yml'}:{len(text.splitlines())}: preflight: true is for SSH "
+                               "nodes: on a Slurm cluster the allocation picks the nodes (doctor --fabric tests the "
+                               "partition, run --exclude keeps a node out); remove it")
+    assert parse(BLOCK + "preflight: false\n", tmp_path).preflight is False  # type: ignore[attr-defined]
+    assert parse("name: lab\nnodes: [{host: a}, {host: b}]\npreflight: true\n",
+                 tmp_path).preflight is True  # type: ignore[attr-defined]
+
+
 def test_without_nodes_or_slurm_the_error_says_both(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"nodes: list at least one node \(or describe a Slurm cluster"):
         parse("name: lab\n", tmp_path)

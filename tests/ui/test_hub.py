@@ -93,6 +93,45 @@ def test_a_submitted_form_is_checked_like_higgsfield_run(hub: Hub) -> None:
         hub.plan("nope", {})
 
 
+@pytest.mark.parametrize("preflight", [True, False])
+def test_a_start_from_the_page_preflights_when_higgsfield_yml_says_so(hub: Hub, monkeypatch: pytest.MonkeyPatch,
+                                                                      preflight: bool) -> None:
+    """'preflight: true' holds for the page's runs: the node it passes over is left out, and said so."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import higgsfield.control.doctor.preflight as pf
+
+    yml = hub.cfg.project_dir / "higgsfield.yml"
+    yml.write_text(yml.read_text() + f"preflight: {str(preflight).lower()}\n")
+    hub = Hub(load_config(yml))
+    tested: list[tuple[tuple[str, ...], int | None]] = []
+
+    def fabric(cfg: Any, *, exclude: tuple[str, ...] = (), count: int | None = None) -> Any:
+        # the real fabric test needs the nodes: tests/provision/test_doctor_fabric.py runs it on the bed
+        tested.append((exclude, count))
+        return pf.Preflight(("localhost",), ["preflight: localhost is slow: passed over"])
+
+    started: list[list[str]] = []
+
+    class Session:
+        async def start(self, plan: Any, secrets: Any = None) -> Any:
+            started.append([str(n.name) for n in plan.nodes])
+            return SimpleNamespace(run=plan.run, nodes=started[-1], job_id=None)
+
+    monkeypatch.setattr(pf, "preflight", fabric)
+    monkeypatch.setattr(hub, "fleet", SimpleNamespace(session=lambda nodes: Session(), learn=lambda handle: None))
+    out = asyncio.run(hub.start_run("train", {"name": "a", "nodes": "1", "run_name": "p1"}))
+    if preflight:
+        assert tested == [((), 1)] and started == [["gpu-2.example.com"]]
+        assert out["where"].endswith("(passed over by the preflight: localhost)"), out
+    else:
+        assert tested == [] and started == [["localhost"]] and "preflight" not in out["where"]
+    with pytest.raises(ParamError):   # a bad form is refused before any fabric test
+        asyncio.run(hub.start_run("train", {"name": "a", "lr": "fast"}))
+    assert len(tested) == (1 if preflight else 0)
+
+
 def test_the_page_sees_status_json_and_queue_places_but_no_internals(hub: Hub) -> None:
     _records(hub, [_record("train-1", state="running", slots=[0, 1]),
                    _record("train-2", state="queued", created=2.0)],

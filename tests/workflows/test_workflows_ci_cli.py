@@ -73,7 +73,7 @@ class Recorder:
 
             async def start(self, plan: Any, secrets: Any = None) -> Any:
                 return backend._start(backend.cfg, plan.experiment, dict(plan.params), run_name=plan.run_name,
-                                      nodes=plan.nodes, secrets=secrets)
+                                      nodes=plan.nodes, secrets=secrets, exclude=plan.exclude)
 
             async def kill(self, target: str) -> Any:
                 return backend._kill(backend.cfg, target)
@@ -122,6 +122,42 @@ def test_ci_run_launches_with_the_form_values(job: Path, monkeypatch: pytest.Mon
     assert "higgsfield logs sweep1 -f" in out and "fast=True" in out and "lr=0.5" in out
     assert "secret-" not in out
     assert "sweep1" in Path(os.environ["GITHUB_STEP_SUMMARY"]).read_text()
+
+
+@pytest.mark.parametrize("preflight", [True, False])
+def test_ci_run_preflights_when_higgsfield_yml_says_so(job: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str], preflight: bool) -> None:
+    """'preflight: true' holds for the form's runs too: the slow node it names is passed over, and said so."""
+    import higgsfield.control.doctor.preflight as pf
+
+    tested: list[tuple[list[str], tuple[str, ...], int | None]] = []
+
+    def fabric(cfg: Any, *, exclude: tuple[str, ...] = (), count: int | None = None) -> Any:
+        # the real fabric test needs the nodes: tests/provision/test_doctor_fabric.py runs it on the bed
+        tested.append(([str(n.name) for n in cfg.nodes], exclude, count))
+        return pf.Preflight(("gpu-2.example.com:2201",), ["preflight: gpu-2.example.com:2201 is slow: passed over"])
+
+    calls: list[dict[str, Any]] = []
+
+    def start_run(cfg: Any, experiment: str, params: dict[str, str], **kw: Any) -> Any:
+        calls.append(kw)
+        return SimpleNamespace(run="p1", nodes=["gpu-1.example.com"], job_id=None)
+
+    monkeypatch.setattr(pf, "preflight", fabric)
+    recording(monkeypatch, start=start_run)
+    (job / "higgsfield.yml").write_text((job / "higgsfield.yml").read_text() + f"preflight: {str(preflight).lower()}\n")
+    set_form(monkeypatch, data="d", HIGGSFIELD_NODES="1", WANDB_API_KEY="w", HF_TOKEN="h")
+    assert cli("ci", "run", "alpaca") == 0
+    (call,) = calls
+    captured = capsys.readouterr()
+    if preflight:
+        assert tested == [(["gpu-1.example.com", "gpu-2.example.com:2201"], (), 1)]
+        assert call["exclude"] == ("gpu-2.example.com:2201",)
+        assert "preflight: gpu-2.example.com:2201 is slow: passed over" in captured.err
+        assert "passed over by the preflight: gpu-2.example.com:2201" in captured.out
+    else:
+        assert tested == [] and call["exclude"] == ()
+        assert "preflight" not in captured.out + captured.err
 
 
 def test_ci_run_fails_the_job_with_one_annotation(job: Path, monkeypatch: pytest.MonkeyPatch,

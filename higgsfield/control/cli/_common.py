@@ -51,3 +51,20 @@ def run_name(ctx: click.Context, param: click.Parameter, value: str | None) -> s
         return value
     raise click.BadParameter(f"{shown(value)} is not a run or experiment name: use 1-64 letters, digits, "
                              "'.', '_' or '-', starting with a letter or digit")
+
+
+def preflight_exclude(cfg: Config, exclude: tuple[str, ...], nodes: int | None) -> tuple[str, ...]:
+    """The fabric test first (``run --preflight``, ``preflight: true``, ``ci run``): its lines on stderr, and
+    the run's ``exclude`` with the nodes it passes over added."""
+    from rich.markup import escape
+
+    from higgsfield.control.doctor.preflight import preflight
+
+    if cfg.slurm is not None:  # the config refuses 'preflight: true' with a slurm block: only the flag gets here
+        raise click.UsageError("--preflight is for SSH nodes: on a Slurm cluster the allocation picks the nodes "
+                               "(doctor --fabric tests the partition; --exclude keeps a node out)")
+    pre = preflight(cfg, exclude=exclude, count=nodes)
+    err = console(stderr=True)
+    for line in pre.lines:
+        err.print(escape(line))
+    return pre.exclude

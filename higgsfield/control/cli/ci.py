@@ -21,7 +21,7 @@ import click
 
 from higgsfield.contract.errors import HiggsfieldError
 from higgsfield.contract.text import one_line
-from higgsfield.control.cli._common import console, get_config
+from higgsfield.control.cli._common import console, get_config, preflight_exclude
 
 if TYPE_CHECKING:
     from higgsfield.control.backends import Backend
@@ -83,14 +83,17 @@ def run(ctx: click.Context, experiment: str) -> None:
                    "build-experiments' and commit .github/workflows")
     values = secrets.collect(cfg, os.environ)
     backend = backend_for(cfg)
+    # 'preflight: true' holds for every run, the form's as much as a laptop's
+    exclude = preflight_exclude(cfg, (), inputs.nodes) if cfg.preflight else ()
     plan = backend.plan(RunRequest(experiment, inputs.params, run_name=inputs.run_name, nodes=inputs.nodes,
-                                   stall_timeout=inputs.stall_timeout))
+                                   stall_timeout=inputs.stall_timeout, exclude=exclude))
     handle = asyncio.run(_start(backend, plan, values))
     name = handle.run
     nodes = list(handle.nodes)
     shown = ", ".join(f"{k}={v!r}" for k, v in inputs.typed.items()) or "(none)"
     where = backend.describe(handle) if handle.job_id else f"on {_count(nodes)}: {', '.join(nodes)}"
     lines = [f"started run '{name}' of experiment '{experiment}' {where}",
+             *([f"passed over by the preflight: {', '.join(exclude)}"] if exclude else []),
              f"params: {shown}",
              f"follow its logs from a laptop:  higgsfield logs {name} -f",
              "see every run:                  higgsfield status",

@@ -24,7 +24,7 @@ from higgsfield.contract.runspec import (
     STARTING,
     SUCCEEDED,
 )
-from higgsfield.control.cli._common import console, experiment_name, get_config, run_name
+from higgsfield.control.cli._common import console, experiment_name, get_config, preflight_exclude, run_name
 from higgsfield.control.cli._lines import clean, print_stream, since_option
 
 if TYPE_CHECKING:
@@ -99,7 +99,8 @@ def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: 
     given = parse_assignments(params)
     values = secrets.collect(cfg)
     backend = backend_for(cfg)
-    exclude = _preflight(cfg, exclude, nodes) if (cfg.preflight if preflight is None else preflight) else exclude
+    if cfg.preflight if preflight is None else preflight:
+        exclude = preflight_exclude(cfg, exclude, nodes)
     plan = backend.plan(RunRequest(experiment, given, run_name=run_name, nodes=nodes, max_restarts=max_restarts,
                                    exclusive=exclusive, time=time_limit, partition=partition,
                                    stall_timeout=stall_timeout, startup_timeout=startup_timeout, on_stall=on_stall,
@@ -126,22 +127,6 @@ def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: 
     err.print(f"run {plan.run} [{style}]{escape(clean(final.state))}[/]{extra}")
     _print_failure(err, final)
     sys.exit(exit_code(final))
-
-
-def _preflight(cfg: Any, exclude: tuple[str, ...], nodes: int | None) -> tuple[str, ...]:
-    """``--preflight``: the fabric test first; the run's ``--exclude`` with the passed-over nodes added."""
-    from rich.markup import escape
-
-    from higgsfield.control.doctor.preflight import preflight
-
-    if cfg.slurm is not None:
-        raise click.UsageError("--preflight is for SSH nodes: on a Slurm cluster the allocation picks the nodes "
-                               "(doctor --fabric tests the partition; --exclude keeps a node out)")
-    pre = preflight(cfg, exclude=exclude, count=nodes)
-    err = console(stderr=True)
-    for line in pre.lines:
-        err.print(escape(line))
-    return pre.exclude
 
 
 async def _run(backend: Backend, plan: Any, values: dict[str, str], *, detach: bool, err: Console,

@@ -282,6 +282,15 @@ class Config(_Model):
             raise ValueError("a secret is listed twice")
         return v
 
+    @field_validator("preflight")
+    @classmethod
+    def _preflight(cls, v: bool, info: ValidationInfo) -> bool:
+        # said here, once, rather than by every command that would run it (run, ci run)
+        if v and info.data.get("slurm") is not None:
+            raise ValueError("true is for SSH nodes: on a Slurm cluster the allocation picks the nodes (doctor "
+                             "--fabric tests the partition, run --exclude keeps a node out); remove it")
+        return v
+
     @field_validator("nodes")
     @classmethod
     def _nodes(cls, v: list[NodeConfig], info: ValidationInfo) -> list[NodeConfig]:

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from typing import Any
@@ -225,11 +227,14 @@ class Hub:
 
     def plan(self, experiment: str, values: Mapping[str, Any]) -> Plan:
         """Check a submitted form as the workflow's job does, then as ``higgsfield run`` does; raises one line."""
+        return self.backend.plan(self._request(experiment, values))
+
+    def _request(self, experiment: str, values: Mapping[str, Any]) -> RunRequest:
         exp = find_experiment(self.cfg.project_dir / "src", experiment)
         environ = _form_environ(exp, values)
         inputs = run_inputs(exp, environ, form_total_nodes(self.cfg))
-        return self.backend.plan(RunRequest(exp.name, inputs.params, run_name=inputs.run_name, nodes=inputs.nodes,
-                                            stall_timeout=inputs.stall_timeout))
+        return RunRequest(exp.name, inputs.params, run_name=inputs.run_name, nodes=inputs.nodes,
+                          stall_timeout=inputs.stall_timeout)
 
     def check(self, experiment: str, values: Mapping[str, Any]) -> dict[str, Any]:
         """What the form's "Check" shows: the typed params and where the run would go."""
@@ -240,11 +245,22 @@ class Hub:
         """Validate and start (or submit) a run over the dashboard's connections; where it went."""
         from higgsfield.control import secrets
 
-        plan = self.plan(experiment, values)
+        request = self._request(experiment, values)
+        plan = self.backend.plan(request)   # a bad form costs no fabric test
+        passed: tuple[str, ...] = ()
+        if self.cfg.preflight:   # 'preflight: true' holds for the dashboard's runs as for run's and ci run's
+            from higgsfield.control.doctor.preflight import preflight
+
+            pre = await anyio.to_thread.run_sync(
+                functools.partial(preflight, self.cfg, exclude=request.exclude, count=request.nodes))
+            passed = tuple(n for n in pre.exclude if n not in request.exclude)
+            plan = self.backend.plan(dataclasses.replace(request, exclude=pre.exclude))
         nodes = [str(n.name) for n in getattr(plan, "nodes", [])] or None
         handle = await self.fleet.session(nodes).start(plan, secrets=secrets.collect(self.cfg))
         self.fleet.learn(handle)
-        return {"run": handle.run, "nodes": handle.nodes, "where": self.backend.describe(handle)}
+        where = self.backend.describe(handle) + (f" (passed over by the preflight: {', '.join(passed)})"
+                                                 if passed else "")
+        return {"run": handle.run, "nodes": handle.nodes, "where": where}
 
     async def wait_for_run(self, run: str, timeout: float = FIND_WAIT_S) -> RunFeed:
         """:meth:`run_feed`, allowing a run started elsewhere a moment to reach the feeds."""
