@@ -276,10 +276,18 @@ def _where(frames: Sequence[Frame]) -> str:
     return f"at {user.at}{code}"
 
 
-def diagnose(stacks: Sequence[RankStacks]) -> Diagnosis:
+NO_ANSWER = "without stacks (no answer from the node)"
+"""Where the nodes named in ``diagnose(..., silent=)`` are: a node that hangs whole is the likeliest culprit."""
+
+
+def diagnose(stacks: Sequence[RankStacks], silent: Sequence[str] = ()) -> Diagnosis:
     """Group the ranks by their main thread's stack (functions, file base names and lines): largest group
     first (on a tie, one that waits in a collective), then the groups that do not wait in one (what the others
-    wait for); ``odd`` the ranks outside the largest group, in that order."""
+    wait for); ``odd`` the ranks outside the largest group, in that order.
+
+    ``silent`` names the nodes that sent no stacks at all. They are one group, never the largest and never
+    waiting, so they are odd: when every rank that answered waits in a collective, the run is named by the
+    node that did not answer, not by a rank that only waits for it."""
     keyed: dict[tuple[tuple[str, str, int], ...], list[tuple[int, RankStacks]]] = {}
     for i, s in enumerate(stacks):
         main = s.main
@@ -293,9 +301,10 @@ def diagnose(stacks: Sequence[RankStacks]) -> Diagnosis:
         g = Group(ranks=tuple(s.who for _, s in members), where=_where(frames), frames=frames)
         groups.append(((-len(members), not g.waiting, members[0][0]), g))
     ranked = [g for _, g in sorted(groups, key=lambda kg: kg[0])]
+    rest = ranked[1:] + ([Group(ranks=tuple(silent), where=NO_ANSWER, frames=())] if silent else [])
     # after the largest group, the odd ones not waiting in a collective first: what the others wait for
-    ordered = tuple(ranked[:1] + sorted(ranked[1:], key=lambda g: (g.waiting, -len(g.ranks))))
-    odd = tuple(r for g in ordered[1:] for r in g.ranks)
+    ordered = tuple(ranked[:1] + sorted(rest, key=lambda g: (g.waiting, -len(g.ranks))))
+    odd = tuple(r for g in ordered[1 if ranked else 0:] for r in g.ranks)
     return Diagnosis(groups=ordered, odd=odd, summary=_summary(ordered))
 
 

@@ -87,6 +87,23 @@ def test_a_rank_that_did_not_answer_is_its_own_group_and_nothing_is_an_empty_dia
     assert diagnose([]).summary and diagnose([]).odd == ()
 
 
+def test_a_node_that_sent_no_stacks_is_odd_never_the_majority_and_named_before_the_waiting() -> None:
+    waiting = _frames(DUMP, 0x7F42803DBB80)
+    d = diagnose([RankStacks("n0", 0, 1, waiting), RankStacks("n0", 1, 2, waiting)], silent=["n1"])
+    assert d.odd == ("n1",) and d.first_odd == ("n1", None)
+    assert d.summary == "n0/0, n0/1 wait in all_reduce at train.py:88; n1 is without stacks (no answer from the node)"
+    assert Diagnosis.from_dict(json.loads(json.dumps(d.to_dict()))) == d
+    # more silent nodes than answering ranks: still odd; with nobody answering, every node is odd
+    many = diagnose([RankStacks("n0", 0, 1, waiting)], silent=["n1", "n2"])
+    assert many.groups[0].ranks == ("n0/0",) and many.odd == ("n1", "n2")
+    alone = diagnose([], silent=["n0", "n1"])
+    assert alone.odd == ("n0", "n1") and alone.summary == "n0, n1 are without stacks (no answer from the node)"
+    # an odd rank that answered away from the collective still comes first: it is what the others wait for
+    asleep = diagnose([RankStacks("n0", 0, 1, waiting), RankStacks("n0", 1, 2, waiting),
+                       RankStacks("n2", 0, 3, _frames(SLEEPING))], silent=["n1"])
+    assert asleep.odd == ("n2/0", "n1")
+
+
 def test_rank_stacks_round_trip_and_a_bad_shape_is_one_decode_error() -> None:
     s = RankStacks("hfnode1", 3, 99, _frames(DUMP, 0x7F42803DBB80), native="Thread 1 (idle)")
     d = s.to_dict()

@@ -131,5 +131,10 @@ def test_a_node_that_sends_no_stacks_does_not_hold_the_verdict(gang: Gang, monke
     gang.members[0].send("progress", at=time.time(), steps=True)
     gang.expect("stall")
     gang.members[0].send("stacks", ranks=[RankStacks("n0", 0, 1, (Thread(MAIN, WAIT),)).to_dict()])
+    stalled = gang.expect("stalled")
+    assert stalled[0]["diagnosis"]["odd"] == ["n1"]
     failure = gang.expect("abort")[0]["verdict"].failure
-    assert failure.reason.startswith("stalled: n0/0 waits in all_reduce"), failure
+    # n0/0 only waits for n1: the node that sent nothing is the one named, not the rank that answered
+    assert (failure.node, failure.rank) == ("n1", None), failure
+    assert failure.reason == ("stalled: n0/0 waits in all_reduce at train.py:88; "
+                              "n1 is without stacks (no answer from the node)"), failure

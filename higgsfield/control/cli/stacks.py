@@ -46,7 +46,8 @@ def stacks(ctx: click.Context, target: str, node: str | None, rank: int | None, 
     when = "saved at its stall" if found.saved else "taken now"
     click.echo(f"run {clean(status.run)} ({clean(status.state)}): {len(found.stacks)} rank(s), stacks {when}\n",
                err=True)
-    for line in render(found.stacks, diagnose(found.stacks)).splitlines():   # each line inert, as node text is
+    d = diagnose(found.stacks, silent=list(found.unreachable))   # a node that gave none is named, as at a stall
+    for line in render(found.stacks, d).splitlines():   # each line inert, as node text is
         click.echo(clean(line))
 
 

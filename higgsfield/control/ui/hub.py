@@ -209,7 +209,8 @@ class Hub:
             raise RunError(f"no run named '{run}' (see 'higgsfield status')")
         found = await self.fleet.session(list(status.nodes)).stacks(status)
         return {"run": run, "saved": found.saved, "stacks": [s.to_dict() for s in found.stacks],
-                "diagnosis": diagnose(found.stacks).to_dict(), "unreachable": dict(found.unreachable)}
+                "diagnosis": diagnose(found.stacks, silent=list(found.unreachable)).to_dict(),
+                "unreachable": dict(found.unreachable)}
 
     def form(self, experiment: str, run: str | None = None) -> dict[str, Any]:
         """The typed form of ``experiment`` (its Actions workflow's), filled from ``run``'s params if given."""

@@ -9,8 +9,8 @@ about five times a second. The watch runs the run's
 
 1. broadcasts ``stall``; each member takes its ranks' stacks and answers ``stacks``;
 2. once every live member answered, or after :data:`STACKS_WAIT_S`, it diagnoses them
-   (:func:`higgsfield.contract.stacks.diagnose`) and broadcasts ``stalled`` with the
-   diagnosis (every node keeps it in its record);
+   (:func:`higgsfield.contract.stacks.diagnose`, a node that sent none named as odd) and
+   broadcasts ``stalled`` with the diagnosis (every node keeps it in its record);
 3. then, per ``on_stall``: ``fail`` fails the run (:func:`stall_failure`: the first odd
    rank is the failure's node and rank, its reason ``stalled: <summary>``); ``restart``
    broadcasts ``restart`` (each node kills its workers, torchrun restarts them from the
@@ -119,7 +119,8 @@ class StallWatch:
 
     def _act(self, now: float) -> None:
         assert self.dog is not None
-        d = self.diagnosis = diagnose([s for r in sorted(self.collected) for s in self.collected[r]])
+        silent = [n for i, n in enumerate(self.nodes) if i not in self.collected]
+        d = self.diagnosis = diagnose([s for r in sorted(self.collected) for s in self.collected[r]], silent)
         self.say(f"stalled: {d.summary}")
         self.broadcast({"t": "stalled", "diagnosis": d.to_dict(), "at": now})
         if self.policy.on_stall == "wait":
