@@ -73,7 +73,8 @@ class NodeFacts(Reply):
     gpu_model: str | None = None
     gpu_count: int | None = None
     packages: dict[str, str] | None = None
-    """Package name (canonical) -> version, of the run's environment; None: not known (an image)."""
+    """Package name (canonical) -> version, of the run's environment; None: not known (an image deployed before
+    deploy listed images' packages, or one whose Python did not answer)."""
 
     @classmethod
     def decoders(cls) -> Mapping[str, Callable[[object], Any]]:

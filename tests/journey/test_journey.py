@@ -364,6 +364,9 @@ def _journey(tb: Any, user: User, key: Path, env: dict[str, str], tmp_path: Path
                         "import importlib.util as u; print(u.find_spec('higgsfield'), u.find_spec('torch') is not None)"],
                        capture_output=True, text=True, timeout=120)
     assert r.stdout.split() == ["None", "True"], r.stdout + r.stderr
+    for node in NODES:   # each node listed its own image's packages once, for the drift check
+        img = json.loads((_home(node) / STATE / "projects" / PROJECT / "image.json").read_text())
+        assert img["tag"] == tag and img["packages"]["torch"] == f"{tb.TORCH_VERSION}+cpu", img
     _train_run_logs_status(user, "docker", "docker")
     lines = _probe_and_kill(user, "docker", "docker")
     assert all("higgsfield=/opt/higgsfield-invoker/higgsfield " in ln for ln in lines), lines

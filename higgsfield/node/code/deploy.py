@@ -6,7 +6,7 @@
         releases/<commit12>-<time>/   one unpacked tree per deploy, with .higgsfield-commit
         code -> releases/...          a symlink, swapped atomically (rename) by each deploy
         deployed.json                 {commit, dirty, release, deployed_at}
-        image.json                    {tag, dockerfile, base_image, built_at}
+        image.json                    {tag, dockerfile, base_image, built_at, python, cuda, packages}
         build.log                     the last docker build's output
 
 A deploy unpacks the tar it is sent into a fresh directory and only then swaps the
@@ -16,6 +16,8 @@ link), and pruning keeps the releases of active runs.
 
 The image tag is a hash of the Dockerfile, requirements.txt and the base image
 (:func:`higgsfield.node.runtime.containers.image_tag`): an unchanged image is never rebuilt.
+After a build, the image's Python is asked for its packages once
+(:mod:`higgsfield.node.code.image_facts`): equal tags on two nodes need not mean equal packages.
 The image holds no higgsfield of its own that runs depend on: every run mounts the
 invoker's package (:mod:`higgsfield.node.runtime.containers`), so the nodes' exact build
 (a checkout, a fork, a pre-release) runs without any package index, and an invoker
@@ -37,6 +39,8 @@ from typing import IO, Any
 
 from higgsfield.contract.errors import RunError
 from higgsfield.contract.runspec import ACTIVE
+from higgsfield.node.code import image_facts
+from higgsfield.node.code.image_facts import ImageFacts
 from higgsfield.node.state.placement import read_run_spec
 from higgsfield.node.state.records import list_runs, write_json
 
@@ -164,11 +168,18 @@ def prune(state_dir: Path, project: str, keep: int = KEEP_RELEASES) -> list[str]
     return removed
 
 
-def current_image(state_dir: Path, project: str) -> str | None:
+def image_record(state_dir: Path, project: str) -> dict[str, Any]:
+    """image.json as deploy last wrote it ({} when there is none, or it does not decode)."""
     try:
-        return str(json.loads((project_root(state_dir, project) / "image.json").read_text())["tag"])
-    except (OSError, ValueError, KeyError):
-        return None
+        data = json.loads((project_root(state_dir, project) / "image.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def current_image(state_dir: Path, project: str) -> str | None:
+    tag = image_record(state_dir, project).get("tag")
+    return tag if isinstance(tag, str) else None
 
 
 def build(state_dir: Path, project: str, *, code_dir: Path | None = None, dockerfile: str = "Dockerfile",
@@ -202,6 +213,10 @@ def build(state_dir: Path, project: str, *, code_dir: Path | None = None, docker
         containers.build_image(code.resolve(), tag, dockerfile=dockerfile, buildargs=args,
                                log_path=root / "build.log")
         built = True
+    before = image_record(state_dir, project)
+    known = ImageFacts.from_dict(before) if before.get("tag") == tag else None
+    facts = known if known is not None and not built else image_facts.listed(tag)
     write_json(root / "image.json", {"tag": tag, "dockerfile": dockerfile, "base_image": base_image,
-                                     "built_at": time.time() if built else None})
+                                     "built_at": time.time() if built else None,
+                                     **(facts.to_dict() if facts is not None else {"packages": None})})
     return {"tag": tag, "built": built, "seconds": round(time.monotonic() - t0, 3)}

@@ -13,8 +13,10 @@ connections it already holds (:mod:`higgsfield.contract.drift` says why and what
 - the NVIDIA driver and the GPUs from ``/proc/driver/nvidia`` (no ``nvidia-smi``);
 - the invoker's own version.
 
-An image's packages are not listed (that would mean starting a container); its tag
-hashes the Dockerfile, requirements.txt and base image, so equal tags mean equal images.
+An image's facts are the ones deploy listed right after building it, kept in image.json
+(:mod:`higgsfield.node.code.image_facts`): its tag hashes the Dockerfile, requirements.txt
+and the base image's name, but each node builds its own, so equal tags can hide different
+packages. An image deployed before that listing existed has ``packages: None`` (not known).
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ from pathlib import Path
 
 from higgsfield import __version__
 from higgsfield.contract.drift import NodeFacts
+from higgsfield.node.code.image_facts import CUDA_LINE, SEPARATORS, ImageFacts
 
 NVIDIA = Path("/proc/driver/nvidia")
 _DIST = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._]*?)-(?P<version>[^-]+)\.dist-info$")
 
 
 def _canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+    return re.sub(SEPARATORS, "-", name).lower()
 
 
 def site_packages(env_dir: Path) -> Path | None:
@@ -71,7 +74,7 @@ def torch_cuda(site: Path) -> str | None:
         text = (site / "torch" / "version.py").read_text()
     except OSError:
         return None
-    m = re.search(r"^cuda(?:: \S+)?\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+    m = re.search(CUDA_LINE, text, re.M)
     return m[1] if m else None
 
 
@@ -106,7 +109,12 @@ def facts(state_dir: Path, project: str, runtime: str, node: str = "") -> NodeFa
     base = {"node": node, "invoker": __version__, "driver": driver, "gpu_model": model, "gpu_count": count}
     image = None if runtime == "process" else deploy.current_image(state_dir, project)
     if image is not None:
-        return NodeFacts(runtime="docker", env_key=image, **base)  # type: ignore[arg-type]
+        listed = ImageFacts.from_dict(deploy.image_record(state_dir, project))
+        if listed is None:   # deployed before images were listed, or its Python did not answer: not known
+            return NodeFacts(runtime="docker", env_key=image, **base)  # type: ignore[arg-type]
+        pk = listed.packages
+        return NodeFacts(runtime="docker", env_key=image, python=listed.python, torch=pk.get("torch"),
+                         cuda=listed.cuda, nccl=nccl(pk), packages=pk, **base)  # type: ignore[arg-type]
     st = environment.status(state_dir, project)
     if st.get("state") != "present":
         # No venv built for the deployed code: the run would use this Python (a localhost node) or refuse.
