@@ -38,6 +38,14 @@ def image_requirements() -> list[str]:
     return [f"torch=={TORCH_VERSION}", "numpy", *control_deps()]
 
 
+def cuda_wheels(wheel_dir: Path) -> list[str]:
+    """The wheels that only a CUDA build of torch pulls in (cuBLAS, cuDNN, the CUDA runtime, cuda-toolkit...).
+
+    Not every ``nvidia_*`` wheel: higgsfield itself depends on ``nvidia-ml-py`` (NVML's bindings, pure Python).
+    """
+    return sorted(w.name for w in wheel_dir.glob("*.whl") if w.name.startswith(("nvidia_cu", "cuda_")))
+
+
 def download_wheels(wheel_dir: Path) -> str:
     """torch (CPU) plus the control-side deps, as wheels for CPython 3.11 manylinux."""
     reqs = image_requirements()
@@ -55,8 +63,9 @@ def download_wheels(wheel_dir: Path) -> str:
                  "--platform", "linux_x86_64"]
     # captured: the host's pip config makes it warn about every missing local index dir
     run([*argv, *reqs], capture=True)
-    if list(wheel_dir.glob("nvidia_*.whl")):
-        raise TestbedError(f"pip resolved a CUDA torch build into {wheel_dir}; "
+    cuda = cuda_wheels(wheel_dir)
+    if cuda:
+        raise TestbedError(f"pip resolved a CUDA torch build into {wheel_dir} ({cuda[0]}, ...); "
                            f"the test bed needs the CPU wheel of torch {TORCH_VERSION}")
     if not list(wheel_dir.glob(f"torch-{TORCH_VERSION}*.whl")):
         raise TestbedError(f"no torch {TORCH_VERSION} wheel in {wheel_dir}")
