@@ -11,10 +11,10 @@ difference against the majority::
     for d in diffs:
         print(d.line())      # "n2: numpy 1.26.4 (the other 2 nodes: 2.1.0)"
 
-A value a node cannot tell (``None``: no GPU driver there, or a Docker image whose
-packages are not listed) is compared like any other value for the scalar facts (a
-driver on two nodes and none on the third is a difference), while ``packages`` of None
-means "not known" and that node's packages are left out of the comparison.
+A value a node cannot tell (``None``: no GPU driver there) is compared like any other
+value for the scalar facts (a driver on two nodes and none on the third is a difference),
+while ``packages`` of None means "environment not known" (an image whose packages were
+not listed): that node's packages, Python, torch, CUDA and NCCL are left out of the comparison.
 
 The shape of ``doctor --json``'s ``drift`` key (and of the ``facts`` reply) is
 :meth:`NodeFacts.to_dict` and :meth:`Difference.to_dict`::
@@ -36,6 +36,8 @@ from higgsfield.contract.replies import Reply
 
 SCALARS = ("driver", "cuda", "nccl", "torch", "python", "invoker", "env_key", "gpu_model", "gpu_count")
 """The facts compared one by one, in the order their differences are shown."""
+FROM_ENVIRONMENT = frozenset({"cuda", "nccl", "torch", "python"})
+"""The scalars read from the run's environment: not known where its ``packages`` are not known either."""
 LABELS = {"driver": "NVIDIA driver", "cuda": "CUDA", "nccl": "NCCL", "torch": "torch", "python": "Python",
           "invoker": "higgsfield invoker", "env_key": "environment key", "gpu_model": "GPU model",
           "gpu_count": "GPU count"}
@@ -44,7 +46,8 @@ NONE = "none"
 """How a value the node does not have (no driver, a package not installed) is shown."""
 
 
-def _packages(v: object) -> dict[str, str]:
+def package_versions(v: object) -> dict[str, str]:
+    """``v`` as a package -> version map (both strings, bounded); TypeError or :class:`DecodeError` otherwise."""
     if not isinstance(v, dict):
         raise TypeError("an object of package versions")
     if len(v) > MAX_PACKAGES:
@@ -78,7 +81,7 @@ class NodeFacts(Reply):
 
     @classmethod
     def decoders(cls) -> Mapping[str, Callable[[object], Any]]:
-        return {"packages": _packages}
+        return {"packages": package_versions}
 
     def value(self, name: str) -> str:
         v = getattr(self, name)
@@ -150,12 +153,14 @@ def compare(facts: Sequence[NodeFacts]) -> list[Difference]:
     """Every difference among ``facts`` (in node-rank order): scalars first, then packages by name.
 
     A package one node has and another lacks is a difference (its value there is ``none``);
-    a node whose ``packages`` is None is left out of the package comparison.
+    a node whose ``packages`` is None (an environment not known: an image not listed) is left out
+    of the package comparison and of :data:`FROM_ENVIRONMENT`'s, so one node whose listing failed
+    is not "drifted" against the others' Python.
     """
     out: list[Difference] = []
-    for name in SCALARS:
-        out += _differ(name, [(f.node, f.value(name)) for f in facts])
     listed = [f for f in facts if f.packages is not None]
+    for name in SCALARS:
+        out += _differ(name, [(f.node, f.value(name)) for f in (listed if name in FROM_ENVIRONMENT else facts)])
     names = sorted({p for f in listed for p in (f.packages or {})})
     for p in names:
         out += _differ(f"package {p}", [(f.node, (f.packages or {}).get(p, NONE)) for f in listed])

@@ -37,12 +37,14 @@ def test_one_tag_with_other_packages_is_drift(tmp_path: Path) -> None:
     assert [d.line() for d in compare([fa, fa, fb])] == ["n1: transformers 4.45.2 (the other 2 nodes: 4.46.0)"]
 
 
-def test_an_image_deployed_before_the_listing_is_not_known_and_not_drift(tmp_path: Path) -> None:
-    _image_json(tmp_path / "old", {})                       # the image.json an earlier release wrote
-    _image_json(tmp_path / "new", {"python": "3.11.10", "cuda": None, "packages": {"torch": "2.6.0"}})
+def test_an_image_not_listed_is_not_known_and_not_drift(tmp_path: Path) -> None:
+    _image_json(tmp_path / "old", {})           # what an earlier release wrote, or a listing that failed
+    _image_json(tmp_path / "new", {"python": "3.11.10", "cuda": "12.4", "packages": {"torch": "2.6.0+cu124"}})
     old = factsmod.facts(tmp_path / "old", "proj", "auto", node="n0")
+    new = factsmod.facts(tmp_path / "new", "proj", "docker", node="n1")
     assert (old.runtime, old.env_key, old.packages, old.python) == ("docker", TAG, None, None)
-    assert compare([old, old]) == []
+    # its Python, torch and CUDA are as unknown as its packages: no difference against a listed node of one tag
+    assert compare([old, new, new]) == []
     assert factsmod.facts(tmp_path / "new", "proj", "process", node="n0").runtime == "process"  # asked for a venv
 
 
@@ -50,6 +52,9 @@ def test_an_image_deployed_before_the_listing_is_not_known_and_not_drift(tmp_pat
                                  {"packages": {"x" * 300: "1"}}, {"packages": "torch"}])
 def test_a_listing_of_another_shape_is_not_known(bad: object) -> None:
     assert ImageFacts.from_dict(bad) is None
+
+
+def test_a_listing_keeps_what_it_can_read() -> None:
     assert ImageFacts.from_dict({"python": 3, "cuda": ["12"], "packages": {}}) == ImageFacts(None, None, {})
 
 

@@ -18,7 +18,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from higgsfield.contract.drift import MAX_PACKAGES
+from higgsfield.contract.decode import DecodeError
+from higgsfield.contract.drift import package_versions
 
 LIST_TIMEOUT_S = 120.0
 """Starting the container and importing nothing but importlib.metadata: about a second; a slow disk more."""
@@ -64,14 +65,13 @@ class ImageFacts:
         """The facts in ``data`` (a listing's output, or image.json's), or None for any other shape."""
         if not isinstance(data, dict):
             return None
-        py, cuda, pk = data.get("python"), data.get("cuda"), data.get("packages")
-        if not isinstance(pk, dict) or len(pk) > MAX_PACKAGES:
-            return None
-        if not all(isinstance(k, str) and isinstance(v, str) and len(k) < 256 and len(v) < 256
-                   for k, v in pk.items()):
+        py, cuda = data.get("python"), data.get("cuda")
+        try:
+            pk = package_versions(data.get("packages"))
+        except (TypeError, DecodeError):
             return None
         return cls(python=py if isinstance(py, str) and len(py) < 64 else None,
-                   cuda=cuda if isinstance(cuda, str) and len(cuda) < 64 else None, packages=dict(pk))
+                   cuda=cuda if isinstance(cuda, str) and len(cuda) < 64 else None, packages=pk)
 
 
 def listed(tag: str) -> ImageFacts | None:
