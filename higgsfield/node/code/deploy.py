@@ -213,9 +213,9 @@ def build(state_dir: Path, project: str, *, code_dir: Path | None = None, docker
         containers.build_image(code.resolve(), tag, dockerfile=dockerfile, buildargs=args,
                                log_path=root / "build.log")
         built = True
-    before = image_record(state_dir, project)
+    before = {} if built else image_record(state_dir, project)
     known = ImageFacts.from_dict(before) if before.get("tag") == tag else None
-    facts = known if known is not None and not built else image_facts.listed(tag)
+    facts = known or image_facts.listed(tag)   # listed once per image: an unchanged one keeps its listing
     write_json(root / "image.json", {"tag": tag, "dockerfile": dockerfile, "base_image": base_image,
                                      "built_at": time.time() if built else None,
                                      **(facts.to_dict() if facts is not None else {"packages": None})})

@@ -107,9 +107,10 @@ def facts(state_dir: Path, project: str, runtime: str, node: str = "") -> NodeFa
 
     driver, model, count = gpus()
     base = {"node": node, "invoker": __version__, "driver": driver, "gpu_model": model, "gpu_count": count}
-    image = None if runtime == "process" else deploy.current_image(state_dir, project)
-    if image is not None:
-        listed = ImageFacts.from_dict(deploy.image_record(state_dir, project))
+    record = {} if runtime == "process" else deploy.image_record(state_dir, project)
+    image = record.get("tag")
+    if isinstance(image, str):
+        listed = ImageFacts.from_dict(record)
         if listed is None:   # deployed before images were listed, or its Python did not answer: not known
             return NodeFacts(runtime="docker", env_key=image, **base)  # type: ignore[arg-type]
         pk = listed.packages
