@@ -315,26 +315,14 @@ def cpu_torch_requirements(state_dir: Path) -> str:
 
     Node users have none of root's pip configuration, so a bare ``torch==X`` on a node resolves to
     PyPI's CUDA build: about 5 GiB per node venv, which filled a CI machine's disk. ``--find-links``
-    names a folder every node user can read holding the CPU wheel; pip prefers ``X+cpu`` to ``X``
-    (a local version sorts after its public one), and torch's small dependencies still come from
-    the index. Inside a Docker build the folder is absent, pip only warns, and the base image's
+    names the bed's own wheel folder (the one the base image is built from: torch's CPU wheel, numpy
+    and the rest, checked for CUDA wheels; downloaded here when a cached image left none), made
+    readable by every node user. pip prefers ``X+cpu`` to ``X`` (a local version sorts after its
+    public one). Inside a Docker build the folder is absent, pip only warns, and the base image's
     torch already satisfies the pin.
     """
-    import shutil
-
-    links = state_dir / "node-wheels"
-    version = impl.TORCH_VERSION
-    if not list(links.glob(f"torch-{version}+cpu-*.whl")):
-        shutil.rmtree(links, ignore_errors=True)
-        links.mkdir(parents=True)
-        # root's pip configuration finds the CPU wheel on disk (TESTBED.md): a copy, in seconds
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-                        "--dest", str(links), f"torch=={version}"], check=True, capture_output=True, timeout=600)
-        wheels = list(links.glob(f"torch-{version}*.whl"))
-        if not any("+cpu" in w.name for w in wheels):
-            shutil.rmtree(links, ignore_errors=True)
-            raise RuntimeError(f"pip download torch=={version} gave {[w.name for w in wheels]}, not the CPU build: "
-                               "the test bed needs the CPU wheel this machine's pip finds on disk (TESTBED.md)")
+    links = state_dir / "wheels"
+    impl.wheels.download_wheels(links)   # a stamp makes it a no-op once done
     for p in [links, *links.iterdir()]:
         p.chmod(0o755 if p.is_dir() else 0o644)
-    return f"--find-links {links}\ntorch=={version}\n"
+    return f"--find-links {links}\ntorch=={impl.TORCH_VERSION}\n"

@@ -252,10 +252,10 @@ class Hub:
         if self.cfg.preflight:   # 'preflight: true' holds for the dashboard's runs as for run's and ci run's
             from higgsfield.control.doctor.preflight import preflight
 
-            pre = await anyio.to_thread.run_sync(
-                functools.partial(preflight, self.cfg, exclude=request.exclude, count=request.nodes))
-            passed = tuple(n for n in pre.exclude if n not in request.exclude)
-            plan = self.backend.plan(dataclasses.replace(request, exclude=pre.exclude))
+            # the form has no exclude field: what the preflight leaves out is all it passes over
+            passed = (await anyio.to_thread.run_sync(functools.partial(preflight, self.cfg,
+                                                                       count=request.nodes))).exclude
+            plan = self.backend.plan(dataclasses.replace(request, exclude=passed))
         nodes = [str(n.name) for n in getattr(plan, "nodes", [])] or None
         handle = await self.fleet.session(nodes).start(plan, secrets=secrets.collect(self.cfg))
         self.fleet.learn(handle)
