@@ -26,8 +26,8 @@ Use::
     await t.put_bytes(b"secret", ".higgsfield/token")     # mode 0600, atomic
     await t.close()
 
-One concept, the asyncssh transport (connect with pinned keys and retries, run, stream,
-copy), so one module of a little over 400 lines.
+One concept, the asyncssh transport: connect with pinned keys and retries, run, stream,
+copy. A streamed command's own session lives in :mod:`higgsfield.control.remote.ssh_process`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import asyncssh
 from tenacity import (
@@ -54,8 +54,9 @@ from tenacity import (
 )
 
 from higgsfield.contract.errors import CommandError, ConnectError, HostKeyError, RemoteError
-from higgsfield.control.remote.base import CommandResult, LineReader, Session, Timeouts, Transport, read_lines
+from higgsfield.control.remote.base import CommandResult, Session, Timeouts, Transport, read_lines
 from higgsfield.control.remote.hostkeys import HostKeyPolicy, PinnedHosts, fingerprint, scan_host_key
+from higgsfield.control.remote.ssh_process import ProcessSession, stop, text_of
 
 if TYPE_CHECKING:
     from higgsfield.control.config import Config, NodeConfig
@@ -231,16 +232,16 @@ class SSHTransport(Transport):
         try:
             out, err = await asyncio.wait_for(proc.communicate(data), limit)
         except asyncio.TimeoutError:
-            _stop(proc, "KILL")
+            stop(proc, "KILL")
             raise CommandError(self.node, f"'{argv[0]}' timed out after {limit:g}s") from None
         except asyncio.CancelledError:
-            _stop(proc, "TERM")
+            stop(proc, "TERM")
             raise
         except (asyncssh.DisconnectError, OSError) as e:
             raise self._lost(argv, e) from None
         status = proc.exit_status if proc.exit_status is not None else 255
         result = CommandResult(self.node, tuple(argv), status,
-                               _text(out), _text(err))
+                               text_of(out), text_of(err))
         return result.check() if check else result
 
     async def stream(self, argv: Sequence[str], *, input: str | bytes | None = None) -> AsyncIterator[str]:
@@ -258,13 +259,13 @@ class SSHTransport(Transport):
                 yield line
             await proc.wait()
             if proc.exit_status:
-                err = _text(await proc.stderr.read())
+                err = text_of(await proc.stderr.read())
                 tail = err.strip().splitlines()[-1:] or ["no output"]
                 raise CommandError(self.node, f"'{argv[0]}' exited {proc.exit_status}: {tail[0]}",
                                    proc.exit_status, "", err)
         finally:
             if proc.exit_status is None:  # abandoned (break, cancellation): stop the remote command
-                _stop(proc, "TERM")
+                stop(proc, "TERM")
 
     @contextlib.asynccontextmanager
     async def session(self, argv: Sequence[str]) -> AsyncIterator[Session]:
@@ -274,12 +275,12 @@ class SSHTransport(Transport):
         except (asyncssh.DisconnectError, asyncssh.ChannelOpenError, OSError) as e:
             raise self._lost(argv, e) from None
         try:
-            yield _SSHSession(self, tuple(argv), proc)
+            yield ProcessSession(self.node, tuple(argv), proc)
         except (asyncssh.DisconnectError, OSError) as e:
             raise self._lost(argv, e) from None
         finally:
             if proc.exit_status is None:  # abandoned (an error, cancellation): stop the remote command
-                _stop(proc, "TERM")
+                stop(proc, "TERM")
 
     # -- files ------------------------------------------------------------------
 
@@ -367,43 +368,3 @@ class _Prefix:
         self._ahead[pos] = pos + size
         while self.end in self._ahead:
             self.end = self._ahead.pop(self.end)
-
-
-class _SSHSession(Session):
-    def __init__(self, transport: SSHTransport, argv: tuple[str, ...], proc: asyncssh.SSHClientProcess[Any]) -> None:
-        self._transport = transport
-        self._argv = argv
-        self._proc = proc
-        self._lines = LineReader(proc.stdout.read)   # bytes in chunks: no line is too long
-
-    async def send(self, text: str) -> None:
-        self._proc.stdin.write(text.encode())
-        await self._proc.stdin.drain()
-
-    async def receive(self) -> str | None:
-        return await self._lines.next()
-
-    async def finish(self) -> CommandResult:
-        self._proc.stdin.write_eof()
-        out, err = await asyncio.gather(self._proc.stdout.read(), self._proc.stderr.read())
-        await self._proc.wait()
-        status = self._proc.exit_status if self._proc.exit_status is not None else 255
-        return CommandResult(self._transport.node, self._argv, status, self._lines.unread() + _text(out), _text(err))
-
-
-def _stop(proc: asyncssh.SSHClientProcess[Any], signal: str) -> None:
-    """Stop a remote command that is still running: signal it, then close its channel.
-
-    sshd delivers the signal (OpenSSH >= 7.9) and closing the channel hangs up a
-    command that ignores it; neither waits, so this is safe while being cancelled.
-    """
-    with contextlib.suppress(Exception):
-        proc.send_signal(signal)
-    with contextlib.suppress(Exception):
-        proc.close()
-
-
-def _text(data: bytes | str | None) -> str:
-    if data is None:
-        return ""
-    return data.decode(errors="replace") if isinstance(data, bytes) else data
