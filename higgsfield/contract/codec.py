@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import enum
 import math
-import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -105,8 +104,9 @@ def _where(path: str) -> str:
 
 @cache
 def _hints(cls: type) -> dict[str, Any]:
-    module = sys.modules.get(cls.__module__)
-    return typing.get_type_hints(cls, globalns=vars(module) if module else None)
+    # no globalns: each class of the MRO reads its annotations in its own module (a message of
+    # contract.gang that extends contract.failure's Verdict)
+    return typing.get_type_hints(cls)
 
 
 def _describe(tp: Any) -> str:
@@ -171,7 +171,7 @@ def _value(tp: Any, v: object, path: str) -> Any:
             raise _Wrong("an integer")
         return v
     if tp is float:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(_float_or_inf(v)):
             raise _Wrong("a number")
         return float(v)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
@@ -201,6 +201,14 @@ def _value(tp: Any, v: object, path: str) -> Any:
     if is_dataclass(tp) and isinstance(tp, type):
         return _decode(tp, v, path)
     raise TypeError(f"no decoder for a field of type {tp!r}")   # a contract type's mistake, not the data's
+
+
+def _float_or_inf(v: float) -> float:
+    """``v`` as a float; an integer no float holds (JSON's ``1e400`` written out) as infinity."""
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf
 
 
 def _item(tp: Any, v: object, path: str) -> Any:

@@ -6,15 +6,31 @@ from __future__ import annotations
 import queue
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TypeVar
 
 import pytest
 
+from higgsfield.contract.gang import (
+    Abort,
+    Admitted,
+    Go,
+    Heartbeat,
+    Prepare,
+    Progress,
+    Progressing,
+    Ready,
+    Restart,
+    Stacks,
+    Stall,
+    Stalled,
+)
 from higgsfield.contract.stacks import MAIN, Frame, RankStacks, Thread
+from higgsfield.contract.stall_policy import OnStall, StallPolicy
 from higgsfield.node.gang import wire
 from higgsfield.node.gang.coordinator import Coordinator, listen
-from higgsfield.node.gang.member import Member
-from higgsfield.node.gang.stall import StallPolicy
+from higgsfield.node.gang.member import Inbox, Member
+
+M = TypeVar("M")
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,35 +48,35 @@ def _fast(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class Gang:
-    def __init__(self, policy: StallPolicy) -> None:
+    def __init__(self, policy: StallPolicy, max_restarts: int = 0) -> None:
         self.sock = listen()
         self.coordinator = Coordinator(self.sock, token=TOKEN, run="r", nodes=NODES, pick_port=lambda: 29999,
-                                       stall=policy)
+                                       stall=policy, max_restarts=max_restarts)
         self.coordinator.start()
         self.members: list[Member] = []
-        self.inboxes: list[queue.Queue[dict[str, Any]]] = []
+        self.inboxes: list[Inbox] = []
         for rank in range(len(NODES)):
-            inbox: queue.Queue[dict[str, Any]] = queue.Queue()
+            inbox: Inbox = queue.Queue()
             m = Member("127.0.0.1", self.sock.getsockname()[1], token=TOKEN, run="r", rank=rank, node=NODES[rank],
                        coordinator_node=NODES[0], inbox=inbox)
             m.connect(time.monotonic() + 10)
             m.start()
             self.members.append(m)
             self.inboxes.append(inbox)
-        for t in ("admitted", "ready"):
-            for m in self.members:
-                m.send(t)
-            if t == "admitted":
-                self.expect("prepare")
-        self.expect("go")
+        for m in self.members:
+            m.send(Admitted())
+        self.expect(Prepare)
+        for m in self.members:
+            m.send(Ready())
+        self.expect(Go)
 
-    def expect(self, t: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+    def expect(self, kind: type[M], timeout: float = 10.0) -> list[M]:
         out = []
         for inbox in self.inboxes:
             deadline = time.monotonic() + timeout
             while True:
                 msg = inbox.get(timeout=max(0.01, deadline - time.monotonic()))
-                if msg["t"] == t:
+                if isinstance(msg, kind):
                     out.append(msg)
                     break
         return out
@@ -69,7 +85,7 @@ class Gang:
         for node_rank, m in enumerate(self.members):
             ranks = [RankStacks("whatever", 2 * node_rank + i, 100 + i,
                                 (Thread(MAIN, ASLEEP if (node_rank, i) == (1, 1) else WAIT),)) for i in range(2)]
-            m.send("stacks", ranks=[r.to_dict() for r in ranks])
+            m.send(Stacks(tuple(ranks)))
 
     def close(self) -> None:
         for m in self.members:
@@ -79,61 +95,65 @@ class Gang:
 
 @pytest.fixture()
 def gang(request: pytest.FixtureRequest) -> Iterator[Gang]:
-    g = Gang(request.param)
+    policy, max_restarts = request.param if isinstance(request.param, tuple) else (request.param, 0)
+    g = Gang(policy, max_restarts)
     yield g
     g.close()
 
 
-@pytest.mark.parametrize("gang", [StallPolicy(1.0, 30.0, "fail")], indirect=True)
+@pytest.mark.parametrize("gang", [StallPolicy(1.0, 30.0, OnStall.FAIL)], indirect=True)
 def test_a_stall_fails_the_run_naming_the_odd_rank_by_the_sender_s_node(gang: Gang) -> None:
     t0 = time.monotonic()
     for m in gang.members:
-        m.send("progress", at=time.time(), steps=True)
-    gang.expect("stall")
+        m.send(Progress(at=time.time(), steps=True))
+    gang.expect(Stall)
     assert 0.9 <= time.monotonic() - t0 < 3.0
     gang.answer_stacks()
-    stalled = gang.expect("stalled")
-    assert stalled[0]["diagnosis"]["odd"] == ["n1/3"]
-    abort = gang.expect("abort")
-    failure = abort[0]["verdict"].failure
+    stalled = gang.expect(Stalled)
+    assert stalled[0].diagnosis.odd == ("n1/3",)
+    abort = gang.expect(Abort)
+    failure = abort[0].failure
+    assert failure is not None
     assert (failure.node, failure.rank) == ("n1", 3)
     assert failure.reason == ("stalled: n0/0, n0/1, n1/2 wait in all_reduce at train.py:88; "
                               "n1/3 is at train.py:80 `time.sleep(3600)`")
 
 
-@pytest.mark.parametrize("gang", [StallPolicy(1.0, 30.0, "wait")], indirect=True)
+@pytest.mark.parametrize("gang", [StallPolicy(1.0, 30.0, OnStall.WAIT)], indirect=True)
 def test_on_stall_wait_says_progressing_when_a_node_progresses_again(gang: Gang) -> None:
-    gang.members[0].send("progress", at=time.time(), steps=True)
-    gang.expect("stall")
+    gang.members[0].send(Progress(at=time.time(), steps=True))
+    gang.expect(Stall)
     gang.answer_stacks()
-    gang.expect("stalled")
+    gang.expect(Stalled)
     time.sleep(1.5)     # still stalled: no second stall is broadcast while waiting
-    assert all(m["t"] == "hb" for inbox in gang.inboxes for m in list(inbox.queue)), gang.inboxes[0].queue
-    gang.members[1].send("progress", at=time.time(), steps=False)
-    gang.expect("progressing")
+    assert all(isinstance(m, Heartbeat) for inbox in gang.inboxes for m in list(inbox.queue)), gang.inboxes[0].queue
+    gang.members[1].send(Progress(at=time.time(), steps=False))
+    gang.expect(Progressing)
 
 
-@pytest.mark.parametrize("gang", [StallPolicy(1.0, 1.0, "restart", max_restarts=1)], indirect=True)
+@pytest.mark.parametrize("gang", [(StallPolicy(1.0, 1.0, OnStall.RESTART), 1)], indirect=True)
 def test_on_stall_restart_restarts_while_restarts_are_left_then_fails(gang: Gang) -> None:
-    gang.expect("stall")            # the startup timeout: no progress at all
+    gang.expect(Stall)              # the startup timeout: no progress at all
     gang.answer_stacks()
-    gang.expect("restart")
-    gang.expect("stall")            # again: no restart left
+    gang.expect(Restart)
+    gang.expect(Stall)              # again: no restart left
     gang.answer_stacks()
-    assert gang.expect("abort")[0]["verdict"].failure.reason.startswith("stalled: ")
+    failure = gang.expect(Abort)[0].failure
+    assert failure is not None and failure.reason.startswith("stalled: ")
 
 
-@pytest.mark.parametrize("gang", [StallPolicy(1.0, 30.0, "fail")], indirect=True)
+@pytest.mark.parametrize("gang", [StallPolicy(1.0, 30.0, OnStall.FAIL)], indirect=True)
 def test_a_node_that_sends_no_stacks_does_not_hold_the_verdict(gang: Gang, monkeypatch: pytest.MonkeyPatch) -> None:
     from higgsfield.node.gang import stall
 
     monkeypatch.setattr(stall, "STACKS_WAIT_S", 1.0)
-    gang.members[0].send("progress", at=time.time(), steps=True)
-    gang.expect("stall")
-    gang.members[0].send("stacks", ranks=[RankStacks("n0", 0, 1, (Thread(MAIN, WAIT),)).to_dict()])
-    stalled = gang.expect("stalled")
-    assert stalled[0]["diagnosis"]["odd"] == ["n1"]
-    failure = gang.expect("abort")[0]["verdict"].failure
+    gang.members[0].send(Progress(at=time.time(), steps=True))
+    gang.expect(Stall)
+    gang.members[0].send(Stacks((RankStacks("n0", 0, 1, (Thread(MAIN, WAIT),)),)))
+    stalled = gang.expect(Stalled)
+    assert stalled[0].diagnosis.odd == ("n1",)
+    failure = gang.expect(Abort)[0].failure
+    assert failure is not None
     # n0/0 only waits for n1: the node that sent nothing is the one named, not the rank that answered
     assert (failure.node, failure.rank) == ("n1", None), failure
     assert failure.reason == ("stalled: n0/0 waits in all_reduce at train.py:88; "

@@ -43,13 +43,35 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
 
-from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.failure import Failure, Verdict
+from higgsfield.contract.gang import (
+    Abort,
+    Admitted,
+    Bye,
+    Cancel,
+    Challenge,
+    Failed,
+    FinalVerdict,
+    Finished,
+    Go,
+    Heartbeat,
+    Hello,
+    Killed,
+    LastWord,
+    Message,
+    Prepare,
+    Progress,
+    Ready,
+    Stacks,
+    Stopped,
+    Unadmitted,
+    Welcome,
+)
+from higgsfield.contract.stall_policy import StallPolicy
 from higgsfield.node.gang import wire
-from higgsfield.node.gang.stall import StallPolicy, StallWatch
+from higgsfield.node.gang.stall import StallWatch
 
 SETTLE_S = 1.0      # after the first failure, how long later reports may still name an earlier one
 JOIN_S = 120.0      # every node's supervisor must have joined by then
@@ -102,7 +124,8 @@ class Coordinator:
 
     def __init__(self, listener: socket.socket, *, token: str, run: str, nodes: list[str],
                  pick_port: Callable[[], int], join_s: float = JOIN_S,
-                 say: Callable[[str], None] = lambda _m: None, stall: StallPolicy | None = None) -> None:
+                 say: Callable[[str], None] = lambda _m: None, stall: StallPolicy | None = None,
+                 max_restarts: int = 0) -> None:
         self.listener = listener
         self.token, self.run, self.nodes = token, run, nodes
         self.pick_port, self.join_s, self.say = pick_port, join_s, say
@@ -113,14 +136,14 @@ class Coordinator:
         self.ready: set[int] = set()
         self.preparing = False
         self.port: int | None = None
-        self.final: dict[int, str] = {}
+        self.final: dict[int, LastWord] = {}
         self.candidates: list[Failure] = []
         self.abort_kind: str | None = None
         self.abort_at = 0.0
         self.verdict: Verdict | None = None
         self.verdict_sent = False
         self.stall = StallWatch(stall or StallPolicy(0, 0), nodes, broadcast=self._broadcast, fail=self._fail,
-                                say=say)
+                                say=say, max_restarts=max_restarts)
         self.done = threading.Event()
         self._stop = threading.Event()
         self._started = time.monotonic()
@@ -175,7 +198,7 @@ class Coordinator:
             return
         self.pending.append(conn)
         self._sel.register(sock, selectors.EVENT_READ, conn)
-        self._send(conn, {"t": "challenge", "nonce": conn.nonce})
+        self._send(conn, Challenge(conn.nonce))
 
     def _readable(self, conn: _Conn) -> None:
         try:
@@ -199,29 +222,28 @@ class Coordinator:
                     return
             else:
                 conn.last_seen, conn.last_seen_wall = time.monotonic(), time.time()
-                self._handle(conn.rank, msg)
+                if isinstance(msg, wire.Undecoded):
+                    self._undecoded(conn.rank, msg)
+                else:
+                    self._handle(conn.rank, msg)
 
-    def _hello(self, conn: _Conn, msg: dict[str, Any]) -> bool:
-        rank = msg.get("rank")
-        ok = (msg.get("t") == "hello" and isinstance(rank, int) and 0 <= rank < len(self.nodes)
-              and rank not in self.joined and isinstance(msg.get("nonce"), str)
-              and wire.check(wire.mac(self.token, "member", self.run, rank, conn.nonce, msg["nonce"]),
-                             msg.get("mac")))
-        if not ok:  # a stranger, a wrong token, or a second connection for a rank: never a member
+    def _hello(self, conn: _Conn, msg: wire.Received) -> bool:
+        if not (isinstance(msg, Hello) and 0 <= msg.rank < len(self.nodes) and msg.rank not in self.joined
+                and wire.check(wire.mac(self.token, "member", self.run, msg.rank, conn.nonce, msg.nonce), msg.mac)):
+            # a stranger, a wrong token, or a second connection for a rank: never a member
             self.pending.remove(conn)
             self._close(conn)
             return False
-        assert isinstance(rank, int)
+        rank = msg.rank
         self.pending.remove(conn)
         conn.rank = rank
         conn.reader.limit = wire.MAX_LINE
         conn.last_seen, conn.last_seen_wall = time.monotonic(), time.time()
         self.members[rank] = conn
         self.joined.add(rank)
-        self._send(conn, {"t": "welcome", "mac": wire.mac(self.token, "coordinator", self.run, rank, conn.nonce,
-                                                          msg["nonce"])})
+        self._send(conn, Welcome(wire.mac(self.token, "coordinator", self.run, rank, conn.nonce, msg.nonce)))
         if self.abort_kind is not None:  # it joins a run that is already over
-            self._send(conn, self._abort_msg("abort"))
+            self._send(conn, Abort.of(self._verdict_so_far()))
         return True
 
     def _drop(self, conn: _Conn, why: str) -> None:
@@ -233,7 +255,7 @@ class Coordinator:
             return
         del self.members[rank]
         if rank not in self.final:
-            self.final[rank] = "lost"
+            self.final[rank] = LastWord.LOST
             self._fail(lost_failure(self.nodes[rank], why, conn.last_seen_wall))
 
     def _close(self, conn: _Conn) -> None:
@@ -246,58 +268,71 @@ class Coordinator:
         except OSError:
             pass
 
-    def _send(self, conn: _Conn, msg: dict[str, Any]) -> None:
+    def _send(self, conn: _Conn, msg: Message) -> None:
         try:
             conn.sock.sendall(wire.encode(msg))
         except OSError as e:
             self._drop(conn, f"connection lost ({e})")
 
-    def _broadcast(self, msg: dict[str, Any]) -> None:
+    def _broadcast(self, msg: Message) -> None:
         for conn in list(self.members.values()):
             self._send(conn, msg)
 
     # -- the run -----------------------------------------------------------------------------------
 
-    def _handle(self, rank: int, msg: dict[str, Any]) -> None:
-        t = msg["t"]
-        if t == "admitted":
-            self.admitted.add(rank)
-        elif t == "unadmitted":
-            self.admitted.discard(rank)
-            if self.preparing:
-                self.preparing = False
-                self.ready.clear()
-                self._broadcast({"t": "cancel"})
-        elif t == "ready" and self.preparing:
-            self.ready.add(rank)
-            if len(self.ready) == len(self.nodes):
-                self._go()
-        elif t == "progress":
-            self.stall.progress(rank, time.time())
-        elif t == "stacks":
-            self.stall.stacks(rank, msg.get("ranks"))
-        elif t in ("finished", "stopped"):
-            self.final[rank] = t
-        elif t == "failed":
-            self.final[rank] = t
-            try:
-                given = msg.get("failure")   # the node is the sender's, whatever the report says
-                failure = Failure.from_dict({**given, "node": self.nodes[rank]} if isinstance(given, dict) else given)
-            except DecodeError as e:   # still a failure of that node: the run stops, naming it
-                failure = Failure(self.nodes[rank], None, time.time(), f"node {self.nodes[rank]} failed "
-                                                                       f"(its report did not decode: {e})")
-            self._fail(failure)
-        elif t == "killed":
-            self.final[rank] = t
-            if self.abort_kind is None:
-                self.abort_kind, self.abort_at = "killed", time.monotonic()
-                self.verdict = Verdict("killed", node=self.nodes[rank])
-                self._broadcast(self._abort_msg("abort"))
+    def _handle(self, rank: int, msg: Message) -> None:
+        node = self.nodes[rank]
+        match msg:
+            case Heartbeat():
+                pass
+            case Admitted():
+                self.admitted.add(rank)
+            case Unadmitted():
+                self.admitted.discard(rank)
+                if self.preparing:
+                    self.preparing = False
+                    self.ready.clear()
+                    self._broadcast(Cancel())
+            case Ready():
+                if self.preparing:
+                    self.ready.add(rank)
+                    if len(self.ready) == len(self.nodes):
+                        self._go()
+            case Progress():
+                self.stall.progress(rank, time.time())
+            case Stacks(ranks=ranks):
+                self.stall.stacks(rank, ranks)
+            case Finished():
+                self.final[rank] = LastWord.FINISHED
+            case Stopped():
+                self.final[rank] = LastWord.STOPPED
+            case Failed(failure=failure):
+                self.final[rank] = LastWord.FAILED
+                self._fail(replace(failure, node=node) if failure is not None   # the node is the sender's
+                           else Failure(node, None, time.time(), f"node {node} failed (its report held no failure)"))
+            case Killed():
+                self.final[rank] = LastWord.KILLED
+                if self.abort_kind is None:
+                    self.abort_kind, self.abort_at = "killed", time.monotonic()
+                    self.verdict = Verdict("killed", node=node)
+                    self._broadcast(Abort.of(self.verdict))
+            case _:
+                self.say(f"node {node} sent a {msg.TAG!r}, which is no member's message: dropped")
         if not self.preparing and self.port is None and self.abort_kind is None \
                 and len(self.admitted) == len(self.nodes):
             self.preparing = True
             self.ready.clear()
-            self._broadcast({"t": "prepare"})
+            self._broadcast(Prepare())
+
+    def _undecoded(self, rank: int, bad: wire.Undecoded) -> None:
+        """A line from node ``rank`` that did not decode: logged and dropped, but a ``failed`` report still fails
+        its node (the run stops, naming it)."""
+        node = self.nodes[rank]
+        if bad.claims is Failed:
+            self.final[rank] = LastWord.FAILED
+            self._fail(Failure(node, None, time.time(), f"node {node} failed (its report did not decode: {bad.why})"))
+        else:
+            self.say(f"node {node} sent a message that did not decode, dropped: {bad.why}")
 
     def _go(self) -> None:
         self.preparing = False
@@ -308,12 +343,12 @@ class Coordinator:
             return
         self.say(f"every node admitted: go (rendezvous port {self.port})")
         self.stall.start(time.time())
-        self._broadcast({"t": "go", "port": self.port})
+        self._broadcast(Go(self.port))
 
     # -- stalls (see :mod:`higgsfield.node.gang.stall`) -------------------------------------------------
 
     def _stall_tick(self) -> None:
-        if self.abort_kind is None and "finished" not in self.final.values():   # a finishing run is not hung
+        if self.abort_kind is None and LastWord.FINISHED not in self.final.values():   # a finishing run is not hung
             self.stall.tick([r for r in self.members if r not in self.final])
 
     def _fail(self, failure: Failure) -> None:
@@ -321,12 +356,12 @@ class Coordinator:
         if self.abort_kind is None:
             self.abort_kind, self.abort_at = "failed", time.monotonic()
             self.say(f"abort: {failure.reason}")
-            self._broadcast(self._abort_msg("abort"))
+            self._broadcast(Abort.of(self._verdict_so_far()))
 
-    def _abort_msg(self, t: str) -> dict[str, Any]:
+    def _verdict_so_far(self) -> Verdict:
         if self.abort_kind == "failed":
-            return Verdict("failed", self._first()).to_message(t)
-        return (self.verdict or Verdict("killed")).to_message(t)
+            return Verdict("failed", self._first())
+        return self.verdict or Verdict("killed")
 
     def _first(self) -> Failure:
         """The failure that happened first (by the failing side's own clock), lost nodes on ties."""
@@ -337,7 +372,7 @@ class Coordinator:
         now = time.monotonic()
         if now - self._last_hb >= wire.HEARTBEAT_S:
             self._last_hb = now
-            self._broadcast({"t": "hb"})
+            self._broadcast(Heartbeat())
         for conn in list(self.members.values()):
             if conn.rank not in self.final and now - conn.last_seen > wire.LOST_S:
                 self._drop(conn, f"no heartbeat for {now - conn.last_seen:.0f}s")
@@ -347,7 +382,7 @@ class Coordinator:
         if now - self._started > self.join_s:
             for rank in range(len(self.nodes)):
                 if rank not in self.joined and rank not in self.final:
-                    self.final[rank] = "lost"
+                    self.final[rank] = LastWord.LOST
                     self._fail(lost_failure(self.nodes[rank], f"its supervisor never joined ({self.join_s:.0f}s)",
                                             time.time()))
         settled = self.abort_kind is not None and (now - self.abort_at >= SETTLE_S
@@ -356,7 +391,7 @@ class Coordinator:
             self.verdict_sent = True
             if self.abort_kind == "failed":
                 self.verdict = Verdict("failed", self._first())
-            self._broadcast((self.verdict or Verdict("killed")).to_message("verdict"))
+            self._broadcast(FinalVerdict.of(self.verdict or Verdict("killed")))
         if len(self.final) == len(self.nodes) and (self.abort_kind is None or self.verdict_sent):
-            self._broadcast({"t": "bye"})
+            self._broadcast(Bye())
             self.done.set()

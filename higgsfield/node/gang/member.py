@@ -6,16 +6,18 @@ a thread keeps the connection: it sends a heartbeat every second and hands every
 message from the coordinator to the supervisor's inbox (a ``queue.Queue``). When the
 coordinator goes away (its connection drops, or it is silent for
 :data:`~higgsfield.node.gang.wire.LOST_S` seconds: node 0 died, froze or is cut off),
-the inbox gets ``{"t": "lost", "verdict": Verdict}`` whose failure names node 0, and the
-supervisor stops its part of the run. The coordinator's ``abort`` and ``verdict`` reach
-the inbox decoded (``{"t", "verdict": Verdict}``, :mod:`higgsfield.contract.failure`).
+the inbox gets :class:`Lost`, whose verdict's failure names node 0, and the supervisor
+stops its part of the run. Every other message reaches the inbox as the
+:mod:`higgsfield.contract.gang` dataclass it decoded to (heartbeats apart); one that did
+not decode is logged and dropped, except an ``abort`` or ``verdict``, which still ends
+the run, naming the coordinator.
 
 Use::
 
-    m = Member(host, port, token=..., run=..., rank=i, node=name, coordinator_node=nodes[0], inbox=q)
+    m = Member(host, port, token=..., run=..., rank=i, node=name, coordinator_node=nodes[0], inbox=q, say=say)
     m.connect(deadline=time.monotonic() + 120, should_stop=killed)
     m.start()
-    m.send("admitted")
+    m.send(Admitted())
     ... q.get() ...
     m.close()
 """
@@ -28,23 +30,36 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TypeAlias
 
 from tenacity import Retrying, retry_if_exception_type, wait_fixed
 
-from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.failure import Failure, Verdict
+from higgsfield.contract.gang import Abort, Bye, Challenge, FinalVerdict, Heartbeat, Hello, Message, Welcome
 from higgsfield.node.gang import wire
 from higgsfield.node.gang.coordinator import lost_failure
 
 
+@dataclass(frozen=True)
+class Lost:
+    """No wire message: the member's word to its supervisor that the coordinator is gone (node 0 lost)."""
+
+    verdict: Verdict
+
+
+Inbox: TypeAlias = queue.Queue[Message | Lost | None]
+"""What a member hands its supervisor (None: nothing, a wake-up the supervisor may put itself)."""
+
+
 class Member:
     def __init__(self, host: str, port: int, *, token: str, run: str, rank: int, node: str,
-                 coordinator_node: str, inbox: queue.Queue[dict[str, Any]]) -> None:
+                 coordinator_node: str, inbox: Inbox, say: Callable[[str], None] = lambda _m: None) -> None:
         self.host, self.port = host, port
         self.token, self.run, self.rank, self.node = token, run, rank, node
         self.coordinator_node = coordinator_node
         self.inbox = inbox
+        self.say = say
         self.verdict: Verdict | None = None       # the latest abort/verdict the coordinator sent
         self.verdict_final = threading.Event()           # set by "verdict" (or when the coordinator is gone)
         self._chan: wire.Channel | None = None
@@ -75,17 +90,17 @@ class Member:
         chan = wire.Channel(sock)
         try:
             challenge = chan.recv(timeout=wire.HANDSHAKE_S)
-            if not challenge or challenge.get("t") != "challenge" or not isinstance(challenge.get("nonce"), str):
+            if not isinstance(challenge, Challenge):
                 raise wire.WireError("no challenge from the coordinator")
             mine = wire.nonce()
-            chan.send({"t": "hello", "rank": self.rank, "node": self.node, "nonce": mine,
-                       "mac": wire.mac(self.token, "member", self.run, self.rank, challenge["nonce"], mine)})
+            chan.send(Hello(self.rank, self.node, mine,
+                            wire.mac(self.token, "member", self.run, self.rank, challenge.nonce, mine)))
             try:
                 welcome = chan.recv(timeout=wire.HANDSHAKE_S)
             except wire.WireError:
                 welcome = None   # it hung up on the hello: it does not know this run's token, or this rank
-            expected = wire.mac(self.token, "coordinator", self.run, self.rank, challenge["nonce"], mine)
-            if not welcome or welcome.get("t") != "welcome" or not wire.check(expected, welcome.get("mac")):
+            expected = wire.mac(self.token, "coordinator", self.run, self.rank, challenge.nonce, mine)
+            if not isinstance(welcome, Welcome) or not wire.check(expected, welcome.mac):
                 raise wire.WireError("the coordinator refused this node or failed to prove the run's token")
         except wire.WireError:
             chan.close()
@@ -96,12 +111,12 @@ class Member:
     def start(self) -> None:
         self._thread.start()
 
-    def send(self, t: str, **fields: Any) -> None:
+    def send(self, msg: Message) -> None:
         """Send a message; a broken connection is reported to the inbox as the coordinator lost."""
         if self._chan is None or self._lost:
             return
         try:
-            self._chan.send({"t": t, **fields})
+            self._chan.send(msg)
         except wire.WireError as e:
             self._lose(str(e))
 
@@ -119,7 +134,7 @@ class Member:
             now = time.monotonic()
             if now - last_tx >= wire.HEARTBEAT_S:
                 last_tx = now
-                self.send("hb")
+                self.send(Heartbeat())
             try:
                 msg = self._chan.recv(timeout=0.25)
             except wire.WireError as e:
@@ -132,26 +147,26 @@ class Member:
                     return
                 continue
             last_rx, self._last_rx_wall = time.monotonic(), time.time()
-            t = msg["t"]
-            if t == "hb":
-                continue
-            if t in ("abort", "verdict"):
-                msg = {"t": t, "verdict": self._decode(msg)}
-                self.verdict = msg["verdict"]
-                if t == "verdict":
+            if isinstance(msg, wire.Undecoded):
+                if msg.claims is not Abort and msg.claims is not FinalVerdict:
+                    self.say(f"the run's coordinator ({self.coordinator_node}) sent a message that did not decode, "
+                             f"dropped: {msg.why}")
+                    continue
+                # a verdict that does not decode still ends the run, naming the coordinator
+                failure = Failure(self.coordinator_node, None, time.time(),
+                                  f"the run's coordinator sent a verdict that did not decode: {msg.why}")
+                msg = (FinalVerdict if msg.claims is FinalVerdict else Abort)("failed", failure)
+            match msg:
+                case Heartbeat():
+                    continue
+                case Abort() | FinalVerdict():
+                    self.verdict = msg.verdict
+                    if isinstance(msg, FinalVerdict):
+                        self.verdict_final.set()
+                case Bye():
+                    self._closing.set()
                     self.verdict_final.set()
-            if t == "bye":
-                self._closing.set()
-                self.verdict_final.set()
             self.inbox.put(msg)
-
-    def _decode(self, msg: dict[str, Any]) -> Verdict:
-        """The coordinator's verdict; one that does not decode still ends the run, naming the coordinator."""
-        try:
-            return Verdict.from_message(msg)
-        except DecodeError as e:
-            return Verdict("failed", Failure(self.coordinator_node, None, time.time(),
-                                             f"the run's coordinator sent a verdict that did not decode: {e}"))
 
     def _lose(self, why: str) -> None:
         with self._lose_lock:
@@ -162,7 +177,7 @@ class Member:
         if self.verdict is None:
             self.verdict = Verdict("failed", failure)
         self.verdict_final.set()
-        self.inbox.put({"t": "lost", "verdict": Verdict("failed", failure)})
+        self.inbox.put(Lost(Verdict("failed", failure)))
         if self._chan is not None:
             with contextlib.suppress(OSError):
                 self._chan.close()

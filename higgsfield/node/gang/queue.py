@@ -27,15 +27,15 @@ the first one that does not fit stops the line.
 
 State: ``<state>/queue.json`` (entries: run, wanted slots, held slots, committed,
 rendezvous port, supervisor pid), changed only under an exclusive ``flock`` of
-``<state>/queue.lock``; the lock is held for a read-modify-write, never while waiting.
+``<state>/queue.lock`` (both :class:`~higgsfield.node.state.home.NodeState`'s); the lock is held for a read-modify-write, never while waiting.
 Entries whose supervisor is gone are dropped (a supervisor is known by pid and start
 time, so a reused pid does not keep a dead run's slots), so a crash never leaks slots.
 
 Use (in the supervisor)::
 
-    slots = try_acquire(state_dir, entry, cap)      # None: wait (poll again)
-    holds(state_dir, entry.key)                     # False: an older run took them back
-    commit(state_dir, entry.key) ... release(state_dir, project, run)
+    slots = try_acquire(home, entry, cap)           # None: wait (poll again)
+    holds(home, entry.key)                          # False: an older run took them back
+    commit(home, entry.key) ... release(home, project, run)
 """
 
 from __future__ import annotations
@@ -45,12 +45,13 @@ import os
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from higgsfield.contract.decode import DecodeError, from_fields, read_json
+from higgsfield.contract.codec import decode
+from higgsfield.contract.decode import DecodeError, read_json
 from higgsfield.contract.names import NAME_RE, is_run_name
 from higgsfield.node.state import pids
+from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.locks import exclusive
 
 
@@ -93,15 +94,15 @@ def wanted(nproc: int, exclusive: bool, cap: Capacity) -> int:
     return min(nproc, cap.slots) if not cap.gpus else nproc
 
 
-def _locked(state_dir: Path) -> contextlib.AbstractContextManager[None]:
-    return exclusive(state_dir / "queue.lock")
+def _locked(home: NodeState) -> contextlib.AbstractContextManager[None]:
+    return exclusive(home.queue_lock)
 
 
-def _load(state_dir: Path) -> list[Entry]:
+def _load(home: NodeState) -> list[Entry]:
     """The stored entries, each decoded and checked (:func:`entry_of`); a damaged file or entry is left out:
     it can only be a crash's leftover, and the supervisors that are alive add themselves again."""
     try:
-        data = read_json(state_dir / "queue.json", root=state_dir)
+        data = read_json(home.queue_file, root=home.root)
     except (OSError, ValueError):
         return []
     out = []
@@ -113,16 +114,16 @@ def _load(state_dir: Path) -> list[Entry]:
 
 def entry_of(d: object) -> Entry:
     """One queue entry from parsed JSON, every field typed and its names valid (DecodeError otherwise)."""
-    e = from_fields(Entry, d, what="a queue entry")
+    e = decode(Entry, d)
     if not NAME_RE.fullmatch(e.project) or not is_run_name(e.run):
         raise DecodeError("a queue entry's project or run is not a valid name")
     return e
 
 
-def _save(state_dir: Path, entries: list[Entry]) -> None:
+def _save(home: NodeState, entries: list[Entry]) -> None:
     from higgsfield.node.state.records import write_json
 
-    write_json(state_dir / "queue.json", [asdict(e) for e in entries], mode=0o600)
+    write_json(home.queue_file, [asdict(e) for e in entries], mode=0o600)
 
 
 def _alive(e: Entry) -> bool:
@@ -155,9 +156,9 @@ def allocate(entries: list[Entry], cap: Capacity) -> dict[tuple[str, str], list[
     return out
 
 
-def _update(state_dir: Path, me: Entry, cap: Capacity) -> list[Entry]:
+def _update(home: NodeState, me: Entry, cap: Capacity) -> list[Entry]:
     """Under the lock: the live entries (``me`` added or refreshed), allocation recomputed, saved if changed."""
-    stored = _load(state_dir)
+    stored = _load(home)
     entries = [e for e in stored if _alive(e) and e.key != me.key]
     prev = next((e for e in stored if e.key == me.key), None)
     if prev is not None:
@@ -167,74 +168,74 @@ def _update(state_dir: Path, me: Entry, cap: Capacity) -> list[Entry]:
     for e in entries:
         e.slots = alloc[e.key]
     if [asdict(e) for e in entries] != [asdict(e) for e in stored]:
-        _save(state_dir, entries)
+        _save(home, entries)
     return entries
 
 
-def try_acquire(state_dir: Path, me: Entry, cap: Capacity) -> list[int] | None:
+def try_acquire(home: NodeState, me: Entry, cap: Capacity) -> list[int] | None:
     """``me``'s slots if it is at the head of the queue and they are free (or already its); else None (it waits)."""
-    with _locked(state_dir):
-        entries = _update(state_dir, me, cap)
+    with _locked(home):
+        entries = _update(home, me, cap)
     return next(e.slots for e in entries if e.key == me.key)
 
 
-def holds(state_dir: Path, me: Entry, cap: Capacity) -> list[int] | None:
+def holds(home: NodeState, me: Entry, cap: Capacity) -> list[int] | None:
     """The slots ``me`` holds now (an older run may have taken uncommitted ones back: None then)."""
-    return try_acquire(state_dir, me, cap)
+    return try_acquire(home, me, cap)
 
 
-def commit(state_dir: Path, key: tuple[str, str]) -> bool:
+def commit(home: NodeState, key: tuple[str, str]) -> bool:
     """Make ``key``'s slots its own (no older run takes them back); False if it holds none now."""
-    return _set_committed(state_dir, key, True)
+    return _set_committed(home, key, True)
 
 
-def uncommit(state_dir: Path, key: tuple[str, str]) -> None:
+def uncommit(home: NodeState, key: tuple[str, str]) -> None:
     """Undo :func:`commit` (another node of the run lost its slots before the run could start)."""
-    _set_committed(state_dir, key, False)
+    _set_committed(home, key, False)
 
 
-def _set_committed(state_dir: Path, key: tuple[str, str], value: bool) -> bool:
-    with _locked(state_dir):
-        entries = [e for e in _load(state_dir) if _alive(e)]
+def _set_committed(home: NodeState, key: tuple[str, str], value: bool) -> bool:
+    with _locked(home):
+        entries = [e for e in _load(home) if _alive(e)]
         mine = next((e for e in entries if e.key == key), None)
         if mine is None or mine.slots is None:
             return False
         mine.committed = value
-        _save(state_dir, entries)
+        _save(home, entries)
         return True
 
 
-def reserve_port(state_dir: Path, key: tuple[str, str], extra: Iterable[int] = ()) -> int:
+def reserve_port(home: NodeState, key: tuple[str, str], extra: Iterable[int] = ()) -> int:
     """A free rendezvous port for ``key`` that no other live entry reserved; recorded in its entry."""
     from higgsfield.contract.ports import free_port
 
-    with _locked(state_dir):
-        entries = [e for e in _load(state_dir) if _alive(e)]
+    with _locked(home):
+        entries = [e for e in _load(home) if _alive(e)]
         taken = {e.port for e in entries if e.port and e.key != key} | set(extra)
         port = free_port(taken)
         for e in entries:
             if e.key == key:
                 e.port = port
-        _save(state_dir, entries)
+        _save(home, entries)
     return port
 
 
-def reserved_ports(state_dir: Path) -> set[int]:
+def reserved_ports(home: NodeState) -> set[int]:
     """Rendezvous ports held by this node's live runs (bound or about to be)."""
-    with _locked(state_dir):
-        return {e.port for e in _load(state_dir) if e.port and _alive(e)}
+    with _locked(home):
+        return {e.port for e in _load(home) if e.port and _alive(e)}
 
 
-def release(state_dir: Path, project: str, run: str) -> None:
-    with _locked(state_dir):
-        entries = [e for e in _load(state_dir) if e.key != (project, run) and _alive(e)]
-        _save(state_dir, entries)
+def release(home: NodeState, project: str, run: str) -> None:
+    with _locked(home):
+        entries = [e for e in _load(home) if e.key != (project, run) and _alive(e)]
+        _save(home, entries)
 
 
-def snapshot(state_dir: Path) -> list[Entry]:
+def snapshot(home: NodeState) -> list[Entry]:
     """The live entries, holders first then waiters in FIFO order."""
-    with _locked(state_dir):
-        entries = [e for e in _load(state_dir) if _alive(e)]
+    with _locked(home):
+        entries = [e for e in _load(home) if _alive(e)]
     return sorted(entries, key=lambda e: (e.slots is None, _fifo(e)))
 
 

@@ -21,30 +21,16 @@ about five times a second. The watch runs the run's
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 
-from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.failure import Failure
+from higgsfield.contract.gang import Message, Progressing, Restart, Stall, Stalled, StallPhase
 from higgsfield.contract.stacks import Diagnosis, RankStacks, diagnose
+from higgsfield.contract.stall_policy import OnStall, StallPolicy
 from higgsfield.node.gang.watchdog import Watchdog
 
 STACKS_WAIT_S = 8.0  # after ``stall``: how long the members have to send their ranks' stacks
-
-
-@dataclass(frozen=True)
-class StallPolicy:
-    """The run's stall settings (from its RunSpec): timeouts in seconds (0: off), what to do, restarts allowed."""
-
-    stall_timeout: float = 600.0
-    startup_timeout: float = 1800.0
-    on_stall: str = "fail"
-    max_restarts: int = 0
-
-    @property
-    def off(self) -> bool:
-        return self.stall_timeout <= 0 and self.startup_timeout <= 0
 
 
 def stall_failure(d: Diagnosis, nodes: list[str], at: float) -> Failure:
@@ -65,12 +51,13 @@ def stall_failure(d: Diagnosis, nodes: list[str], at: float) -> Failure:
 class StallWatch:
     """One run's stall handling on its coordinator (see the module doc); single-threaded, like its owner."""
 
-    def __init__(self, policy: StallPolicy, nodes: list[str], *, broadcast: Callable[[dict[str, Any]], None],
-                 fail: Callable[[Failure], None], say: Callable[[str], None] = lambda _m: None) -> None:
-        self.policy, self.nodes = policy, nodes
+    def __init__(self, policy: StallPolicy, nodes: list[str], *, broadcast: Callable[[Message], None],
+                 fail: Callable[[Failure], None], say: Callable[[str], None] = lambda _m: None,
+                 max_restarts: int = 0) -> None:
+        self.policy, self.nodes, self.max_restarts = policy, nodes, max_restarts
         self.broadcast, self.fail, self.say = broadcast, fail, say
         self.dog: Watchdog | None = None                 # set by start (the run's go)
-        self.phase = "watch"                             # watch | collect (stacks asked) | waiting | failed
+        self.phase = StallPhase.WATCH
         self.asked_at = 0.0
         self.collected: dict[int, list[RankStacks]] = {}
         self.restarts = 0
@@ -85,34 +72,27 @@ class StallWatch:
         if self.dog is None:
             return
         self.dog.progress(self.nodes[node_rank], now)
-        if self.phase == "waiting":
-            self.phase = "watch"
+        if self.phase is StallPhase.WAITING:
+            self.phase = StallPhase.WATCH
             self.say(f"progress again (node {self.nodes[node_rank]})")
-            self.broadcast({"t": "progressing"})
+            self.broadcast(Progressing())
 
-    def stacks(self, node_rank: int, ranks: object) -> None:
+    def stacks(self, node_rank: int, ranks: Sequence[RankStacks]) -> None:
         """Node ``node_rank``'s answer to ``stall``; each rank named by the sender's node, whatever it says."""
-        if self.phase != "collect" or not isinstance(ranks, list):
+        if self.phase is not StallPhase.COLLECT:
             return
-        got = []
-        for r in ranks[:4096]:
-            try:
-                s = RankStacks.from_dict(r)
-            except DecodeError:
-                continue
-            got.append(RankStacks(self.nodes[node_rank], s.rank, s.pid, s.threads, s.native))
-        self.collected[node_rank] = got
+        self.collected[node_rank] = [replace(s, node=self.nodes[node_rank]) for s in ranks]
 
     def tick(self, alive: list[int]) -> None:
         """Find a stall, wait for the stacks of the ``alive`` members, then act (see the module doc)."""
         if self.dog is None:
             return
         now = time.time()
-        if self.phase == "watch" and self.dog.stalled(now):
-            self.phase, self.asked_at, self.collected = "collect", time.monotonic(), {}
+        if self.phase is StallPhase.WATCH and self.dog.stalled(now):
+            self.phase, self.asked_at, self.collected = StallPhase.COLLECT, time.monotonic(), {}
             self.say(f"stalled: no progress for {self.dog.since(now):.0f}s; taking every rank's stacks")
-            self.broadcast({"t": "stall"})
-        elif self.phase == "collect":
+            self.broadcast(Stall())
+        elif self.phase is StallPhase.COLLECT:
             if not all(r in self.collected for r in alive) and time.monotonic() - self.asked_at < STACKS_WAIT_S:
                 return
             self._act(now)
@@ -122,15 +102,15 @@ class StallWatch:
         silent = [n for i, n in enumerate(self.nodes) if i not in self.collected]
         d = self.diagnosis = diagnose([s for r in sorted(self.collected) for s in self.collected[r]], silent)
         self.say(f"stalled: {d.summary}")
-        self.broadcast({"t": "stalled", "diagnosis": d.to_dict(), "at": now})
-        if self.policy.on_stall == "wait":
-            self.phase = "waiting"
-        elif self.policy.on_stall == "restart" and self.restarts < self.policy.max_restarts:
+        self.broadcast(Stalled(d, now))
+        if self.policy.on_stall == OnStall.WAIT:
+            self.phase = StallPhase.WAITING
+        elif self.policy.on_stall == OnStall.RESTART and self.restarts < self.max_restarts:
             self.restarts += 1
-            self.say(f"restarting the workers ({self.restarts} of {self.policy.max_restarts})")
+            self.say(f"restarting the workers ({self.restarts} of {self.max_restarts})")
             self.dog.restart(now)
-            self.phase = "watch"
-            self.broadcast({"t": "restart"})
+            self.phase = StallPhase.WATCH
+            self.broadcast(Restart())
         else:
-            self.phase = "failed"
+            self.phase = StallPhase.FAILED
             self.fail(stall_failure(d, self.nodes, now))
