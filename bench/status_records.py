@@ -49,6 +49,7 @@ DAMAGED = 10
 
 
 def _record(run: str, i: int) -> dict[str, object]:
+    from higgsfield.contract.codec import encode
     from higgsfield.node.state.records import RunRecord
 
     failed = i % 7 == 0
@@ -58,10 +59,11 @@ def _record(run: str, i: int) -> dict[str, object]:
                     reason="rank 1 exited 1" if failed else None,
                     failed_rank=1 if failed else None, failed_node="localhost" if failed else None,
                     error_tail=[f"line {k} of the error" for k in range(20)] if failed else [])
-    return rec.to_dict()
+    return encode(rec)  # type: ignore[no-any-return]
 
 
 def _spec(run: str, state: Path) -> dict[str, object]:
+    from higgsfield.contract.codec import encode
     from higgsfield.contract.runspec import RunSpec
 
     spec = RunSpec(project=PROJECT, experiment="train", run=run, module="train", code_dir=str(state / "code"),
@@ -69,7 +71,7 @@ def _spec(run: str, state: Path) -> dict[str, object]:
                    nodes=("localhost",), master_addr="127.0.0.1", submitted_at=1.7e9, nproc=2,
                    runtime="process")
     cache = str(state / "cache")
-    return {**spec.to_dict(), "gpus": 0, "cache_dir": cache, "checkpoint_dir": f"{cache}/ckpt/{run}",
+    return {**encode(spec), "gpus": 0, "cache_dir": cache, "checkpoint_dir": f"{cache}/ckpt/{run}",
             "container": f"hf-{run}", "image": None, "python": sys.executable, "stop_grace": 3.0,
             "coord_port": None}
 

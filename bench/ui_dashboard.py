@@ -34,6 +34,7 @@ sys.path.insert(0, str(REPO / "tests" / "ui"))
 
 from ui_helpers import dashboard, open_page  # noqa: E402
 
+from higgsfield.node.state.home import NodeState  # noqa: E402
 from higgsfield.node.state.records import RunDir, RunRecord  # noqa: E402
 
 PROJECT = "uibench"
@@ -50,7 +51,7 @@ def make_project(base: Path, runs: int) -> Path:
                                          f"runtime: process\nstate_dir: {state}\n")
     t = time.time() - 86400
     for i in range(runs):
-        rd = RunDir(state, PROJECT, f"regression-hist-{i:03d}")
+        rd = RunDir(NodeState(state), PROJECT, f"regression-hist-{i:03d}")
         rd.make()
         state_name = "failed" if i % 17 == 0 else "succeeded"
         rd.write(RunRecord(project=PROJECT, experiment="regression", run=rd.path.name, node="localhost",

@@ -10,7 +10,7 @@ library (torch), the node agent and the control side all import it.
 A restarted worker appends again from its checkpoint's step, so a step can appear
 twice; a reader keeps the last line of each step (:func:`latest_per_step`).
 
-A line is decoded once, strictly (:func:`decode_line`): a line that is not JSON, not an
+A line is decoded once, strictly (:func:`decode_line`, through :func:`higgsfield.contract.codec.decode`): a line that is not JSON, not an
 object, too long, or holds a value of the wrong kind (a string ``lr``, a negative
 ``step``, a list for a number, NaN where only a finite number makes sense) is not a
 step's metrics. Readers skip such lines and *count* them (:class:`Skipped`), so a view
@@ -31,9 +31,10 @@ import json
 import math
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
+from higgsfield.contract.codec import DecodeError, decode, encode, rule
 from higgsfield.contract.layout import RUN_DIR_VAR
 
 METRICS_FILE = "metrics.jsonl"
@@ -44,14 +45,47 @@ HEARTBEAT_LINE = "#hb"
 SKIPPED_PREFIX = "#skipped "
 
 
+def _step(v: object) -> int:
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise DecodeError("'step' is not a whole number")
+    if not 0 <= v <= MAX_STEP:
+        raise DecodeError(f"'step' {v} is out of range (0..2**53)")
+    return v
+
+
+def _loss(v: object) -> float:
+    """A loss: any number, non-finite too (a diverged loss is a real point, drawn as a gap)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise DecodeError("'loss' is not a number")
+    try:
+        return float(v)
+    except OverflowError:
+        raise DecodeError("'loss' is out of range") from None
+
+
+def _not_negative(x: float) -> None:
+    if x < 0:
+        raise ValueError("is negative")
+
+
 @dataclass
 class StepMetrics:
-    """What one optimizer step did. ``mfu`` and ``peak_memory_gib`` are None on CPU, ``lr`` when not given."""
+    """What one optimizer step did. ``mfu`` and ``peak_memory_gib`` are None on CPU, ``lr`` when not given.
 
-    step: int
-    loss: float
-    tokens_per_s: float
-    step_time_s: float
+    Decoded with :func:`higgsfield.contract.codec.decode` (:func:`decode_line`): ``loss`` may be
+    null or non-finite; ``tokens_per_s`` and ``step_time_s`` must be finite and >= 0; the
+    optional figures are null or finite. Unknown keys are ignored (a newer writer), a missing
+    ``time`` is now.
+    """
+
+    WHAT: ClassVar[str] = "step's metrics"
+
+    step: int = field(metadata=rule(decode=_step))
+    loss: float = field(metadata=rule(decode=_loss))
+    tokens_per_s: float = field(metadata=rule(check=_not_negative))
+    step_time_s: float = field(metadata=rule(check=_not_negative))
     mfu: float | None = None
     peak_memory_gib: float | None = None
     lr: float | None = None
@@ -67,35 +101,14 @@ class StepMetrics:
             s += f" | mem {self.peak_memory_gib:.1f} GiB"
         return s
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON values only: a non-finite float (a diverged loss) becomes null, which JSON can carry."""
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
-
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), separators=(",", ":"))
+        """One line of ``metrics.jsonl`` (:func:`point`'s JSON)."""
+        return json.dumps(point(self), separators=(",", ":"))
 
-    @classmethod
-    def from_dict(cls, d: Any) -> StepMetrics:
-        """The metrics in ``d``, each value checked for its kind; raises ValueError for anything else.
 
-        ``loss`` may be null or non-finite (a diverged loss is a real point, drawn as a gap);
-        ``tokens_per_s`` and ``step_time_s`` must be finite and >= 0; the optional figures are
-        null or finite. Unknown keys are ignored (a newer writer), a missing ``time`` is now.
-        """
-        if not isinstance(d, dict):
-            raise ValueError("not a JSON object")
-        missing = [k for k in ("step", "loss", "tokens_per_s", "step_time_s") if k not in d]
-        if missing:
-            raise ValueError(f"no '{missing[0]}'")
-        when = _number(d, "time", optional=True)
-        return cls(step=_step(d["step"]),
-                   loss=_loss(d["loss"]),
-                   tokens_per_s=_rate(d, "tokens_per_s"),
-                   step_time_s=_rate(d, "step_time_s"),
-                   mfu=_number(d, "mfu", optional=True),
-                   peak_memory_gib=_number(d, "peak_memory_gib", optional=True),
-                   lr=_number(d, "lr", optional=True),
-                   time=time.time() if when is None else when)
+def point(m: StepMetrics) -> dict[str, Any]:
+    """``m`` encoded, JSON values only: a non-finite float (a diverged loss) becomes null, which JSON can carry."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in encode(m).items()}
 
 
 @dataclass(frozen=True)
@@ -112,48 +125,6 @@ class Skipped:
 MetricsItem = StepMetrics | Skipped | None
 
 
-def _float(key: str, v: Any) -> float:
-    """``v`` as a float if it is a JSON number (never a bool, a string or a container)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(f"'{key}' is not a number")
-    try:
-        return float(v)
-    except OverflowError:
-        raise ValueError(f"'{key}' is out of range") from None
-
-
-def _number(d: dict[str, Any], key: str, *, optional: bool) -> float | None:
-    v = d.get(key)
-    if v is None and optional:
-        return None
-    x = _float(key, v)
-    if not math.isfinite(x):
-        raise ValueError(f"'{key}' is not finite")
-    return x
-
-
-def _step(v: Any) -> int:
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ValueError("'step' is not a whole number")
-    if not 0 <= v <= MAX_STEP:
-        raise ValueError(f"'step' {v} is out of range (0..2**53)")
-    return v
-
-
-def _loss(v: Any) -> float:
-    return float("nan") if v is None else _float("loss", v)
-
-
-def _rate(d: dict[str, Any], key: str) -> float:
-    x = _number(d, key, optional=False)
-    assert x is not None
-    if x < 0:
-        raise ValueError(f"'{key}' is negative")
-    return x
-
-
 def decode_line(line: str | bytes) -> StepMetrics:
     """One line of ``metrics.jsonl`` as a step's metrics; ValueError (one line, why) for anything else."""
     if len(line) > MAX_LINE_BYTES:
@@ -164,9 +135,11 @@ def decode_line(line: str | bytes) -> StepMetrics:
         raise ValueError("nested too deeply") from None
     except ValueError as e:     # JSONDecodeError, bad UTF-8, an integer of too many digits
         raise ValueError(f"not JSON: {e}") from None
+    if isinstance(d, dict) and "loss" in d and d["loss"] is None:
+        d = {**d, "loss": math.nan}     # a diverged loss, as the writer writes it: a real point, drawn as a gap
     try:
-        return StepMetrics.from_dict(d)
-    except ValueError as e:
+        return decode(StepMetrics, d)
+    except DecodeError as e:
         raise ValueError(f"not a step's metrics: {e}") from None
 
 

@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 
 from higgsfield.contract.layout import progress_path
-from higgsfield.metrics import METRICS_FILE, RUN_DIR_ENV, StepMetrics
+from higgsfield.metrics import METRICS_FILE, RUN_DIR_ENV, StepMetrics, point
 
 __all__ = ["init_distributed", "device", "clip_grad_norm", "GradScaler", "StepTimer", "StepMetrics",
            "MetricsLog", "is_rank0", "rank", "world_size", "progress"]
@@ -305,7 +305,7 @@ class MetricsLog:
         self._export(m)
 
     def _export(self, m: StepMetrics) -> None:
-        scalars = {k: v for k, v in m.to_dict().items() if k not in ("step", "time") and v is not None}
+        scalars = {k: v for k, v in point(m).items() if k not in ("step", "time") and v is not None}
         wandb = sys.modules.get("wandb")
         if wandb is not None and getattr(wandb, "run", None) is not None:
             wandb.log(scalars, step=m.step)

@@ -10,13 +10,16 @@ random inputs; this file pins the named ones and their messages.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from helpers_project import run_cli
 
-import higgsfield.control.backends.nodes as orchestrator
+from higgsfield.control.backends.nodes import backend as nodes_backend
+from higgsfield.control.backends.nodes.session import NodesSession
 from higgsfield.control.cli import main
 from higgsfield.control.cli._lines import parse_since
 
@@ -25,6 +28,19 @@ LOCAL = "name: demo\nnodes:\n  - host: localhost\nruntime: process\n"
 EXPERIMENT = ('from higgsfield.experiment import experiment, param\n\n'
               '@experiment("alpaca")\n@param("steps", default=10)\n@param("tag", default="x")\n'
               'def train(params):\n    pass\n')
+
+
+def forbid_start_and_kill(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A start or a kill fails the test: ``run``, ``kill``, ``ci run`` and ``ci kill`` open the backend's
+    session (:class:`NodesBackend`, its connection faked here: no node is contacted) and call its ``start``
+    or ``kill``, so bad input that ever got that far would be caught here."""
+    @contextlib.asynccontextmanager
+    async def no_connection(cfg: object, nodes: object = None) -> AsyncIterator[None]:
+        yield None
+
+    monkeypatch.setattr(nodes_backend, "connect", no_connection)
+    monkeypatch.setattr(NodesSession, "start", lambda *a, **k: pytest.fail("launched"))
+    monkeypatch.setattr(NodesSession, "kill", lambda *a, **k: pytest.fail("killed"))
 
 
 def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -275,12 +291,24 @@ def test_bad_cli_arguments_are_usage_errors(project: Path, capsys: pytest.Captur
                                             monkeypatch: pytest.MonkeyPatch, argv: list[str], message: str) -> None:
     (project / "higgsfield.yml").write_text(LOCAL)
     (project / "src" / "train.py").write_text(EXPERIMENT)
-    monkeypatch.setattr(orchestrator, "start_run", lambda *a, **k: pytest.fail("launched"))
+    forbid_start_and_kill(monkeypatch)
     before = sorted(p.name for p in project.iterdir())
     line = refused(argv, capsys)
     assert message in line, line
     assert sorted(p.name for p in project.iterdir()) == before   # init and friends wrote nothing
     assert not (project.parent / "home").exists()                 # not even a deploy key
+
+
+def test_a_run_name_refused_says_the_length_the_rule_allows() -> None:
+    import click
+
+    from higgsfield.contract.names import MAX_RUN_NAME
+    from higgsfield.control.cli._common import run_name
+
+    longest = "r" * MAX_RUN_NAME
+    assert run_name(None, None, longest) == longest  # type: ignore[arg-type]
+    with pytest.raises(click.BadParameter, match=f"use 1-{MAX_RUN_NAME} letters, digits"):
+        run_name(None, None, longest + "r")  # type: ignore[arg-type]
 
 
 def test_since_long_ago_means_every_line() -> None:
@@ -302,8 +330,7 @@ def job(project: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
     key.chmod(0o600)
     monkeypatch.setenv("HIGGSFIELD_SSH_KEY_FILE", str(key))
-    monkeypatch.setattr(orchestrator, "start_run", lambda *a, **k: pytest.fail("launched"))
-    monkeypatch.setattr(orchestrator, "kill", lambda *a, **k: pytest.fail("killed"))
+    forbid_start_and_kill(monkeypatch)
     return project
 
 

@@ -108,7 +108,7 @@ def test_any_param_text_round_trips_through_the_run_form(text: str, other: str, 
     assert inputs[pname]["description"] == expected_description
     assert inputs[pname]["default"] == text
     assert inputs[pname + "_o"]["options"] == [str(o) for o in specs[1].options or ()]
-    assert inputs[pname + "_d"]["description"] == other.strip().replace("${{", "$ {{") or "float parameter"
+    assert inputs[pname + "_d"]["description"] == (other.strip().replace("${{", "$ {{") or "float parameter")
     launch = next(s for s in wf["jobs"]["run"]["steps"] if s.get("run", "").startswith("higgsfield ci run"))
     assert launch["env"][f"HIGGSFIELD_PARAM_{pname}"] == "${{ inputs." + pname + " }}"
 

@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from higgsfield.contract.codec import decode
 from higgsfield.contract.errors import NodeLost
+from higgsfield.contract.noderuns import NodeRunView
+from higgsfield.contract.runstatus import status_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -266,7 +269,6 @@ def _fake_group(monkeypatch: pytest.MonkeyPatch, transports: list[_FakeTransport
 
     from higgsfield.control.backends import nodes as orchestrator
     from higgsfield.control.backends.nodes import backend as nodes_backend
-    from higgsfield.control.backends.nodes import start
     from higgsfield.control.remote.fanout import Group, Member
 
     opened: list[object] = []
@@ -279,7 +281,6 @@ def _fake_group(monkeypatch: pytest.MonkeyPatch, transports: list[_FakeTransport
         opened.append(group)
         yield group
 
-    monkeypatch.setattr(start, "open_group", open_group)
     monkeypatch.setattr(orchestrator, "connect", open_group)
     monkeypatch.setattr(nodes_backend, "connect", open_group)   # what the CLI's backend opens
     return opened
@@ -302,6 +303,23 @@ def _collect(lines) -> list:  # type: ignore[no-untyped-def, type-arg]
     return asyncio.run(go())
 
 
+def _start(cfg, experiment: str, run_name: str):  # type: ignore[no-untyped-def]
+    """Start as ``higgsfield run`` does: the backend's plan, one session, its start (with its own event loop)."""
+    import asyncio
+
+    from higgsfield.control.backends import RunRequest
+    from higgsfield.control.backends.nodes.backend import NodesBackend
+
+    backend = NodesBackend(cfg)
+    plan = backend.plan(RunRequest(experiment, {}, run_name=run_name))
+
+    async def go():  # type: ignore[no-untyped-def]
+        async with backend.session(plan) as session:
+            return await session.start(plan)
+
+    return asyncio.run(go())
+
+
 def _two_node_cfg(project: Path):  # type: ignore[no-untyped-def]
     from higgsfield.control.config import load_config
 
@@ -316,15 +334,15 @@ def test_a_failed_start_kills_on_every_node_and_names_where_the_kill_failed(
     import asyncio
 
     from higgsfield.contract.errors import CommandError, RunError
-    from higgsfield.control.backends import nodes as runs
 
     cfg = _two_node_cfg(project)
-    started = json.dumps({"state": "starting", "run": "x", "coord_port": 29500})
+    started = json.dumps({"project": "localproj", "experiment": "probe", "run": "x", "node": "a", "node_rank": 0,
+                          "state": "starting", "created_at": 1.0, "coord_port": 29500})
     a = _FakeTransport("a", {"start": started, "kill": json.dumps({"state": "killed", "run": "x"})})
     b = _FakeTransport("b", {"start": asyncio.TimeoutError(), "kill": CommandError("b", "connection lost")})
     _fake_group(monkeypatch, [a, b])
     with pytest.raises(RunError) as e:
-        runs.start_run(cfg, "probe", {}, run_name="x")
+        _start(cfg, "probe", run_name="x")
     msg = str(e.value)
     assert "failed to start on 1 node(s): b: timed out" in msg
     assert "stopped it on a" in msg and "could not stop it on b: connection lost" in msg
@@ -336,22 +354,21 @@ def test_a_failed_start_kills_on_every_node_and_names_where_the_kill_failed(
     starts = [c for t in (a, b) for c in t.calls if "start" in c]
     assert [c for c in a.calls if "start" in c] == starts[:1]
     assert all("token" not in " ".join(c) for c in starts)
-    assert b.inputs and json.loads(b.inputs[0])["spec"]["coordinator"] == {"host": "10.0.0.1", "port": 29500,
-                                                                          "node": "a"}
-    assert len(json.loads(b.inputs[0])["token"]) == 64 and "token" not in json.loads(b.inputs[0])["spec"]
+    sent = json.loads(next(i for c, i in zip(b.calls, b.inputs, strict=True) if "start" in c))  # after the drift check
+    assert sent["spec"]["coordinator"] == {"host": "10.0.0.1", "port": 29500, "node": "a"}
+    assert len(sent["token"]) == 64 and "token" not in sent["spec"]
 
 
 @pytest.mark.parametrize("stdout,needle", [("Traceback (most recent call last):\n ...", "Traceback"),
-                                           ('{"no_state": 1}', "no state, run"), ("", "nothing")])
+                                           ('{"no_state": 1}', "'project' is missing"), ("", "nothing")])
 def test_unexpected_invoker_output_is_one_clear_error(project: Path, monkeypatch: pytest.MonkeyPatch,
                                                       stdout: str, needle: str) -> None:
     from higgsfield.contract.errors import RunError
-    from higgsfield.control.backends.nodes import start_run
 
     cfg = _two_node_cfg(project)
     _fake_group(monkeypatch, [_FakeTransport("a", {"start": stdout}), _FakeTransport("b", {})])
     with pytest.raises(RunError) as e:
-        start_run(cfg, "probe", {}, run_name="x")
+        _start(cfg, "probe", run_name="x")
     assert "unexpected invoker output" in str(e.value) and needle in str(e.value)
     assert "higgsfield setup" in str(e.value) and "failed to start on 1 node(s): a:" in str(e.value)
 
@@ -384,8 +401,9 @@ def test_a_printer_stopping_early_closes_every_node_stream(project: Path) -> Non
                 raise BrokenPipeError
             return super().write(text)
 
-    status = merge([{"project": "localproj", "experiment": "probe", "run": "x", "node": n, "node_rank": i,
-                     "state": "running", "created_at": 1.0} for i, n in enumerate(("a", "b"))])[0]
+    status = merge([decode(NodeRunView, {"project": "localproj", "experiment": "probe", "run": "x", "node": n,
+                                         "node_rank": i, "state": "running", "created_at": 1.0})
+                    for i, n in enumerate(("a", "b"))])[0]
     group = _group(cfg, [Endless("a", {}), Endless("b", {})])
 
     async def go() -> int:
@@ -440,8 +458,8 @@ def test_status_names_the_earliest_failure_and_run_exits_with_the_failing_node_s
 
     base = {"project": "p", "experiment": "e", "run": "r", "nnodes": 3, "nproc": 1, "created_at": 1.0}
 
-    def rec(node: str, rank: int, state: str, **kw: object) -> dict[str, object]:
-        return {**base, "node": node, "node_rank": rank, "state": state, **kw}
+    def rec(node: str, rank: int, state: str, **kw: object) -> NodeRunView:
+        return decode(NodeRunView, {**base, "node": node, "node_rank": rank, "state": state, **kw})
 
     # b was cut off from the coordinator and kept its own (later, secondary) failure; a and c have the verdict
     verdict = {"failed_node": "c", "failed_rank": 2, "failed_at": 10.0, "reason": "rank 2 was killed by SIGKILL",
@@ -453,7 +471,7 @@ def test_status_names_the_earliest_failure_and_run_exits_with_the_failing_node_s
     assert (st.failed_node, st.failed_rank, st.reason, st.error_tail) == ("c", 2, "rank 2 was killed by SIGKILL",
                                                                           ["step 3", "Killed"])
     assert st.exit_code == -9 and exit_code(st) == 137
-    assert st.to_dict()["error_tail"] == ["step 3", "Killed"]
+    assert status_json(st)["error_tail"] == ["step 3", "Killed"]
     (ok,) = _merge([rec("a", 0, "succeeded", exit_code=0), rec("b", 1, "succeeded", exit_code=0)])
     assert exit_code(ok) == 0 and ok.failed_node is None
     (killed,) = _merge([rec("a", 0, "killed", exit_code=143), rec("b", 1, "killed")])
@@ -471,8 +489,9 @@ def test_a_broken_log_stream_is_reattached_without_losing_or_repeating_a_line(
                  ["#hb", "0\tstep 1", "-1\tlaunch", "0\tstep 2", "0\tstep 3", "-1\tdone"]]
     b.streams = [["1\tstep 1", "1\tstep 2", "1\tstep 3"]]
     group = _group(cfg, [a, b])
-    status = merge([{"project": "localproj", "experiment": "probe", "run": "x", "node": n, "node_rank": i,
-                     "state": "running", "created_at": 1.0} for i, n in enumerate(("a", "b"))])[0]
+    status = merge([decode(NodeRunView, {"project": "localproj", "experiment": "probe", "run": "x", "node": n,
+                                         "node_rank": i, "state": "running", "created_at": 1.0})
+                    for i, n in enumerate(("a", "b"))])[0]
     lines = _collect(follow(group, cfg, status, lost_after=30))
     by_node = {n: [(ln.rank, ln.text) for ln in lines if ln.node == n and ln.rank != NOTICE] for n in "ab"}
     assert by_node["a"] == [(0, "step 1"), (-1, "launch"), (0, "step 2"), (0, "step 3"), (-1, "done")]

@@ -2,15 +2,15 @@
 
 A node's state directory holds files a crash, a full disk or another tool may have
 cut short or replaced; an invoker's reply may come from another version. Whoever
-reads one decodes it here, into a typed dataclass, and gets a :class:`DecodeError`
-(one line: what is wrong, naming the field) or a value whose every field has the
-type it says. A caller that lists many files skips the one that fails and says so
+reads one reads it here (bounded, never through a symlink) and decodes it with the one
+codec (:func:`higgsfield.contract.codec.decode`), into a typed dataclass, and gets a
+:class:`DecodeError` (one line: what is wrong, naming the field) or a value whose every
+field has the type it says. A caller that lists many files skips the one that fails and says so
 (:func:`skip_line`), as git skips a bad ref: one damaged file never hides the rest.
 
 - :func:`read_json`: a JSON file under a root, never through a symlink, at most
   ``MAX_FILE_BYTES``;
-- :func:`from_fields`: a dataclass from parsed JSON, each field checked by its
-  annotation (unknown keys ignored: a newer writer may add some);
+- :func:`loads`: ``json.loads``, its error one line;
 - :func:`tail`: an error's last lines, at most ``TAIL_LINES`` of ``LINE_CHARS``.
 
 Stdlib only (and :mod:`higgsfield.contract.text`): the node side and the control side both use it.
@@ -18,27 +18,21 @@ Stdlib only (and :mod:`higgsfield.contract.text`): the node side and the control
 Use::
 
     data = read_json(rd.record_path, root=state_dir)          # DecodeError: skip it, say why
-    record = from_fields(RunRecord, data, special={"error_tail": tail})
+    record = decode(RunRecord, data)                           # contract.codec
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import stat
-from collections.abc import Callable, Mapping
-from dataclasses import MISSING, fields, is_dataclass
 from pathlib import Path
-from typing import Any, TypeVar
 
 from higgsfield.contract.text import one_line
 
 MAX_FILE_BYTES = 1 << 20    # a record, a spec, the queue: far below this; a larger file is not one
 TAIL_LINES = 50             # an error tail shown and passed on: its last this many lines
 LINE_CHARS = 500            # each cut to this many characters
-
-T = TypeVar("T")
 
 
 class DecodeError(ValueError):
@@ -135,110 +129,7 @@ def skip_line(rel: str, reason: str) -> str:
     return f"{one_line(rel, 300)}: {one_line(reason, 300)}"
 
 
-# -- fields ---------------------------------------------------------------------------------------
-
-def _str(v: object) -> str:
-    if not isinstance(v, str):
-        raise TypeError("a string")
-    return v
-
-
-def _int(v: object) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError("an integer")
-    return v
-
-
-def _float(v: object) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise TypeError("a number")
-    return float(v)
-
-
-def _bool(v: object) -> bool:
-    if not isinstance(v, bool):
-        raise TypeError("true or false")
-    return v
-
-
-def _list_of(item: Callable[[object], T], what: str) -> Callable[[object], list[T]]:
-    def check(v: object) -> list[T]:
-        if not isinstance(v, list):
-            raise TypeError(what)
-        try:
-            return [item(x) for x in v]
-        except TypeError:
-            raise TypeError(what) from None
-    return check
-
-
-def _map_of(item: Callable[[object], Any], what: str) -> Callable[[object], dict[str, Any]]:
-    def check(v: object) -> dict[str, Any]:
-        if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
-            raise TypeError(what)
-        try:
-            return {k: item(x) for k, x in v.items()}
-        except TypeError:
-            raise TypeError(what) from None
-    return check
-
-
-def _any(v: object) -> object:
-    return v
-
-
-#: Each annotation a decodable field may have (as written: modules use ``from __future__ import annotations``).
-CHECKS: dict[str, Callable[[object], Any]] = {
-    "str": _str, "int": _int, "float": _float, "bool": _bool, "Any": _any,
-    "list[str]": _list_of(_str, "a list of strings"),
-    "list[int]": _list_of(_int, "a list of integers"),
-    "dict[str, int]": _map_of(_int, "an object of integers"),
-    "dict[str, Any]": _map_of(_any, "an object"),
-}
-
-
-def _check_of(annotation: str) -> tuple[Callable[[object], Any], bool]:
-    """(the check, whether null is allowed) for a field's annotation."""
-    optional = annotation.endswith(" | None")
-    base = annotation[: -len(" | None")] if optional else annotation
-    if base not in CHECKS:
-        raise TypeError(f"no decoder for a field of type {annotation!r}")
-    return CHECKS[base], optional
-
-
-def from_fields(cls: type[T], data: object, *, special: Mapping[str, Callable[[object], Any]] | None = None,
-                what: str = "") -> T:
-    """``cls(**data)``, each field checked against its annotation (``special``: a field's own decoder).
-
-    A missing field takes its default (a field without one: DecodeError); null in a
-    field that is not optional takes its default too (a writer that left it empty);
-    keys ``cls`` has no field for are ignored (a newer writer's).
-    """
-    assert is_dataclass(cls)
-    if not isinstance(data, dict):
-        raise DecodeError(f"{what or 'the file'} is {kind(data)}, not an object")
-    special = special or {}
-    kwargs: dict[str, Any] = {}
-    for f in fields(cls):
-        if not f.init:
-            continue
-        v = data.get(f.name)
-        if f.name in special:
-            check, optional = special[f.name], str(f.type).endswith(" | None")
-        else:
-            check, optional = _check_of(str(f.type))
-        if v is None:
-            if optional and f.name in data:
-                kwargs[f.name] = None
-            elif f.default is MISSING and f.default_factory is MISSING:
-                raise DecodeError(f"'{f.name}' is missing")
-            continue
-        try:
-            kwargs[f.name] = check(v)
-        except TypeError as e:
-            raise DecodeError(f"'{f.name}' must be {e}, not {kind(v)}") from None
-    return cls(**kwargs)
-
+# -- field decoders (a codec rule's ``decode``) -----------------------------------------------------
 
 def tail(v: object) -> list[str]:
     """An error tail: its last ``TAIL_LINES`` lines, each at most ``LINE_CHARS`` (a string is one line)."""

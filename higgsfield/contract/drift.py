@@ -16,8 +16,8 @@ value for the scalar facts (a driver on two nodes and none on the third is a dif
 while ``packages`` of None means "environment not known" (an image whose packages were
 not listed): that node's packages, Python, torch, CUDA and NCCL are left out of the comparison.
 
-The shape of ``doctor --json``'s ``drift`` key (and of the ``facts`` reply) is
-:meth:`NodeFacts.to_dict` and :meth:`Difference.to_dict`::
+The shape of ``doctor --json``'s ``drift`` key (:func:`report_json`; the ``facts`` reply is
+:class:`NodeFacts`, encoded by :func:`higgsfield.contract.codec.encode`)::
 
     {"nodes": [NodeFacts...], "differences": [{"field", "node", "value", "majority", "nodes"}...],
      "unreachable": {"node": "reason"}}
@@ -26,13 +26,13 @@ The shape of ``doctor --json``'s ``drift`` key (and of the ``facts`` reply) is
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from higgsfield.contract.codec import encode, rule
 from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.errors import RunError
-from higgsfield.contract.replies import Reply
 
 SCALARS = ("driver", "cuda", "nccl", "torch", "python", "invoker", "env_key", "gpu_model", "gpu_count")
 """The facts compared one by one, in the order their differences are shown."""
@@ -42,6 +42,9 @@ LABELS = {"driver": "NVIDIA driver", "cuda": "CUDA", "nccl": "NCCL", "torch": "t
           "invoker": "higgsfield invoker", "env_key": "environment key", "gpu_model": "GPU model",
           "gpu_count": "GPU count"}
 MAX_PACKAGES = 20_000
+MAX_TEXT = 8192
+FACTS_VERSION = 1
+"""The ``facts`` reply's schema (the replies' ``REPLY_VERSION``): none is an older node's, of this shape."""
 NONE = "none"
 """How a value the node does not have (no driver, a package not installed) is shown."""
 
@@ -57,31 +60,36 @@ def package_versions(v: object) -> dict[str, str]:
     return dict(v)
 
 
+def _text(v: str) -> None:
+    if len(v) > MAX_TEXT:
+        raise ValueError(f"is too long ({len(v)} characters; at most {MAX_TEXT})")
+
+
+TEXT = rule(check=_text)
+
+
 @dataclass(frozen=True)
-class NodeFacts(Reply):
+class NodeFacts:
     """``invoker facts``: what one node would run a run of the project with (``None``: cannot tell / has none)."""
 
     WHAT: ClassVar[str] = "facts reply"
+    VERSION: ClassVar[int] = FACTS_VERSION
 
-    node: str = ""
-    runtime: str = ""
+    node: str = field(default="", metadata=TEXT)
+    runtime: str = field(default="", metadata=TEXT)
     """``process`` (the project venv) or ``docker`` (the image), as a run would choose now."""
-    driver: str | None = None
-    cuda: str | None = None
-    nccl: str | None = None
-    torch: str | None = None
-    python: str | None = None
-    invoker: str | None = None
-    env_key: str | None = None
-    gpu_model: str | None = None
+    driver: str | None = field(default=None, metadata=TEXT)
+    cuda: str | None = field(default=None, metadata=TEXT)
+    nccl: str | None = field(default=None, metadata=TEXT)
+    torch: str | None = field(default=None, metadata=TEXT)
+    python: str | None = field(default=None, metadata=TEXT)
+    invoker: str | None = field(default=None, metadata=TEXT)
+    env_key: str | None = field(default=None, metadata=TEXT)
+    gpu_model: str | None = field(default=None, metadata=TEXT)
     gpu_count: int | None = None
-    packages: dict[str, str] | None = None
+    packages: dict[str, str] | None = field(default=None, metadata=rule(decode=package_versions))
     """Package name (canonical) -> version, of the run's environment; None: not known (an image deployed before
     deploy listed images' packages, or one whose Python did not answer)."""
-
-    @classmethod
-    def decoders(cls) -> Mapping[str, Callable[[object], Any]]:
-        return {"packages": package_versions}
 
     def value(self, name: str) -> str:
         v = getattr(self, name)
@@ -114,9 +122,6 @@ class Difference:
     def line(self) -> str:
         """``n2: numpy 1.26.4 (the other 2 nodes: 2.1.0)``."""
         return f"{self.node}: {self.label} {self.against()}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class NodesDrift(RunError):
@@ -188,13 +193,12 @@ class DriftReport:
     def of(cls, facts: Sequence[NodeFacts], unreachable: Mapping[str, str] | None = None) -> DriftReport:
         return cls(list(facts), compare(facts), dict(unreachable or {}))
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"nodes": [_facts_dict(f) for f in self.nodes],
-                "differences": [d.to_dict() for d in self.differences],
-                "unreachable": dict(self.unreachable)}
 
 
-def _facts_dict(f: NodeFacts) -> dict[str, Any]:
-    d = f.to_dict()
-    d.pop(NodeFacts.VERSION_KEY, None)
-    return d
+def report_json(report: DriftReport) -> dict[str, Any]:
+    """``doctor --json``'s ``drift`` (and a Slurm job's ``drift.json``): the report encoded, each node's facts
+    without the ``facts`` reply's ``version`` (the shape it always had)."""
+    out: dict[str, Any] = encode(report)
+    for facts in out["nodes"]:
+        facts.pop("version", None)
+    return out

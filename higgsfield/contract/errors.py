@@ -1,5 +1,10 @@
 """One error hierarchy for everything a user can get wrong or a node can do wrong.
 
+Every exception class higgsfield raises for a user is in this tree. A class defined in another
+module (in parentheses, under ``higgsfield.``) stays beside the code that raises it, and its callers
+import it from there; it subclasses a class of this module, which, being in the stdlib-only
+contract, every side may import.
+
     HiggsfieldError                 base; ``exit_code`` is what the CLI exits with
     ├── ConfigError                 higgsfield.yml / env file is invalid (exit 2)
     ├── ExperimentError             bad @experiment/@param, unknown experiment (exit 2)
@@ -19,10 +24,49 @@
     └── RunError                    a run is unknown, failed to launch, or failed
         ├── NoSuchRun               no run or experiment has the name given (exit 2: the user's to fix)
         ├── RunNameInUse            a start refused: the name belongs to an active run, left untouched (exit 2)
-        └── NodeLost                a followed run's log stream of one node could not be re-attached
+        ├── NodeLost                a followed run's log stream of one node could not be re-attached
+        ├── SpecError               (contract.runspec) a run spec a node cannot accept: another version,
+        │                           a malformed field (exit 2)
+        ├── PruneError              (contract.prunespec) a prune request a node cannot read (exit 2)
+        ├── NodesDrift              (contract.drift) ``run`` refused: the nodes differ (exit 2)
+        ├── RecordError             (node.state.records) a run's record that does not decode; also a
+        │                           DecodeError, for the readers that skip it
+        ├── TaskError               (node.slurm_task) a Slurm job cannot run as asked: its request
+        │   │                       unreadable or another version's, its secrets gone (the job exits 2)
+        │   └── BadRequest          (node.slurm_task) a field of the request is wrong: the job's start failure
+        ├── NotEnoughNodes          (control.backends.pick) fewer healthy nodes than ``--nodes K`` (exit 2)
+        ├── NoStacks                (control.backends.backend) ``stacks`` of a run with none to show (exit 2)
+        ├── PullError               (control.backends.nodes.pull) a step not complete everywhere, a bad
+        │                           ``--step`` (exit 2)
+        ├── PruneRefused            (control.backends.nodes.prune) a prune that would touch an active run,
+        │                           or selects nothing (exit 2)
+        ├── SlurmError              (control.backends.slurm.client) Slurm refused or failed an operation
+        │   └── SlurmRefused        (control.backends.slurm.client) sbatch refused the job as asked (exit 2)
+        ├── FabricFailed            (control.doctor.fabric) ``doctor --fabric``'s benchmark gave no result
+        └── ExportError             (_lib.hf_export) a step that cannot be exported, a missing package (exit 2)
+
+Internal: these never reach a user, so they stay outside the tree (each is caught where it is
+raised, or one layer up, and turned into a tree error, a skipped item or a reply):
+
+    DecodeError     (contract.decode) the decode mechanism's one-line reason; every reader turns it into
+                    a skip line, a tree error (SpecError, RecordError, SlurmError, TaskError, ...) or a
+                    reply. A ValueError, as the decoders' callers expect.
+    WrongVersion    (contract.slurmjob) a DecodeError: a Slurm file of another version; the Slurm task
+                    turns it into a TaskError, the control side into a SlurmError
+    _Wrong          (contract.codec) a value of the wrong type inside the codec; it adds the path and
+                    raises a DecodeError
+    WireError       (node.gang.wire) a peer broke the gang protocol or went away; the coordinator,
+                    member and supervisor turn it into a lost node: the run's failure, on record
+    NodeDup         (control.config.schema) a ValueError inside a pydantic validator (a node listed
+                    twice); pydantic wraps it and the loader raises a ConfigError naming the line
+    BadBody         (control.ui.app) a request body the dashboard does not take; answered as its 4xx
+    _Down           (control.backends.nodes.fleet) a node's dashboard feed ended; the feed is tried again
+    _ClosedPipe     (control.cli) stdout closed by its reader, carried past click to exit quietly
 
 The CLI catches ``HiggsfieldError`` and prints ``str(err)`` as one line; ``--debug``
 shows the traceback. Messages name the file, field or node and say what to do.
+tests/test_architecture.py checks that every exception class in higgsfield is in this tree or
+internal, and named here.
 """
 
 from __future__ import annotations

@@ -9,25 +9,25 @@ unit-tested without torch or a test bed.
 The figures follow nccl-tests: ``algbw = bytes / time`` and, for all-reduce,
 ``busbw = algbw * 2 (n - 1) / n`` over ``n`` ranks, in GB/s (10^9 bytes a second), time in
 microseconds. The worker prints its result as one log line, ``MARKER`` then the JSON of
-:meth:`FabricResult.to_dict` (the documented shape of ``doctor --fabric --json``,
-docs/doctor-fabric.md).
+its :class:`FabricResult` (``codec.encode``: the documented shape of ``doctor --fabric --json``,
+docs/doctor-fabric.md), which the control side decodes (``codec.decode``).
 
 Use::
 
     sizes(8, 64 << 20)                       # [8, 32, 128, ..., 33554432, 67108864]
     rounds(["a", "b", "c"])                  # [[("a","c")], [("a","b")], [("b","c")]]-like: every pair once
-    result = FabricResult.from_dict(json.loads(line[len(MARKER):]))
+    result = decode(FabricResult, json.loads(line[len(MARKER):]))
     outliers(result.pairs)                   # [Outlier(node="c", ...)] when c's every link is slow
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-from higgsfield.contract.decode import DecodeError
+from higgsfield.contract.codec import rule
 
 MARKER = "HIGGSFIELD_FABRIC "
 """The prefix of the worker's one result line in rank 0's log."""
@@ -163,19 +163,32 @@ class Outlier:
     node: str
     busbw_gbps: float
     median_gbps: float
+    ratio: float = field(init=False)
+    """``busbw_gbps`` over ``median_gbps`` (0 without a median)."""
 
-    @property
-    def ratio(self) -> float:
-        return self.busbw_gbps / self.median_gbps if self.median_gbps else 0.0
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ratio", self.busbw_gbps / self.median_gbps if self.median_gbps else 0.0)
 
     def line(self) -> str:
         return (f"{self.node} is slow: its best link {self.busbw_gbps:.3g} GB/s busbw against the median "
                 f"node's {self.median_gbps:.3g} GB/s ({self.ratio:.0%})")
 
 
+def _not_from_the_node(default: Any) -> Any:
+    """A field's decoder that takes nothing from the wire: the control side sets it (a node never names
+    the slow node)."""
+    return rule(decode=lambda _v: default() if callable(default) else default)
+
+
 @dataclass(frozen=True)
 class FabricResult:
-    """What the benchmark measured (the JSON of ``doctor --fabric --json`` less the control side's fields)."""
+    """What the benchmark measured (the JSON of ``doctor --fabric --json``; ``run`` and ``outliers`` are the
+    control side's, never read from a node). ``latency_us`` and ``peak_busbw_gbps`` are computed, and written
+    for the reader of the JSON."""
+
+    WHAT: ClassVar[str] = "fabric result"
+    VERSION: ClassVar[int] = VERSION
+    VERSION_DEFAULT: ClassVar[int | None] = None     # the worker always writes it
 
     backend: str
     nodes: list[str]
@@ -184,57 +197,20 @@ class FabricResult:
     pairs: list[PairRow]
     per_node: list[NodeRow]
     seconds: float = 0.0
-    version: int = VERSION
-    run: str = ""               # the benchmark's run name (set by the control side)
-    outliers: list[Outlier] = field(default_factory=list)
+    run: str = field(default="", metadata=_not_from_the_node(""))   # the benchmark's run name
+    outliers: list[Outlier] = field(default_factory=list, metadata=_not_from_the_node(list))
+    latency_us: float = field(init=False)
+    """The smallest message's all-reduce time: the fabric's latency."""
+    peak_busbw_gbps: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "latency_us", self.allreduce[0].time_us if self.allreduce else 0.0)
+        object.__setattr__(self, "peak_busbw_gbps", max((r.busbw_gbps for r in self.allreduce), default=0.0))
 
     @property
     def unhealthy(self) -> list[str]:
         """One line per GPU that NVML / nvidia-smi says is unwell."""
         return [f"{n.node} gpu{g.index}: {g.health}" for n in self.per_node for g in n.gpus or [] if not g.healthy]
-
-    @property
-    def latency_us(self) -> float:
-        """The smallest message's all-reduce time: the fabric's latency."""
-        return self.allreduce[0].time_us if self.allreduce else 0.0
-
-    @property
-    def peak_busbw_gbps(self) -> float:
-        return max((r.busbw_gbps for r in self.allreduce), default=0.0)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["latency_us"] = self.latency_us
-        d["peak_busbw_gbps"] = self.peak_busbw_gbps
-        d["outliers"] = [{**asdict(o), "ratio": o.ratio} for o in self.outliers]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Any) -> FabricResult:
-        """Decode the worker's line (untrusted: a node wrote it); a bad one raises DecodeError."""
-        try:
-            if not isinstance(d, Mapping) or d.get("version") != VERSION:
-                raise DecodeError(f"fabric result version {d.get('version') if isinstance(d, Mapping) else d!r}"
-                                  f" is not {VERSION} (run 'higgsfield setup' to update the nodes)")
-            rows = [SizeRow(int(r["bytes"]), int(r["count"]), float(r["time_us"]), float(r["algbw_gbps"]),
-                            float(r["busbw_gbps"])) for r in d["allreduce"]]
-            pairs = [PairRow(str(p["a"]), str(p["b"]), int(p["bytes"]), float(p["time_us"]),
-                             float(p["busbw_gbps"])) for p in d["pairs"]]
-            nodes = [NodeRow(str(n["node"]), int(n["ranks"]), _opt(n["intra_busbw_gbps"]),
-                             _opt(n["link_busbw_gbps"]), _opt(n["ckpt_write_mbps"]), str(n["ckpt_dir"]),
-                             None if n["gpus"] is None else
-                             [GpuRow(int(g["index"]), str(g["name"]), float(g["free_mib"]), float(g["total_mib"]),
-                                     str(g["health"])) for g in n["gpus"]])
-                     for n in d["per_node"]]
-            return cls(backend=str(d["backend"]), nodes=[str(n) for n in d["nodes"]],
-                       world_size=int(d["world_size"]), allreduce=rows, pairs=pairs, per_node=nodes,
-                       seconds=float(d.get("seconds", 0.0)))
-        except (KeyError, TypeError, ValueError) as e:
-            raise DecodeError(f"fabric result: malformed ({type(e).__name__}: {e})") from None
-
-
-def _opt(v: Any) -> float | None:
-    return None if v is None else float(v)
 
 
 def best_links(pairs: Sequence[PairRow]) -> dict[str, float]:

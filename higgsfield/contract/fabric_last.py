@@ -6,22 +6,22 @@ the last result survives the laptop without a copy anywhere: ``higgsfield invoke
 reads the newest such line of the project on its node and answers a :class:`LastFabric` (null
 ``result`` when the node was node 0 of none). The dashboard asks every node and keeps the newest
 (:func:`newest`); :func:`node_marks` turns it into each node's figures and its "slow" mark, the
-outliers named again by the shared rule (:func:`~higgsfield.contract.fabric.outliers`), so the
-page and ``doctor --fabric`` always agree on which node is slow.
+outliers named again by the shared rule (:func:`~higgsfield.contract.fabric.outliers`: never taken
+from the node), so the page and ``doctor --fabric`` always agree on which node is slow.
 
 Use::
 
-    last = LastFabric.from_dict(json.loads(reply))         # DecodeError on a bad one
+    last = decode(LastFabric, json.loads(reply))           # DecodeError on a bad one
     marks = node_marks(newest([last_a, last_b]))            # {"n3": {"slow": "...", "busbw_gbps": ...}}
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
 
-from higgsfield.contract.decode import DecodeError
+from higgsfield.contract.codec import decode, rule
 from higgsfield.contract.fabric import FabricResult, best_links, outliers
 
 VERSION = 1
@@ -29,38 +29,34 @@ PREFIX = "fabric-"
 """The fabric test's run names (:func:`higgsfield.control.doctor.fabric.fabric_plan`)."""
 
 
+def _fabric_run(v: str) -> None:
+    if not v.startswith(PREFIX) or len(v) > 200:
+        raise ValueError(f"{v[:200]!r} is not a fabric test's name")
+
+
+def _time(v: float) -> None:
+    if v < 0:
+        raise ValueError(f"{v!r} is not a time")
+
+
+def _named(v: object) -> FabricResult:
+    """A node's result (its own version checked), the outliers named again by the shared rule."""
+    r = decode(FabricResult, v)
+    return replace(r, outliers=outliers(r.pairs))
+
+
 @dataclass(frozen=True)
 class LastFabric:
     """``invoker fabric-last``: the newest fabric result of the project on this node (node 0 of that test)."""
 
-    run: str | None = None
-    at: float | None = None                 # when its result was written (unix time, the node's clock)
-    result: FabricResult | None = None
+    WHAT: ClassVar[str] = "fabric-last reply"
+    VERSION: ClassVar[int] = VERSION
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"version": VERSION, "run": self.run, "at": self.at,
-                "result": None if self.result is None else self.result.to_dict()}
-
-    @classmethod
-    def from_dict(cls, d: object) -> LastFabric:
-        """Decode a node's reply (untrusted); the outliers are named here again, never taken from the node."""
-        if not isinstance(d, Mapping):
-            raise DecodeError("the fabric-last reply is not an object")
-        if d.get("version", VERSION) != VERSION:
-            raise DecodeError(f"the fabric-last reply is of version {d.get('version')!r} (this higgsfield reads "
-                              f"{VERSION}): upgrade higgsfield here or on the node")
-        run, at, raw = d.get("run"), d.get("at"), d.get("result")
-        if run is not None and (not isinstance(run, str) or not run.startswith(PREFIX) or len(run) > 200):
-            raise DecodeError(f"fabric-last: 'run' {run!r} is not a fabric test's name")
-        if at is not None and (isinstance(at, bool) or not isinstance(at, (int, float)) or at < 0):
-            raise DecodeError(f"fabric-last: 'at' {at!r} is not a time")
-        if raw is None:
-            return cls(run, None if at is None else float(at), None)
-        r = FabricResult.from_dict(raw)
-        r = FabricResult(backend=r.backend, nodes=r.nodes, world_size=r.world_size, allreduce=r.allreduce,
-                         pairs=r.pairs, per_node=r.per_node, seconds=r.seconds, run=run or "",
-                         outliers=outliers(r.pairs))
-        return cls(run, None if at is None else float(at), r)
+    run: str | None = field(default=None, metadata=rule(check=_fabric_run))
+    at: float | None = field(default=None, metadata=rule(check=_time))
+    """When its result was written (unix time, the node's clock)."""
+    result: FabricResult | None = field(default=None, metadata=rule(decode=_named))
+    """The test's figures as the node's worker wrote them, the outliers named here (never taken from the node)."""
 
 
 def newest(lasts: Iterable[LastFabric | None]) -> LastFabric | None:

@@ -1,26 +1,27 @@
-"""One node's part of a run, as a :class:`~higgsfield.contract.runspec.RunStatus` holds it: typed, never a dict.
+"""One node's part of a run, as a :class:`~higgsfield.contract.runstatus.RunStatus` holds it: typed, never a dict.
 
 A run's status maps each of its nodes to a :class:`NodePart`: what every view of the
 run reads of that node (its state, the slots it holds, its exit code and times, the
 stall its supervisor recorded). The SSH nodes' merge makes one from each node's
-decoded record (a :class:`~higgsfield.contract.runspec.NodeRunView`); a backend that has
-no per-node records (a scheduler) knows only the state, and leaves the rest None
-(unknown, not zero): the dashboard shows None as "–", and ``status --json`` prints only
-the states (``node_states``).
+decoded record (a :class:`~higgsfield.contract.noderuns.NodeRunView`, whose stall is
+decoded already); a backend that has no per-node records (a scheduler) knows only the
+state, and leaves the rest None (unknown, not zero): the dashboard shows None as "–",
+and ``status --json`` prints only the states (``node_states``).
 
-Its own module because ``runspec`` is already over its size; it imports only the
-stall's type, so ``runspec`` can import it (and it cannot import ``runspec``: no cycles).
+It imports only the stall's type, so ``runstatus`` can import it (no cycles).
 
 Use::
 
-    part = NodePart(state="running", slots=(0, 1), stall=stall_of(view.stall))
+    part = NodePart(state="running", slots=(0, 1), stall=view.stall)
     part.state, part.slots, part.stall    # "running", (0, 1), Diagnosis | None
+    stall_of(data.get("stall"))           # a stall still in its JSON: Diagnosis, or None if it does not decode
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from higgsfield.contract.codec import decode
 from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.stacks import Diagnosis
 
@@ -44,11 +45,11 @@ class NodePart:
 
 
 def stall_of(v: object) -> Diagnosis | None:
-    """A recorded stall's diagnosis (``Diagnosis.to_dict()``'s JSON), decoded; None when there is none or it
-    does not decode (a damaged stall hides only itself, never the run)."""
+    """A recorded stall's diagnosis (its JSON), decoded; None when there is none or it does not decode (a
+    damaged stall hides only itself, never the run)."""
     if v is None:
         return None
     try:
-        return Diagnosis.from_dict(v)
+        return decode(Diagnosis, v)
     except DecodeError:
         return None

@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
+from higgsfield.contract.codec import rule
 from higgsfield.contract.errors import ParamError
 from higgsfield.contract.names import MAX_NAME, NAME_RE, RUN_NAME_RE, check_identifier
 from higgsfield.contract.text import shown
@@ -112,12 +113,19 @@ def _text_value(value: str) -> str:
     return value
 
 
+def _one_of_types(v: str) -> None:
+    if v not in TYPES:
+        raise ValueError(f"must be one of {', '.join(TYPES)}")
+
+
 @dataclass(frozen=True)
 class ParamSpec:
     """One ``@param``: name, type, default, description, required, options."""
 
+    WHAT: ClassVar[str] = "param"
+
     name: str
-    type: str = "str"
+    type: str = field(default="str", metadata=rule(check=_one_of_types))
     default: Any = None
     description: str = ""
     required: bool = False
@@ -181,15 +189,6 @@ class ParamSpec:
             raise ParamError(f"param '{self.name}': {shown(out)} is not one of {shown(list(self.options))}")
         return out
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "type": self.type, "default": self.default, "description": self.description,
-                "required": self.required, "options": list(self.options) if self.options is not None else None}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ParamSpec:
-        opts = d.get("options")
-        return cls(name=d["name"], type=d["type"], default=d.get("default"), description=d.get("description", ""),
-                   required=bool(d.get("required", False)), options=tuple(opts) if opts is not None else None)
 
 
 def _infer(value: Any) -> str:

@@ -1,42 +1,44 @@
 """The replies of the invoker's verbs: typed, versioned, decoded once at the seam.
 
 Every verb of ``higgsfield invoker`` that the control side reads prints one JSON
-object (``env`` one per line); the node builds it as one of these dataclasses and
-prints :meth:`to_dict`, the control side turns the parsed JSON back into it with
-:meth:`from_dict` (through :func:`higgsfield.contract.decode.from_fields`: every field
-typed, lists and strings bounded) and reads attributes, never keys. A reply that
-does not decode is a :class:`~higgsfield.contract.decode.DecodeError` of one line
-naming the field; a reply of another ``version`` is one too (the caller adds which
-node and ``higgsfield setup``). A reply without ``version`` is an older node's:
+object (``env`` one per line): the node function returns one of these dataclasses,
+the node's CLI prints :func:`~higgsfield.contract.codec.encode` of it, and the control
+side reads it back with :func:`~higgsfield.contract.codec.decode` (every field typed,
+strings and lists bounded by :meth:`Typed.check`) and reads attributes, never keys. A
+reply that does not decode is a :class:`~higgsfield.contract.decode.DecodeError` of one
+line naming the field; a reply of another ``version`` is one too (the caller adds
+which node and ``higgsfield setup``). A reply without ``version`` is an older node's:
 it reads as version 1, the shape these types had before they were versioned.
 
 The wire is the shape the verbs printed before, plus ``version`` (``reply_version``
 for ``invoker version``, whose ``version`` was always the package's): keys a type
-does not name travel in ``extra`` and come back out of :meth:`to_dict`, and the
-fields in ``SPARSE`` are left out at their default, as the node always left them out.
+does not name travel in ``extra`` (``UNKNOWN = "extra"``), and the fields in ``SPARSE``
+are left out at their default, as the node always left them out.
 
 - :class:`VersionReply` (``version``), :class:`Deployment` (``deployed``, null when
   nothing is; ``deploy``), :class:`BuildReply` (``build``), :class:`EnvReply` /
   :class:`EnvLine` (``env --check`` / ``env``'s lines);
-- :class:`StartReply`, :class:`NameInUseReply` (``start``), :class:`KillReply`
-  (``kill --run``, ``kill --attempt``), :class:`KillTargetReply` (``kill --target``);
+- :class:`StartReply` (the node's record of the run, a
+  :class:`~higgsfield.contract.noderuns.NodeRunView`), :class:`NameInUseReply` (``start``),
+  :class:`KillReply` (``kill --run``, ``kill --attempt``), :class:`KillTargetReply` (``kill --target``);
 - :class:`StacksReply` (``stacks``): a run's ranks' stacks on the node, taken now or at its stall;
 - :class:`FilesReply` (``files``), :class:`PruneReply` (``prune``), :class:`UsageReply`
   (``usage``): in :mod:`higgsfield.contract.replies_disk`.
 
-``status`` answers :class:`~higgsfield.contract.runspec.NodeRuns`.
+``status`` answers :class:`~higgsfield.contract.noderuns.StatusReply`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import MISSING, Field, dataclass, field, fields, replace
-from typing import Any, ClassVar, TypeVar
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
 
-from higgsfield.contract.decode import DecodeError, from_fields, kind
+from higgsfield.contract.codec import decode, rule
+from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.names import is_run_name
-from higgsfield.contract.runspec import STATES, NodeRunView
+from higgsfield.contract.noderuns import NodeRunView
 from higgsfield.contract.stacks import RankStacks
+from higgsfield.contract.states import STATES
 from higgsfield.contract.text import shown
 
 REPLY_VERSION = 1
@@ -46,104 +48,36 @@ control side cannot read (a field it must understand). A new optional field does
 MAX_TEXT = 8192         # a path, a tag, a line: far below this
 MAX_ITEMS = 200_000     # the files of one checkpoint step, the runs of a prune
 
-E = TypeVar("E", bound="Typed")
-
 
 class Typed:
-    """A frozen dataclass that crosses the wire: :meth:`to_dict` and a defensive :meth:`from_dict`."""
+    """A frozen dataclass that crosses the wire, by the codec; every string and list in it bounded."""
 
     WHAT: ClassVar[str] = "reply"
     SPARSE: ClassVar[frozenset[str]] = frozenset()
-    """Fields left out of :meth:`to_dict` while at their default (the node never sent them then)."""
-
-    @classmethod
-    def decoders(cls) -> Mapping[str, Callable[[object], Any]]:
-        """Each field's own decoder where its annotation is not one ``from_fields`` knows (nested types)."""
-        return {}
+    """Fields left out of the encoding while at their default (the node never sent them then)."""
+    UNKNOWN: ClassVar[str] = "extra"
+    """A key the type does not name travels in its ``extra`` (where it has one; else it is ignored)."""
 
     def check(self) -> None:
-        """The checks beyond the types (names, states, ranges); DecodeError in one line."""
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = dict(getattr(self, "extra", None) or {})
+        """No string over ``MAX_TEXT`` characters, no list over ``MAX_ITEMS`` items; a subclass adds its own
+        checks (names, states) after calling this one."""
         for f in fields(self):  # type: ignore[arg-type]
-            if f.name == "extra":
-                continue
-            v = getattr(self, f.name)
-            if f.name in self.SPARSE and v == _default(f):
-                continue
-            out[f.name] = _plain(v)
-        return out
-
-    @classmethod
-    def from_dict(cls: type[E], data: object) -> E:
-        return cls._decode(data)
-
-    @classmethod
-    def _decode(cls: type[E], data: object, *, drop: frozenset[str] = frozenset()) -> E:
-        if not isinstance(data, dict):
-            raise DecodeError(f"the {cls.WHAT} is {kind(data)}, not an object")
-        own = [f for f in fields(cls) if f.init and f.name != "extra"]  # type: ignore[arg-type]
-        missing = [f.name for f in own if data.get(f.name) is None and _default(f) is MISSING]
-        if missing:
-            raise DecodeError(f"no {', '.join(missing)} in the {cls.WHAT}")
-        special = {"extra": _no_extra, **cls.decoders()}
-        obj = from_fields(cls, data, special=special, what=f"the {cls.WHAT}")
-        for f in own:
-            _bound(f.name, getattr(obj, f.name))
-        obj.check()
-        if any(f.name == "extra" for f in fields(cls)):  # type: ignore[arg-type]
-            known = {f.name for f in own} | drop
-            obj = replace(obj, extra={k: v for k, v in data.items() if k not in known})  # type: ignore[type-var]
-        return obj
+            if f.name != "extra":
+                _bound(f.name, getattr(self, f.name))
 
 
 class Reply(Typed):
-    """A whole reply: :class:`Typed`, with its schema's ``version`` on the wire."""
+    """A whole reply: :class:`Typed`, with its schema's ``version`` on the wire (none: an older node's, 1)."""
 
     VERSION: ClassVar[int] = REPLY_VERSION
     VERSION_KEY: ClassVar[str] = "version"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), self.VERSION_KEY: self.VERSION}
-
-    @classmethod
-    def from_dict(cls: type[E], data: object) -> E:
-        assert issubclass(cls, Reply)
-        if isinstance(data, dict):
-            version = data.get(cls.VERSION_KEY, REPLY_VERSION)   # none: an older node's, version 1
-            if version != cls.VERSION:
-                raise DecodeError(f"the {cls.WHAT} is of version {shown(version)} (this higgsfield reads "
-                                  f"{cls.VERSION}): upgrade higgsfield here or on the node")
-        return cls._decode(data, drop=frozenset({cls.VERSION_KEY}))
-
-
-def _default(f: Field[Any]) -> Any:
-    if f.default is not MISSING:
-        return f.default
-    if f.default_factory is not MISSING:
-        return f.default_factory()
-    return MISSING
-
-
-def _plain(v: Any) -> Any:
-    if isinstance(v, (Typed, NodeRunView, RankStacks)):
-        return v.to_dict()
-    if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
-    if isinstance(v, dict):
-        return dict(v)
-    return v
-
-
-def _no_extra(v: object) -> dict[str, Any]:
-    return {}   # ``extra`` is what ``from_dict`` leaves over, never a key of the reply
+    VERSION_DEFAULT: ClassVar[int | None] = REPLY_VERSION
 
 
 def _bound(name: str, v: object) -> None:
     if isinstance(v, str) and len(v) > MAX_TEXT:
         raise DecodeError(f"'{name}' is too long ({len(v)} characters; at most {MAX_TEXT})")
-    if isinstance(v, list):
+    if isinstance(v, (list, tuple)):
         if len(v) > MAX_ITEMS:
             raise DecodeError(f"'{name}' has too many items ({len(v)}; at most {MAX_ITEMS})")
         for x in v:
@@ -151,40 +85,26 @@ def _bound(name: str, v: object) -> None:
                 raise DecodeError(f"'{name}' holds an item too long ({len(x)} characters; at most {MAX_TEXT})")
 
 
-def each(cls: type[E], what: str) -> Callable[[object], list[E]]:
-    """A decoder of a list of ``cls`` (at most ``MAX_ITEMS``); DecodeError names the item."""
-    plural = what[:-1] + "ies" if what.endswith("y") else what + "s"
+# -- the field rules (ValueError: the codec names the field) ---------------------------------------
 
-    def check(v: object) -> list[E]:
-        if not isinstance(v, list):
-            raise TypeError(f"a list of {plural}")
-        if len(v) > MAX_ITEMS:
-            raise DecodeError(f"too many {plural} ({len(v)}; at most {MAX_ITEMS})")
-        out = []
-        for i, x in enumerate(v):
-            try:
-                out.append(cls.from_dict(x))
-            except DecodeError as e:
-                raise DecodeError(f"{what} {i}: {e}") from None
-        return out
-    return check
+def not_negative(v: float) -> None:
+    if v < 0:
+        raise ValueError(f"must not be negative, not {v}")
 
 
-def nonnegative(obj: object, *names: str) -> None:
-    for name in names:
-        v = getattr(obj, name)
-        if v is not None and v < 0:
-            raise DecodeError(f"'{name}' must not be negative, not {v}")
-
-
-def run_name(v: str, key: str = "run") -> None:
+def run_name(v: str) -> None:
     if not is_run_name(v):
-        raise DecodeError(f"'{key}' {shown(v)} is not a run name")
+        raise ValueError(f"{shown(v)} is not a run name")
 
 
-def run_state(v: str | None) -> None:
-    if v is not None and v not in STATES:
-        raise DecodeError(f"'state' {shown(v)} is not a run state")
+def run_state(v: str) -> None:
+    if v not in STATES:
+        raise ValueError(f"{shown(v)} is not a run state")
+
+
+def tcp_port(v: int) -> None:
+    if not 0 < v < 65536:
+        raise ValueError(f"{v} is not a TCP port")
 
 
 # -- version, deploy, build, env ---------------------------------------------------------------
@@ -233,6 +153,11 @@ class BuildReply(Reply):
 ENV_STATES = ("present", "stale", "missing")
 
 
+def _env_state(v: str) -> None:
+    if v not in ENV_STATES:
+        raise ValueError(f"{shown(v)} is not one of {', '.join(ENV_STATES)}")
+
+
 @dataclass(frozen=True)
 class EnvReply(Reply):
     """The project environment (``runtime: process``): ``env --check``'s state (present, stale, missing,
@@ -243,7 +168,7 @@ class EnvReply(Reply):
         "state", "project", "wanted", "key", "dir", "python", "torch", "torch_added", "built_at", "seconds",
         "built", "pruned"})
 
-    state: str | None = None
+    state: str | None = field(default=None, metadata=rule(check=_env_state))
     project: str | None = None
     wanted: str | None = None
     key: str | None = None
@@ -257,9 +182,9 @@ class EnvReply(Reply):
     pruned: list[str] | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
-    def check(self) -> None:
-        if self.state is not None and self.state not in ENV_STATES:
-            raise DecodeError(f"'state' {shown(self.state)} is not one of {', '.join(ENV_STATES)}")
+
+def _env_reply(v: object) -> EnvReply:
+    return decode(EnvReply, v)     # a whole reply of its own: its version checked too
 
 
 @dataclass(frozen=True)
@@ -270,39 +195,23 @@ class EnvLine(Reply):
     SPARSE: ClassVar[frozenset[str]] = frozenset({"progress", "result"})
 
     progress: str | None = None
-    result: EnvReply | None = None
-
-    @classmethod
-    def decoders(cls) -> Mapping[str, Callable[[object], Any]]:
-        return {"result": EnvReply.from_dict}
+    result: EnvReply | None = field(default=None, metadata=rule(decode=_env_reply))
 
 
 # -- start, kill ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class StartReply(Reply):
+class StartReply(NodeRunView, Reply):
     """``invoker start``: the node's record of its part of the run (node 0's names its coordinator's port).
 
-    The control side reads ``state``, ``run`` and ``coord_port``; the record's other keys travel in
-    ``extra`` and :meth:`record` gives the whole record back (a run handle keeps it)."""
+    A :class:`~higgsfield.contract.noderuns.NodeRunView` (the run handle keeps it as
+    such: decoded once), plus ``coord_port``; the record's other keys travel in ``extra``.
+    ``params`` is not part of the record (``invoker status`` adds it): left out at its default."""
 
     WHAT: ClassVar[str] = "start reply"
+    SPARSE: ClassVar[frozenset[str]] = frozenset({"params"})
 
-    state: str
-    run: str
-    coord_port: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
-
-    def check(self) -> None:
-        run_state(self.state)
-        run_name(self.run)
-        if self.coord_port is not None and not 0 < self.coord_port < 65536:
-            raise DecodeError(f"'coord_port' {self.coord_port} is not a TCP port")
-
-    def record(self) -> dict[str, Any]:
-        d = self.to_dict()
-        del d[self.VERSION_KEY]
-        return d
+    coord_port: int | None = field(default=None, metadata=rule(check=tcp_port))
 
 
 @dataclass(frozen=True)
@@ -312,14 +221,14 @@ class NameInUseReply(Reply):
     WHAT: ClassVar[str] = "name-in-use reply"
 
     name_in_use: bool
-    run: str
+    run: str = field(metadata=rule(check=run_name))
     state: str
     node: str
 
     def check(self) -> None:
+        super().check()
         if self.name_in_use is not True:
             raise DecodeError("'name_in_use' is not true")
-        run_name(self.run)
 
 
 @dataclass(frozen=True)
@@ -330,14 +239,10 @@ class KillReply(Reply):
     WHAT: ClassVar[str] = "kill reply"
     SPARSE: ClassVar[frozenset[str]] = frozenset({"missing", "state"})
 
-    run: str
+    run: str = field(metadata=rule(check=run_name))
     missing: bool = False
-    state: str | None = None
+    state: str | None = field(default=None, metadata=rule(check=run_state))
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
-
-    def check(self) -> None:
-        run_name(self.run)
-        run_state(self.state)
 
 
 def _views(v: object) -> list[NodeRunView]:
@@ -349,7 +254,7 @@ def _views(v: object) -> list[NodeRunView]:
     out = []
     for rec in v:
         try:
-            out.append(NodeRunView.from_dict(rec))
+            out.append(decode(NodeRunView, rec))
         except DecodeError:
             continue
     return out
@@ -362,15 +267,8 @@ class KillTargetReply(Reply):
 
     WHAT: ClassVar[str] = "kill reply"
 
-    matched: int
-    killed: list[NodeRunView] = field(default_factory=list)
-
-    @classmethod
-    def decoders(cls) -> Mapping[str, Callable[[object], Any]]:
-        return {"killed": _views}
-
-    def check(self) -> None:
-        nonnegative(self, "matched")
+    matched: int = field(metadata=rule(check=not_negative))
+    killed: list[NodeRunView] = field(default_factory=list, metadata=rule(decode=_views))
 
 
 # -- stacks ------------------------------------------------------------------------------------
@@ -384,15 +282,7 @@ class StacksReply(Reply):
 
     WHAT: ClassVar[str] = "stacks reply"
 
-    run: str
-    state: str
+    run: str = field(metadata=rule(check=run_name))
+    state: str = field(metadata=rule(check=run_state))
     ranks: list[RankStacks] = field(default_factory=list)
     saved: bool = False
-
-    @classmethod
-    def decoders(cls) -> Mapping[str, Callable[[object], Any]]:
-        return {"ranks": each(RankStacks, "rank stack")}
-
-    def check(self) -> None:
-        run_name(self.run)
-        run_state(self.state)

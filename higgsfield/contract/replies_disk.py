@@ -1,21 +1,27 @@
 """The replies of the invoker's disk verbs: ``files`` (pull), ``prune`` and ``usage`` (doctor).
 
 Typed and versioned as every reply (:mod:`higgsfield.contract.replies`, which has the
-rules); their entries (a file, a run removed, a filesystem's free space) are typed too.
+rules); their entries (a file, a run removed, a filesystem's free space) are typed too,
+each checked where it sits (``'files[3].sha256' 'x' is not a sha256``).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from higgsfield.contract.codec import rule
 from higgsfield.contract.decode import DecodeError
-from higgsfield.contract.replies import Reply, Typed, each, nonnegative
+from higgsfield.contract.replies import Reply, Typed, not_negative
 from higgsfield.contract.text import shown
 
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def _sha256(v: str) -> None:
+    if not SHA256_RE.fullmatch(v):
+        raise ValueError(f"{shown(v)} is not a sha256")
 
 
 # -- files (pull) ------------------------------------------------------------------------------------
@@ -27,42 +33,28 @@ class FileEntry(Typed):
     WHAT: ClassVar[str] = "file entry"
 
     path: str
-    size: int
-    sha256: str
+    size: int = field(metadata=rule(check=not_negative))
+    sha256: str = field(metadata=rule(check=_sha256))
 
-    def check(self) -> None:
-        nonnegative(self, "size")
-        if not SHA256_RE.fullmatch(self.sha256):
-            raise DecodeError(f"'sha256' {shown(self.sha256)} is not a sha256")
+
+def _marker(v: object) -> dict[str, Any] | None:
+    return v if isinstance(v, dict) else None   # a marker that is no object: the pull writes its own
 
 
 @dataclass(frozen=True)
 class FilesReply(Reply):
     """``invoker files``: a run's complete checkpoint ``steps`` under ``root``; with ``--step`` also the step's
-    ``files`` and its ``marker``; with ``--logs`` the run directory's ``files``."""
+    ``files`` and its ``marker`` (left out otherwise: a marker goes with a step's files); with ``--logs`` the
+    run directory's ``files``."""
 
     WHAT: ClassVar[str] = "files reply"
-    SPARSE: ClassVar[frozenset[str]] = frozenset({"steps", "files"})
+    SPARSE: ClassVar[frozenset[str]] = frozenset({"steps", "files", "marker"})
 
     root: str
     steps: list[str] | None = None
     files: list[FileEntry] | None = None
-    marker: dict[str, Any] | None = None
+    marker: dict[str, Any] | None = field(default=None, metadata=rule(decode=_marker))
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
-
-    @classmethod
-    def decoders(cls) -> Mapping[str, Callable[[object], Any]]:
-        return {"files": each(FileEntry, "file entry"), "marker": _marker}
-
-    def to_dict(self) -> dict[str, Any]:
-        d = super().to_dict()
-        if self.files is None or self.steps is None:   # a marker goes with a step's files (null: not JSON)
-            d.pop("marker", None)
-        return d
-
-
-def _marker(v: object) -> dict[str, Any] | None:
-    return v if isinstance(v, dict) else None   # a marker that is no object: the pull writes its own
 
 
 # -- prune ----------------------------------------------------------------------------------------
@@ -76,10 +68,7 @@ class PrunedRun(Typed):
     state: str = ""
     ended_at: float | None = None
     path: str = ""
-    bytes: int = 0
-
-    def check(self) -> None:
-        nonnegative(self, "bytes")
+    bytes: int = field(default=0, metadata=rule(check=not_negative))
 
 
 @dataclass(frozen=True)
@@ -88,10 +77,7 @@ class PrunedCheckpoint(Typed):
 
     run: str
     path: str
-    bytes: int = 0
-
-    def check(self) -> None:
-        nonnegative(self, "bytes")
+    bytes: int = field(default=0, metadata=rule(check=not_negative))
 
 
 @dataclass(frozen=True)
@@ -100,10 +86,7 @@ class PrunedImage(Typed):
 
     tag: str
     id: str = ""
-    bytes: int = 0
-
-    def check(self) -> None:
-        nonnegative(self, "bytes")
+    bytes: int = field(default=0, metadata=rule(check=not_negative))
 
 
 @dataclass(frozen=True)
@@ -118,6 +101,7 @@ class Kept(Typed):
     image: str | None = None
 
     def check(self) -> None:
+        super().check()
         if (self.run is None) == (self.image is None):
             raise DecodeError("a kept entry names a run or an image")
 
@@ -129,7 +113,7 @@ class PruneReply(Reply):
     WHAT: ClassVar[str] = "prune reply"
 
     runs: list[PrunedRun]
-    freed_bytes: int
+    freed_bytes: int = field(metadata=rule(check=not_negative))
     dry_run: bool = False
     checkpoints: list[PrunedCheckpoint] = field(default_factory=list)
     images: list[PrunedImage] = field(default_factory=list)
@@ -138,14 +122,6 @@ class PruneReply(Reply):
     missing: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
-
-    @classmethod
-    def decoders(cls) -> Mapping[str, Callable[[object], Any]]:
-        return {"runs": each(PrunedRun, "run entry"), "checkpoints": each(PrunedCheckpoint, "checkpoint entry"),
-                "images": each(PrunedImage, "image entry"), "kept": each(Kept, "kept entry")}
-
-    def check(self) -> None:
-        nonnegative(self, "freed_bytes")
 
 
 # -- usage (doctor) ---------------------------------------------------------------------------------
@@ -156,13 +132,10 @@ class FreeSpace(Typed):
 
     WHAT: ClassVar[str] = "free-space entry"
 
-    free_bytes: int
+    free_bytes: int = field(metadata=rule(check=not_negative))
     path: str
-    total_bytes: int
+    total_bytes: int = field(metadata=rule(check=not_negative))
     what: str = ""
-
-    def check(self) -> None:
-        nonnegative(self, "free_bytes", "total_bytes")
 
 
 @dataclass(frozen=True)
@@ -173,16 +146,9 @@ class UsageReply(Reply):
     WHAT: ClassVar[str] = "usage reply"
     SPARSE: ClassVar[frozenset[str]] = frozenset({"state_dir"})
 
-    state_bytes: int
+    state_bytes: int = field(metadata=rule(check=not_negative))
     free: list[FreeSpace]
     state_dir: str | None = None
-    checkpoint_bytes: int = 0
+    checkpoint_bytes: int = field(default=0, metadata=rule(check=not_negative))
     checkpoint_dirs: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
-
-    @classmethod
-    def decoders(cls) -> Mapping[str, Callable[[object], Any]]:
-        return {"free": each(FreeSpace, "free-space entry")}
-
-    def check(self) -> None:
-        nonnegative(self, "state_bytes", "checkpoint_bytes")

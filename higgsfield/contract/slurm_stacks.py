@@ -6,7 +6,7 @@ A running job's ranks are on compute nodes only Slurm reaches: ``srun --overlap 
 each node (``python -m higgsfield.node.slurm_task stacks RUN_DIR``) signals that node's
 ranks, whose faulthandlers dump their threads (no ptrace needed), and prints one JSON line::
 
-    {"node": "n1", "ranks": [RankStacks dict, ...]}      or      {"node": "n1", "error": "why"}
+    {"node": "n1", "ranks": [RankStacks, ...]}      or      {"node": "n1", "error": "why"}      (NodeStacks)
 
 srun cuts long lines into pieces of about 1 KiB, and the nodes' pieces interleave: with
 ``--label`` each piece says its task, and :func:`by_task` puts each node's line back together.
@@ -21,9 +21,12 @@ the words live here, once.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
 
+from higgsfield.contract.codec import decode, rule
 from higgsfield.contract.decode import DecodeError, loads
-from higgsfield.contract.stacks import RankStacks
+from higgsfield.contract.stacks import RankStacks, SavedStacks
 
 #: The Slurm task's module (what job scripts and the stacks step run on each node).
 TASK_MODULE = "higgsfield.node.slurm_task"
@@ -31,6 +34,21 @@ TASK_MODULE = "higgsfield.node.slurm_task"
 #: Seconds the login node's srun may take (Slurm starts a step in well under one; each node's ranks have 3 s
 #: to dump): a node that does not answer is named, the others' stacks still show.
 SRUN_WAIT_S = 20.0
+
+
+@dataclass(frozen=True)
+class NodeStacks:
+    """The ``stacks`` task's one line: a node's ranks' stacks, or why it has none (``error``)."""
+
+    WHAT: ClassVar[str] = "stacks line"
+
+    node: str = field(metadata=rule(check=lambda v: v[:253]))
+    ranks: list[RankStacks] | None = field(default=None, metadata=rule(sparse=True))
+    error: str | None = field(default=None, metadata=rule(check=lambda v: v[:500], sparse=True))
+
+    def check(self) -> None:
+        if self.ranks is None and self.error is None:
+            raise ValueError("a stacks line with neither 'ranks' nor 'error'")
 
 
 def srun_argv(job_id: str, nnodes: int, python: str, run_dir: str, *, wait: float = SRUN_WAIT_S) -> list[str]:
@@ -56,29 +74,21 @@ def parse_srun(out: str, nodes: Sequence[str]) -> tuple[list[RankStacks], dict[s
     answered: dict[str, str | None] = {}
     for line in by_task(out):
         try:
-            data = loads(line)
-            if not isinstance(data, dict) or not isinstance(data.get("node"), str):
-                raise DecodeError("not an object with a 'node'")
-            node = str(data["node"])
-            if "error" in data:
-                answered[node] = str(data["error"])[:500]
-                continue
-            ranks = data.get("ranks")
-            if not isinstance(ranks, list):
-                raise DecodeError("'ranks' is not a list")
-            found.extend(RankStacks.from_dict(r) for r in ranks)
-            answered[node] = None
-        except (DecodeError, ValueError) as e:   # one bad line is named; the other nodes' stacks still count
+            got = decode(NodeStacks, loads(line))
+        except DecodeError as e:   # one bad line is named; the other nodes' stacks still count
             answered.setdefault("?", f"a stacks line that does not decode: {e}")
+            continue
+        answered[got.node] = got.error
+        if got.error is None and got.ranks is not None:
+            found.extend(got.ranks)
     missing = {n: "did not answer (its srun task gave no stacks)" for n in nodes if n not in answered}
     errors = {n: why for n, why in answered.items() if why is not None}
     return sorted(found, key=lambda s: (s.rank, s.node)), {**errors, **missing}
 
 
 def parse_saved(text: str) -> list[RankStacks]:
-    """``stacks.json`` (what the job saved at its stall): a list of RankStacks dicts; DecodeError otherwise."""
+    """``stacks.json`` (what the job saved at its stall, :class:`SavedStacks`; an older job's: the list of ranks);
+    DecodeError otherwise."""
     data = loads(text)
-    items = data.get("ranks") if isinstance(data, dict) else data
-    if not isinstance(items, list):
-        raise DecodeError("stacks.json is not a list of ranks' stacks")
-    return sorted((RankStacks.from_dict(r) for r in items), key=lambda s: (s.rank, s.node))
+    saved = decode(SavedStacks, {"ranks": data} if isinstance(data, list) else data)
+    return sorted(saved.ranks, key=lambda s: (s.rank, s.node))

@@ -23,11 +23,12 @@ Use::
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
 
-from higgsfield.contract.decode import DecodeError, cut, kind
+from higgsfield.contract.codec import rule
+from higgsfield.contract.decode import cut
 
 MAX_THREADS = 256
 MAX_FRAMES = 512
@@ -45,17 +46,37 @@ COLLECTIVES = frozenset({
 _LIBRARY = re.compile(r"(/site-packages/|/dist-packages/|/lib/python\d[.\d]*/|^<frozen |/higgsfield/node/)")
 
 
+# -- the rules of the decoded fields: strings cut to a bound, lists of at most so many items ------------
+
+def _cut(limit: int) -> Callable[[str], str]:
+    """A field's check: the string cut to ``limit`` characters (a node's text is shown, never trusted)."""
+    return lambda v: cut(v, limit)
+
+
+def _at_most(limit: int, each: int | None = None) -> Callable[[tuple[object, ...]], tuple[object, ...]]:
+    """A field's check: at most ``limit`` items (``each``: every item a string, cut to that)."""
+    def check(v: tuple[object, ...]) -> tuple[object, ...]:
+        if len(v) > limit:
+            raise ValueError(f"has {len(v)} items (at most {limit})")
+        return v if each is None else tuple(cut(str(x), each) for x in v)
+    return check
+
+
+def _counted(v: int) -> None:
+    if v < 0:
+        raise ValueError("must be an integer >= 0")
+
+
 @dataclass(frozen=True)
 class Frame:
     """One call: the function, its file and line, and ``code``, the source line (read on the node)."""
 
-    function: str
-    file: str
-    line: int
-    code: str = ""
+    WHAT: ClassVar[str] = "frame"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"function": self.function, "file": self.file, "line": self.line, "code": self.code}
+    function: str = field(metadata=rule(check=_cut(500)))
+    file: str = field(metadata=rule(check=_cut(2000)))
+    line: int = field(metadata=rule(check=_counted))
+    code: str = field(default="", metadata=rule(check=_cut(2000)))
 
     @property
     def at(self) -> str:
@@ -67,22 +88,23 @@ class Frame:
 class Thread:
     """One thread's stack, innermost frame LAST; ``name`` is :data:`MAIN` for the main thread."""
 
-    name: str
-    frames: tuple[Frame, ...]
+    WHAT: ClassVar[str] = "thread"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "frames": [f.to_dict() for f in self.frames]}
+    name: str = field(metadata=rule(check=_cut(200)))
+    frames: tuple[Frame, ...] = field(metadata=rule(check=_at_most(MAX_FRAMES)))
 
 
 @dataclass(frozen=True)
 class RankStacks:
     """One rank's threads as its node took them (``native``: py-spy's native stacks, when it was there)."""
 
-    node: str
-    rank: int
-    pid: int
-    threads: tuple[Thread, ...]
-    native: str = ""
+    WHAT: ClassVar[str] = "rank's stacks"
+
+    node: str = field(metadata=rule(check=_cut(253)))
+    rank: int = field(metadata=rule(check=_counted))
+    pid: int = field(metadata=rule(check=_counted))
+    threads: tuple[Thread, ...] = field(metadata=rule(check=_at_most(MAX_THREADS)))
+    native: str = field(default="", metadata=rule(check=_cut(MAX_NATIVE)))
 
     @property
     def who(self) -> str:
@@ -97,62 +119,16 @@ class RankStacks:
                 return t
         return self.threads[-1] if self.threads else None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "rank": self.rank, "pid": self.pid,
-                "threads": [t.to_dict() for t in self.threads], "native": self.native}
 
-    @classmethod
-    def from_dict(cls, data: object) -> RankStacks:
-        """The stacks in ``data``; :class:`DecodeError` (one line) on any other shape."""
-        d = _obj(data, "a rank's stacks")
-        threads = _list(d, "threads", MAX_THREADS)
-        return cls(node=_s(d, "node", 253), rank=_i(d, "rank"), pid=_i(d, "pid"),
-                   threads=tuple(_thread(t) for t in threads), native=_s(d, "native", MAX_NATIVE, default=""))
+@dataclass(frozen=True)
+class SavedStacks:
+    """``RUN_DIR/stacks.json``: the ranks' stacks a node (or a Slurm job) took at the run's stall, and when."""
 
+    WHAT: ClassVar[str] = "stacks file"
+    VERSION: ClassVar[int] = 1
 
-def _thread(data: object) -> Thread:
-    d = _obj(data, "a thread")
-    return Thread(name=_s(d, "name", 200), frames=tuple(_frame(f) for f in _list(d, "frames", MAX_FRAMES)))
-
-
-def _frame(data: object) -> Frame:
-    d = _obj(data, "a frame")
-    return Frame(function=_s(d, "function", 500), file=_s(d, "file", 2000), line=_i(d, "line"),
-                 code=_s(d, "code", 2000, default=""))
-
-
-def _obj(v: object, what: str) -> dict[str, Any]:
-    if not isinstance(v, dict):
-        raise DecodeError(f"{what} is {kind(v)}, not an object")
-    return v
-
-
-def _list(d: dict[str, Any], key: str, limit: int) -> list[Any]:
-    v = d.get(key)
-    if not isinstance(v, list):
-        raise DecodeError(f"'{key}' must be a list, not {kind(v)}")
-    if len(v) > limit:
-        raise DecodeError(f"'{key}' has {len(v)} items (at most {limit})")
-    return v
-
-
-_NO = object()
-
-
-def _s(d: dict[str, Any], key: str, limit: int, default: object = _NO) -> str:
-    v = d.get(key)
-    if v is None and default is not _NO:
-        return str(default)
-    if not isinstance(v, str):
-        raise DecodeError(f"'{key}' must be a string, not {kind(v)}")
-    return cut(v, limit)
-
-
-def _i(d: dict[str, Any], key: str) -> int:
-    v = d.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise DecodeError(f"'{key}' must be an integer >= 0, not {kind(v)}")
-    return v
+    ranks: tuple[RankStacks, ...] = field(metadata=rule(check=_at_most(1 << 16)))
+    taken_at: float = 0.0
 
 
 # -- faulthandler's text ------------------------------------------------------------------------
@@ -198,12 +174,11 @@ def parse_faulthandler(text: str, main_ident: int | None = None) -> tuple[Thread
 class Group:
     """Ranks (``node/rank``) whose main threads have the same stack, and ``where`` they are, in words."""
 
-    ranks: tuple[str, ...]
-    where: str
-    frames: tuple[Frame, ...]
+    WHAT: ClassVar[str] = "group"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"ranks": list(self.ranks), "where": self.where, "frames": [f.to_dict() for f in self.frames]}
+    ranks: tuple[str, ...] = field(metadata=rule(check=_at_most(1 << 16, each=300)))
+    where: str = field(metadata=rule(check=_cut(2000)))
+    frames: tuple[Frame, ...] = field(metadata=rule(check=_at_most(MAX_FRAMES)))
 
     @property
     def waiting(self) -> bool:
@@ -215,29 +190,11 @@ class Group:
 class Diagnosis:
     """The groups (largest first), the ranks outside the largest (``odd``), and one line saying it all."""
 
-    groups: tuple[Group, ...]
-    odd: tuple[str, ...]
-    summary: str
+    WHAT: ClassVar[str] = "diagnosis"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"groups": [g.to_dict() for g in self.groups], "odd": list(self.odd), "summary": self.summary}
-
-    @classmethod
-    def from_dict(cls, data: object) -> Diagnosis:
-        """The diagnosis in ``data``; :class:`DecodeError` (one line) on any other shape."""
-        d = _obj(data, "a diagnosis")
-        groups = []
-        for g in _list(d, "groups", 4096):
-            gd = _obj(g, "a group")
-            ranks = _list(gd, "ranks", 1 << 16)
-            if not all(isinstance(r, str) for r in ranks):
-                raise DecodeError("'ranks' must be a list of strings")
-            groups.append(Group(ranks=tuple(cut(r, 300) for r in ranks), where=_s(gd, "where", 2000),
-                                frames=tuple(_frame(f) for f in _list(gd, "frames", MAX_FRAMES))))
-        odd = _list(d, "odd", 1 << 16)
-        if not all(isinstance(r, str) for r in odd):
-            raise DecodeError("'odd' must be a list of strings")
-        return cls(groups=tuple(groups), odd=tuple(cut(r, 300) for r in odd), summary=_s(d, "summary", 4000))
+    groups: tuple[Group, ...] = field(metadata=rule(check=_at_most(4096)))
+    odd: tuple[str, ...] = field(metadata=rule(check=_at_most(1 << 16, each=300)))
+    summary: str = field(metadata=rule(check=_cut(4000)))
 
     @property
     def first_odd(self) -> tuple[str, int | None] | None:

@@ -1,11 +1,13 @@
 """``higgsfield invoker ...``: the node-side agent, called by the control side over a transport.
 
 Hidden from ``--help``. Input arrives as JSON on stdin (so secrets never appear in
-argv; ``deploy`` reads a tar there), output is JSON on stdout, each verb's reply a typed, versioned
-:mod:`higgsfield.contract.replies` object (``logs`` prints
-``RANK<TAB>LINE`` per line, and ``#hb`` lines as a heartbeat with ``--heartbeat``).
+argv; ``start`` reads a :class:`~higgsfield.contract.runspec.StartRequest`, ``deploy`` a tar),
+output is JSON on stdout: each node function returns the verb's typed, versioned reply
+(:mod:`higgsfield.contract.replies`), and this edge only prints it
+(:func:`~higgsfield.contract.codec.encode`). ``logs`` prints ``RANK<TAB>LINE`` per line, and
+``#hb`` lines as a heartbeat with ``--heartbeat``.
 
-    version | deployed | deploy | build | env | facts (drift) | fabric-last (dashboard) | start | status | logs | kill | queue
+    version | deployed | deploy | build | env | facts (drift) | fabric-last (dashboard) | start | status | logs | kill
     | stacks | files (pull) | prune | usage (doctor)
 """
 
@@ -18,16 +20,20 @@ from pathlib import Path
 import click
 
 from higgsfield import __version__
-from higgsfield.contract.layout import DEFAULT_STATE_DIR, state_path
+from higgsfield.contract.codec import encode
+from higgsfield.contract.layout import DEFAULT_STATE_DIR
+from higgsfield.node.state.home import NodeState
 
 
-def _state(ctx: click.Context) -> Path:
-    """The state directory of this invocation (``--state-dir``), absolute."""
-    return state_path(ctx.obj["state_dir"])
+def _home(ctx: click.Context) -> NodeState:
+    """The node's state of this invocation (``--state-dir``), built once by the group below."""
+    home: NodeState = ctx.obj["home"]
+    return home
 
 
-def _emit(data: object) -> None:
-    click.echo(json.dumps(data, sort_keys=True))
+def _emit(reply: object) -> None:
+    """The verb's reply (a contract type, or None) as one line of JSON: the CLI edge only serialises."""
+    click.echo(json.dumps(encode(reply), sort_keys=True))
 
 
 @click.group(hidden=True)
@@ -36,7 +42,7 @@ def _emit(data: object) -> None:
 def invoker(ctx: click.Context, state_dir: str) -> None:
     """Node-side agent: start, stop and report runs on this node."""
     ctx.ensure_object(dict)
-    ctx.obj["state_dir"] = state_dir
+    ctx.obj["home"] = NodeState.at(state_dir)
 
 
 @invoker.command()
@@ -44,7 +50,7 @@ def version() -> None:
     """Print this invoker's version."""
     from higgsfield.contract.replies import VersionReply
 
-    _emit(VersionReply(version=__version__, python=sys.executable).to_dict())
+    _emit(VersionReply(version=__version__, python=sys.executable))
 
 
 @invoker.command()
@@ -52,11 +58,9 @@ def version() -> None:
 @click.pass_context
 def deployed(ctx: click.Context, project: str) -> None:
     """Print what is deployed for PROJECT on this node (null if nothing)."""
-    from higgsfield.contract.replies import Deployment
     from higgsfield.node.code.deploy import deployed as _deployed
 
-    info = _deployed(_state(ctx), project)
-    _emit(None if info is None else Deployment.from_dict(info).to_dict())
+    _emit(_deployed(_home(ctx), project))
 
 
 @invoker.command()
@@ -66,10 +70,9 @@ def deployed(ctx: click.Context, project: str) -> None:
 @click.pass_context
 def deploy(ctx: click.Context, project: str, commit: str, dirty: bool) -> None:
     """Unpack the project tar on stdin as the new release; prints the verified deployment."""
-    from higgsfield.contract.replies import Deployment
     from higgsfield.node.code.deploy import unpack
 
-    _emit(Deployment.from_dict(unpack(_state(ctx), project, commit, sys.stdin.buffer, dirty=dirty)).to_dict())
+    _emit(unpack(_home(ctx), project, commit, sys.stdin.buffer, dirty=dirty))
 
 
 @invoker.command()
@@ -82,11 +85,10 @@ def deploy(ctx: click.Context, project: str, commit: str, dirty: bool) -> None:
 def build(ctx: click.Context, project: str, code_dir: str | None, dockerfile: str, base_image: str | None,
           runtime: str) -> None:
     """Build the project's image unless its tag exists already."""
-    from higgsfield.contract.replies import BuildReply
     from higgsfield.node.code.deploy import build as _build
 
-    _emit(BuildReply.from_dict(_build(_state(ctx), project, code_dir=Path(code_dir) if code_dir else None,
-                                      dockerfile=dockerfile, base_image=base_image, runtime=runtime)).to_dict())
+    _emit(_build(_home(ctx), project, code_dir=Path(code_dir) if code_dir else None,
+                 dockerfile=dockerfile, base_image=base_image, runtime=runtime))
 
 
 @invoker.command("env")
@@ -96,16 +98,15 @@ def build(ctx: click.Context, project: str, code_dir: str | None, dockerfile: st
 @click.pass_context
 def env_cmd(ctx: click.Context, project: str, code_dir: str | None, check: bool) -> None:
     """Build the project's environment for runtime: process (JSON lines: progress, then the result)."""
-    from higgsfield.contract.replies import EnvLine, EnvReply
-    from higgsfield.node.code import environment
+    from higgsfield.contract.replies import EnvLine
+    from higgsfield.node.code import env_build, environment
 
     code = Path(code_dir) if code_dir else None
     if check:
-        _emit(EnvReply.from_dict(environment.status(_state(ctx), project, code)).to_dict())
+        _emit(environment.status(_home(ctx), project, code))
         return
-    result = environment.build(_state(ctx), project, code_dir=code,
-                               progress=lambda m: _emit(EnvLine(progress=m).to_dict()))
-    _emit(EnvLine(result=EnvReply.from_dict(result)).to_dict())
+    result = env_build.build(_home(ctx), project, code_dir=code, progress=lambda m: _emit(EnvLine(progress=m)))
+    _emit(EnvLine(result=result))
 
 
 @invoker.command()
@@ -117,7 +118,7 @@ def facts(ctx: click.Context, project: str, runtime: str, node: str) -> None:
     """What a run of PROJECT would use here (drivers, CUDA, NCCL, packages, keys), for the drift check."""
     from higgsfield.node.code.facts import facts as _facts
 
-    _emit(_facts(_state(ctx), project, runtime, node).to_dict())
+    _emit(_facts(_home(ctx), project, runtime, node))
 
 
 @invoker.command("fabric-last", hidden=True)
@@ -127,16 +128,7 @@ def fabric_last(ctx: click.Context, project: str) -> None:
     """(dashboard) The newest fabric test's result of PROJECT this node was node 0 of (null result: none)."""
     from higgsfield.node.observe.fabric_last import last_fabric
 
-    _emit(last_fabric(_state(ctx), project).to_dict())
-
-
-@invoker.command("queue")
-@click.pass_context
-def queue_cmd(ctx: click.Context) -> None:
-    """Print the node's queue: runs holding slots, then runs waiting (FIFO)."""
-    from higgsfield.node.gang import queue
-
-    _emit(queue.describe(queue.snapshot(_state(ctx))))
+    _emit(last_fabric(_home(ctx), project))
 
 
 @invoker.command()
@@ -151,23 +143,21 @@ def start(ctx: click.Context) -> None:
     this start made nothing here (and must not stop the run holding the name).
     """
     from higgsfield.contract.errors import RunNameInUse
-    from higgsfield.contract.replies import NameInUseReply, StartReply
-    from higgsfield.contract.runspec import RunSpec, SpecError
+    from higgsfield.contract.replies import NameInUseReply
+    from higgsfield.contract.runspec import SpecError, read_request
     from higgsfield.node.runs.start import start_run
 
     try:
         payload = json.loads(sys.stdin.read())
     except ValueError:
         raise SpecError("the run request on stdin is not JSON") from None
-    if not isinstance(payload, dict):
-        raise SpecError("the run request on stdin is not a JSON object")
-    spec = RunSpec.from_dict(payload.get("spec"))  # refuses another version, re-checks every name
+    request = read_request(payload)  # refuses another version, re-checks every name
     try:
-        record = start_run(_state(ctx), spec, payload.get("secrets") or {}, str(payload.get("token") or ""))
+        reply = start_run(_home(ctx), request)
     except RunNameInUse as e:
-        _emit(NameInUseReply(name_in_use=True, run=spec.run, state=e.state, node=spec.node).to_dict())
+        _emit(NameInUseReply(name_in_use=True, run=request.spec.run, state=e.state, node=request.spec.node))
         raise
-    _emit(StartReply.from_dict(record.to_dict()).to_dict())
+    _emit(reply)
 
 
 @invoker.command(hidden=True)
@@ -179,7 +169,7 @@ def supervise(ctx: click.Context, project: str, run: str, listen_fd: int | None)
     """(internal) Own one run until it ends."""
     from higgsfield.node.runs.supervisor import supervise as _supervise
 
-    sys.exit(_supervise(_state(ctx), project, run, listen_fd))
+    sys.exit(_supervise(_home(ctx), project, run, listen_fd))
 
 
 @invoker.command()
@@ -192,11 +182,11 @@ def status(ctx: click.Context, project: str | None, run_name: str | None) -> Non
     A file that does not decode (a damaged record, a symlink, a directory that is no
     run's) is skipped with one line naming it; every other run still shows.
     """
-    from higgsfield.contract.runspec import NODE_RUNS_VERSION
+    from higgsfield.contract.noderuns import StatusReply
     from higgsfield.node.observe.watch import node_runs
 
-    runs, skipped = node_runs(_state(ctx), project, run_name)
-    _emit({"version": NODE_RUNS_VERSION, "runs": runs, "skipped": skipped})
+    runs, skipped = node_runs(_home(ctx), project, run_name)
+    _emit(StatusReply(runs=runs, skipped=skipped))
 
 
 @invoker.command()
@@ -216,7 +206,7 @@ def logs(ctx: click.Context, project: str, run_name: str, follow: bool, ranks: t
     from higgsfield.node.runs.stop import refresh
     from higgsfield.node.state.records import RunDir
 
-    rd = RunDir(_state(ctx), project, run_name)
+    rd = RunDir(_home(ctx), project, run_name)
     if not rd.exists():
         raise RunError(f"no run '{run_name}' of project '{project}' on this node")
     out = sys.stdout
@@ -238,29 +228,14 @@ def logs(ctx: click.Context, project: str, run_name: str, follow: bool, ranks: t
 def kill(ctx: click.Context, project: str, run_name: str | None, target: str | None, grace: float,
          missing_ok: bool, attempt: str | None) -> None:
     """Stop a run on this node; prints its final record (with --target: {"matched", "killed": [records]})."""
-    from higgsfield.contract.replies import KillReply, KillTargetReply
-    from higgsfield.contract.runspec import NodeRunView
-    from higgsfield.node.runs.stop import kill as _kill
-    from higgsfield.node.runs.stop import kill_attempt, kill_target
-    from higgsfield.node.state.records import RunDir
+    from higgsfield.node.runs.stop import kill_run, kill_target
 
     if target is not None:
-        found = kill_target(_state(ctx), project, target, grace=grace)
-        _emit(KillTargetReply(matched=found["matched"],
-                              killed=[NodeRunView.from_dict(r) for r in found["killed"]]).to_dict())
+        _emit(kill_target(_home(ctx), project, target, grace=grace))
         return
     if run_name is None:
         raise click.UsageError("give --run or --target")
-    if attempt is not None:
-        record = kill_attempt(_state(ctx), project, run_name, attempt, grace=grace)
-        _emit((KillReply(missing=True, run=run_name) if record is None
-               else KillReply.from_dict(record.to_dict())).to_dict())
-        return
-    if missing_ok and not RunDir(_state(ctx), project, run_name).exists():
-        _emit(KillReply(missing=True, run=run_name).to_dict())
-        return
-    _emit(KillReply.from_dict(_kill(_state(ctx), project, run_name, grace=grace).to_dict()).to_dict())
-
+    _emit(kill_run(_home(ctx), project, run_name, grace=grace, missing_ok=missing_ok, attempt=attempt))
 
 
 @invoker.command()
@@ -276,12 +251,12 @@ def stacks(ctx: click.Context, project: str, run_name: str, ranks: tuple[int, ..
     its stall ({"run", "state", "ranks": [RankStacks], "saved"}; no ranks: it ended without stalling)."""
     from higgsfield.contract.errors import RunError
     from higgsfield.contract.replies import StacksReply
-    from higgsfield.contract.runspec import ACTIVE
+    from higgsfield.contract.states import ACTIVE
     from higgsfield.node.runs.stacks import saved, take
     from higgsfield.node.runs.stop import refresh
     from higgsfield.node.state.records import RunDir
 
-    rd = RunDir(_state(ctx), project, run_name)
+    rd = RunDir(_home(ctx), project, run_name)
     if not rd.exists():
         raise RunError(f"no run '{run_name}' of project '{project}' on this node")
     record = refresh(rd)
@@ -290,7 +265,7 @@ def stacks(ctx: click.Context, project: str, run_name: str, ranks: tuple[int, ..
     out = found or at_stall or []
     if ranks:
         out = [s for s in out if s.rank in ranks]
-    _emit(StacksReply(run=run_name, state=record.state, ranks=out, saved=bool(at_stall)).to_dict())
+    _emit(StacksReply(run=run_name, state=record.state, ranks=out, saved=bool(at_stall)))
 
 
 # The dashboard's node-side feeds (higgsfield/node/views.py): stats | metrics.
@@ -309,10 +284,9 @@ invoker.add_command(_metrics)
 @click.pass_context
 def files(ctx: click.Context, project: str, run_name: str, step: str | None, logs: bool) -> None:
     """(pull) List a run's checkpoint steps, or one step's files or its logs, with sizes and sha256."""
-    from higgsfield.contract.replies_disk import FilesReply
     from higgsfield.node.observe.files import describe
 
-    _emit(FilesReply.from_dict(describe(_state(ctx), project, run_name, step=step, logs=logs)).to_dict())
+    _emit(describe(_home(ctx), project, run_name, step=step, logs=logs))
 
 
 @invoker.command(hidden=True)
@@ -327,8 +301,7 @@ def prune(ctx: click.Context, project: str, dry_run: bool) -> None:
     """
     from dataclasses import replace
 
-    from higgsfield.contract.prunespec import PrunePolicy
-    from higgsfield.contract.replies_disk import PruneReply
+    from higgsfield.contract.prunespec import read_policy
     from higgsfield.node.runs.prune import PruneError
     from higgsfield.node.runs.prune import prune as _prune
 
@@ -337,9 +310,8 @@ def prune(ctx: click.Context, project: str, dry_run: bool) -> None:
         data = json.loads(raw) if raw else {}
     except ValueError:
         raise PruneError("the prune request on stdin is not JSON") from None
-    policy = PrunePolicy.from_dict(data)
-    _emit(PruneReply.from_dict(_prune(_state(ctx), project, replace(policy, dry_run=policy.dry_run or dry_run)))
-          .to_dict())
+    policy = read_policy(data)
+    _emit(_prune(_home(ctx), project, replace(policy, dry_run=policy.dry_run or dry_run)))
 
 
 @invoker.command(hidden=True)
@@ -347,7 +319,6 @@ def prune(ctx: click.Context, project: str, dry_run: bool) -> None:
 @click.pass_context
 def usage(ctx: click.Context, project: str) -> None:
     """(doctor) Bytes in the state dir and the project's checkpoints, and the free space where they are."""
-    from higgsfield.contract.replies_disk import UsageReply
     from higgsfield.node.runs.prune import usage as _usage
 
-    _emit(UsageReply.from_dict(_usage(_state(ctx), project)).to_dict())
+    _emit(_usage(_home(ctx), project))

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import atexit
 import importlib
-import json
 import os
 import signal
 import sys
@@ -57,7 +56,7 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
-from higgsfield.contract.layout import SPEC
+from higgsfield.contract.layout import LOGS, SPEC
 from higgsfield.contract.runspec import RunSpec
 from higgsfield.node.observe import logindex
 from higgsfield.node.state.placement import read_run_spec
@@ -155,12 +154,16 @@ def tee(src: int, fd: int, ifd: int) -> None:
 
 def _note_death(logs: Path, rank: int, started: float) -> None:
     """At the tee's EOF: if the worker neither exited cleanly nor recorded an error, record that it died now."""
+    from higgsfield.contract.codec import decode
+    from higgsfield.contract.decode import read_json
+    from higgsfield.node.runs.failure import RankError
+
     if (logs / f"rank{rank}.done").exists():
         return
     try:
-        if float(json.loads((logs / f"rank{rank}.error.json").read_text())["time"]) >= started:
+        if decode(RankError, read_json(logs / f"rank{rank}.error.json")).time >= started:
             return  # the worker recorded its own exception (this attempt's, not a restarted one's)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):
         pass
     _record_error(logs, rank, "ended without a Python exception (a signal: SIGKILL from the OOM killer, "
                               "SIGSEGV, SIGABRT; or os._exit)", kind="died")
@@ -186,7 +189,7 @@ def main(argv: list[str] | None = None, *, hard_exit: bool = False) -> int:
         return 2
     run_dir = Path(args[0])
     rank = int(os.environ.get("RANK", "0"))
-    logs = run_dir / "logs"
+    logs = run_dir / LOGS
     _die_with_parent()
     (logs / f"rank{rank}.done").unlink(missing_ok=True)  # a restarted worker starts unfinished
     _redirect(logs, rank)
@@ -286,10 +289,12 @@ def run(spec: RunSpec) -> int:
 def _record_error(logs: Path, rank: int, message: str, kind: str = "exception") -> None:
     """``rank<N>.error.json``: the rank, when, what (one line), and ``kind`` (exception | died)."""
     try:
+        from higgsfield.contract.codec import encode
+        from higgsfield.node.runs.failure import RankError
         from higgsfield.node.state.records import write_json
 
         write_json(logs / f"rank{rank}.error.json",
-                   {"rank": rank, "time": time.time(), "error": message[:2000], "kind": kind})
+                   encode(RankError(rank=rank, time=time.time(), error=message[:2000], kind=kind)))
     except OSError:
         pass
 

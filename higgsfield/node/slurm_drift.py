@@ -31,16 +31,20 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from higgsfield import __version__
+from higgsfield.contract.codec import decode, encode, rule
 from higgsfield.contract.decode import DecodeError, read_json
-from higgsfield.contract.drift import Difference, DriftReport, NodeFacts
+from higgsfield.contract.drift import Difference, DriftReport, NodeFacts, report_json
+from higgsfield.contract.layout import DRIFT_FACTS, DRIFT_VERDICT
 from higgsfield.node.code.facts import gpus, nccl, packages, site_packages, torch_cuda
 from higgsfield.node.state.records import RunDir
 
-FACTS = "facts"
-VERDICT = "drift.json"
+FACTS = DRIFT_FACTS   # RUN_DIR/facts/<attempt>/: contract.layout's
+VERDICT = DRIFT_VERDICT
 WAIT_S = 30.0
 """How long a task waits for the other nodes' facts (their tasks start within a second or two of each other)."""
 POLL_S = 0.1
@@ -76,7 +80,7 @@ def _write(path: Path, data: dict[str, object]) -> None:
 
 def _read(path: Path) -> NodeFacts | None:
     try:
-        return NodeFacts.from_dict(read_json(path))
+        return decode(NodeFacts, read_json(path))
     except (OSError, DecodeError, ValueError):
         return None
 
@@ -95,28 +99,39 @@ def gather(folder: Path, hosts: list[str], wait_s: float = WAIT_S) -> tuple[list
 def check(rd: RunDir, attempt: str, hosts: list[str], this_node: str, wait_s: float = WAIT_S) -> DriftReport:
     """Write this node's facts, wait for the others', compare, write the verdict."""
     folder = attempt_dir(rd, attempt)
-    _write(folder / f"{this_node}.json", job_facts(this_node).to_dict())
+    _write(folder / f"{this_node}.json", encode(job_facts(this_node)))
     facts, missing = gather(folder, hosts, wait_s)
     report = DriftReport.of(facts, {h: f"wrote no facts within {wait_s:.0f}s" for h in missing})
-    _write(folder / VERDICT, report.to_dict())
+    _write(folder / VERDICT, report_json(report))
     return report
 
 
 def verdict(rd: RunDir, attempt: str) -> list[Difference]:
     """The differences the nodes found in this attempt (none: no verdict, or a healthy allocation)."""
     try:
-        data = read_json(attempt_dir(rd, attempt) / VERDICT)
+        return decode(_Verdict, read_json(attempt_dir(rd, attempt) / VERDICT)).differences
     except (OSError, DecodeError):
         return []
-    items = data.get("differences") if isinstance(data, dict) else None
+
+
+def _each_difference(v: object) -> list[Difference]:
+    """The differences that decode (one damaged hides only itself)."""
     out: list[Difference] = []
-    for d in items if isinstance(items, list) else []:
+    for d in v if isinstance(v, list) else []:
         try:
-            out.append(Difference(field=str(d["field"]), node=str(d["node"]), value=str(d["value"]),
-                                  majority=str(d["majority"]), nodes=int(d.get("nodes") or 0)))
-        except (KeyError, TypeError, ValueError):
+            out.append(decode(Difference, d))
+        except DecodeError:
             continue
     return out
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    """What :func:`verdict` reads of ``drift.json`` (a :class:`DriftReport`): its differences."""
+
+    WHAT: ClassVar[str] = "drift verdict"
+
+    differences: list[Difference] = field(default_factory=list, metadata=rule(decode=_each_difference))
 
 
 def reason(differences: list[Difference]) -> str:

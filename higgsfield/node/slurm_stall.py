@@ -38,9 +38,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from higgsfield.contract.runspec import RUNNING, STALLED, RunSpec
-from higgsfield.contract.slurm_stacks import SRUN_WAIT_S, parse_srun, srun_argv
+from higgsfield.contract.codec import encode
+from higgsfield.contract.layout import ranks_of_node
+from higgsfield.contract.runspec import RunSpec
+from higgsfield.contract.slurm_stacks import SRUN_WAIT_S, NodeStacks, parse_srun, srun_argv
 from higgsfield.contract.stacks import Diagnosis, RankStacks, diagnose
+from higgsfield.contract.stall_policy import OnStall, StallPolicy
+from higgsfield.contract.states import RUNNING, STALLED
 from higgsfield.node.gang.watchdog import Watchdog
 from higgsfield.node.runs import progress, stacks
 from higgsfield.node.state import records
@@ -53,24 +57,14 @@ KILL_AFTER_S = 30.0   # srun told to end the stalled step and still there after 
 
 
 
-def local_ranks(hosts: Sequence[str], nproc: int, node: str) -> range:
-    """The global ranks torchrun gave ``node``'s workers: its c10d rendezvous orders the nodes by name (each
-    is its own ``--local_addr``), ``nproc`` ranks each (as :func:`higgsfield.node.slurm_task.failure` reads)."""
-    order = sorted(hosts)
-    if node not in order:
-        return range(0)
-    i = order.index(node)
-    return range(i * nproc, (i + 1) * nproc)
-
-
 def node_stacks(rd: RunDir, node: str) -> str:
     """The ``stacks`` task's one line: this node's ranks' stacks (``{"node", "ranks"}``) or why not (``"error"``)."""
     try:
         pinned = read_run_spec(rd.spec_path)
-        found = stacks.take(rd, node, ranks=local_ranks(pinned.nodes, pinned.nproc or 1, node))
+        found = stacks.take(rd, node, ranks=ranks_of_node(pinned.nodes, pinned.nproc or 1, node))
     except Exception as e:  # noqa: BLE001 - one node's failure is a line, the other nodes still answer
-        return json.dumps({"node": node, "error": f"{type(e).__name__}: {e}"})
-    return json.dumps({"node": node, "ranks": [s.to_dict() for s in found]})
+        return json.dumps(encode(NodeStacks(node, error=f"{type(e).__name__}: {e}")))
+    return json.dumps(encode(NodeStacks(node, ranks=found)))
 
 
 
@@ -113,12 +107,13 @@ class StallWatch:
 
     def __init__(self, rd: RunDir, spec: RunSpec, started_at: float, take: Taker) -> None:
         self.rd, self.spec, self.take = rd, spec, take
-        self.dog = Watchdog(spec.stall_timeout, spec.startup_timeout, started_at)
+        self.policy = StallPolicy.from_spec(spec)
+        self.dog = Watchdog(self.policy.stall_timeout, self.policy.startup_timeout, started_at)
         self.stall: Stall | None = None   # the stall now (on_stall=wait: until a rank progresses again)
 
     @property
     def on(self) -> bool:
-        return self.spec.stall_timeout > 0 or self.spec.startup_timeout > 0
+        return not self.policy.off
 
     def tick(self, now: float) -> str | None:
         """``"stalled"`` when a stall begins (its stacks taken and saved, :attr:`stall` set), ``"progressing"``
@@ -171,8 +166,8 @@ def watch(proc: subprocess.Popen[bytes], watcher: StallWatch, *, stop: Callable[
             continue
         if news == "stalled" and watcher.stall is not None:
             stall = watcher.stall
-            print(f"higgsfield: {stall.reason} (on_stall: {watcher.spec.on_stall})", file=sys.stderr, flush=True)
-            if watcher.spec.on_stall == "wait":
+            print(f"higgsfield: {stall.reason} (on_stall: {watcher.policy.on_stall})", file=sys.stderr, flush=True)
+            if watcher.policy.on_stall == OnStall.WAIT:
                 watcher.mark(STALLED, stall.reason)
             else:
                 verdict, stopped_at = stall, time.monotonic()

@@ -56,14 +56,23 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 
 from higgsfield.contract.decode import DecodeError, read_json
+from higgsfield.contract.errors import RunError
 from higgsfield.contract.failure import Failure
-from higgsfield.contract.layout import KILL, REQUEST, SECRETS
+from higgsfield.contract.layout import KILL, REQUEST, SECRETS, node_of_rank
 from higgsfield.contract.names import check_node_name
-from higgsfield.contract.runspec import FAILED, KILLED, QUEUED, RUNNING, SUCCEEDED, RunSpec
-from higgsfield.contract.slurmjob import PinnedSlurmRun, SlurmRequest, WrongVersion
+from higgsfield.contract.runspec import RunSpec
+from higgsfield.contract.slurmjob import (
+    PinnedSlurmRun,
+    SlurmRequest,
+    WrongVersion,
+    decode_pinned,
+    decode_request,
+    pinned_json,
+)
+from higgsfield.contract.stall_policy import OnStall
+from higgsfield.contract.states import FAILED, KILLED, QUEUED, RUNNING, SUCCEEDED
 from higgsfield.node import slurm_drift
 from higgsfield.node.runs.failure import describe, read_end
 from higgsfield.node.runtime.env import kept_basics, run_variables
@@ -77,8 +86,10 @@ SLURM_KEPT_ENV = ("CUDA_VISIBLE_DEVICES",)   # Slurm's own, for the job's GPUs; 
 _SRUN_TASK_ERROR = re.compile(r"srun: error: ([A-Za-z0-9_.:-]+): task (\d+): (.*)")
 
 
-class TaskError(Exception):
-    """The job cannot run as asked (its request is missing or malformed, its secrets are gone)."""
+class TaskError(RunError):
+    """The job cannot run as asked (its request is missing or malformed, its secrets are gone): exit 2."""
+
+    exit_code = 2
 
 
 class BadRequest(TaskError):
@@ -88,9 +99,8 @@ class BadRequest(TaskError):
 # -- the run directory ----------------------------------------------------------
 
 def run_dir(path: str) -> RunDir:
-    """The RunDir of ``<workdir>/runs/<project>/<run>``."""
-    p = Path(path)
-    return RunDir(p.parents[2], p.parent.name, p.name)
+    """The RunDir of ``<workdir>/runs/<project>/<run>`` (the workdir is the job's state dir)."""
+    return RunDir.of_path(path)
 
 
 def read_request(rd: RunDir) -> SlurmRequest:
@@ -102,7 +112,7 @@ def read_request(rd: RunDir) -> SlurmRequest:
     except (OSError, DecodeError) as e:
         raise TaskError(f"cannot read {path}: {e}") from None
     try:
-        return SlurmRequest.from_dict(data, where=str(path))
+        return decode_request(data, where=str(path))
     except WrongVersion as e:
         raise TaskError(str(e)) from None
     except DecodeError as e:
@@ -185,9 +195,9 @@ def batch(rd: RunDir, master: str, command: list[str]) -> int:
     except (TaskError, subprocess.CalledProcessError, ValueError) as e:
         return _start_failed(rd, req.spec, str(e))
     rd.make()
-    write_json(rd.spec_path, PinnedSlurmRun(spec, gpus=req.gpus_per_node, checkpoint_dir=req.checkpoint_dir,
-                                              cache_dir=req.cache_dir, python=sys.executable,
-                                              allow_drift=req.allow_drift).to_dict())
+    write_json(rd.spec_path, pinned_json(PinnedSlurmRun(spec, gpus=req.gpus_per_node, checkpoint_dir=req.checkpoint_dir,
+                                                        cache_dir=req.cache_dir, python=sys.executable,
+                                                        allow_drift=req.allow_drift)))
     previous = _read_record(rd)
     record = RunRecord(project=spec.project, experiment=spec.experiment, run=spec.run, node=hosts[0], node_rank=0,
                        nnodes=len(hosts), nproc=spec.nproc or 1, state=RUNNING, runtime="slurm", command=command,
@@ -221,7 +231,7 @@ def batch(rd: RunDir, master: str, command: list[str]) -> int:
     record = rd.read()
     record.ended_at, record.exit_code = _now(), rc
     if stall is not None and not (rd.path / KILL).exists():
-        return _stalled(rd, record, stall, spec.on_stall, secrets, restart, max_restarts, job_id, rc)
+        return _stalled(rd, record, stall, watcher.policy.on_stall, secrets, restart, max_restarts, job_id, rc)
     if stopped or (rd.path / KILL).exists():
         killed = (rd.path / KILL).exists()
         record.state = KILLED if killed else FAILED
@@ -272,7 +282,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         pass
 
 
-def _stalled(rd: RunDir, record: RunRecord, stall: Stall, on_stall: str, secrets: dict[str, str], restart: int,
+def _stalled(rd: RunDir, record: RunRecord, stall: Stall, on_stall: OnStall, secrets: dict[str, str], restart: int,
              max_restarts: int, job_id: str, rc: int) -> int:
     """The end of a job its watchdog stopped (``on_stall`` fail or restart): requeued when asked to restart and
     requeues are left, else failed with ``stalled: <summary>``, the first odd rank named as the failing one."""
@@ -283,7 +293,7 @@ def _stalled(rd: RunDir, record: RunRecord, stall: Stall, on_stall: str, secrets
     except ValueError:
         record.failed_node = None
     record.failed_rank, record.failed_at, record.error_tail = rank, stall.at, []
-    return _end(rd, record, stall.reason, on_stall == "restart" and restart < max_restarts and bool(job_id),
+    return _end(rd, record, stall.reason, on_stall == OnStall.RESTART and restart < max_restarts and bool(job_id),
                 restart, max_restarts, secrets, job_id, rc or 1)
 
 
@@ -292,14 +302,13 @@ def failure(rd: RunDir, hosts: list[str], nproc: int, rc: int, since: float) -> 
 
     Group ranks follow the sorted host names (torch's c10d rendezvous sorts its
     participants, each named by its ``--local_addr``), so global rank r ran on
-    ``sorted(hosts)[r // nproc]``. A failure without a rank (a whole torchrun died) is
+    ``sorted(hosts)[r // nproc]`` (:func:`higgsfield.contract.layout.node_of_rank`). A failure without a rank (a whole torchrun died) is
     named by srun's own line ``srun: error: NODE: task T: ...``.
     """
     fail = describe(rd, "", rc, since)
-    reason, node = fail.reason, None
-    if fail.rank is not None and 0 <= fail.rank // nproc < len(hosts):
-        node = sorted(hosts)[fail.rank // nproc]
-    else:
+    reason = fail.reason
+    node = node_of_rank(hosts, nproc, fail.rank) if fail.rank is not None else None
+    if node is None:
         text = read_end(rd.launcher_log, 64 * 1024)
         found = _SRUN_TASK_ERROR.findall(text)
         if found:
@@ -389,7 +398,7 @@ def node(rd: RunDir, master: str) -> int:
     """This node's torchrun, until it ends; SIGTERM (scancel) stops it and its workers. The nodes are compared
     first: on a difference (without ``--allow-drift``) no torchrun starts and the task exits DRIFT_EXIT."""
     try:   # the spec.json the batch step pinned, decoded once
-        pinned = PinnedSlurmRun.from_dict(read_json(rd.spec_path, limit=SPEC_MAX_BYTES), where=str(rd.spec_path))
+        pinned = decode_pinned(read_json(rd.spec_path, limit=SPEC_MAX_BYTES), where=str(rd.spec_path))
     except (OSError, DecodeError) as e:
         raise TaskError(f"cannot read the run's pinned spec: {e}") from None
     host = pinned.spec.nodes[int(os.environ.get("SLURM_NODEID", "0"))]
@@ -447,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         return node(rd, args.master)
     except TaskError as e:
         print(f"higgsfield: {e}", file=sys.stderr, flush=True)
-        return 2
+        return e.exit_code
 
 
 if __name__ == "__main__":

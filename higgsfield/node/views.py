@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
 
-from higgsfield.contract.layout import state_path
+from higgsfield.contract.codec import encode
+from higgsfield.node.state.home import NodeState
 
 
-def _state(ctx: click.Context) -> Path:
-    """The state directory of this invocation (``--state-dir``), absolute."""
-    return state_path(ctx.obj["state_dir"])
+def _home(ctx: click.Context) -> NodeState:
+    """The node's state of this invocation (``--state-dir``), built once by the ``invoker`` group."""
+    home: NodeState = ctx.obj["home"]
+    return home
 
 
 def _line(data: Any) -> None:
@@ -37,18 +38,18 @@ def stats(ctx: click.Context, follow: bool, every: float, project: str | None) -
     """Print this node's CPU, memory, disk and GPUs (nvidia-smi), once or as a live feed."""
     from higgsfield.node.observe.stats import Sampler
 
-    state = _state(ctx)
+    home = _home(ctx)
     if not follow:
-        sampler = Sampler(state)
+        sampler = Sampler(home)
         try:
-            _line(sampler.sample().to_dict())
+            _line(encode(sampler.sample()))
         finally:
             sampler.close()
         return
     from higgsfield.node.observe.watch import feed
 
     try:
-        feed(state, every=every, project=project, emit=_line)
+        feed(home, every=every, project=project, emit=_line)
     except (BrokenPipeError, KeyboardInterrupt):   # the reader went away: that is how a feed ends
         sys.exit(0)
 
@@ -73,7 +74,7 @@ def metrics(ctx: click.Context, project: str, run_name: str, follow: bool, skip:
     from higgsfield.node.runs.stop import refresh
     from higgsfield.node.state.records import RunDir
 
-    rd = RunDir(_state(ctx), project, run_name)
+    rd = RunDir(_home(ctx), project, run_name)
     if not rd.exists():
         raise RunError(f"no run '{run_name}' of project '{project}' on this node")
     out = sys.stdout

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from higgsfield.contract.decode import DecodeError
-from higgsfield.contract.drift import Difference, DriftReport, NodeFacts, NodesDrift, compare, drifted
+from higgsfield.contract.codec import DecodeError, decode, encode
+from higgsfield.contract.drift import (
+    Difference,
+    DriftReport,
+    NodeFacts,
+    NodesDrift,
+    compare,
+    drifted,
+    report_json,
+)
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -53,11 +61,11 @@ def test_refusal_is_one_line_with_exit_2_and_the_reasons_per_node() -> None:
 
 def test_facts_cross_the_wire_and_a_bad_reply_is_one_line() -> None:
     f = _facts("n1", gpu_model="NVIDIA H100 80GB HBM3", gpu_count=8)
-    assert NodeFacts.from_dict(f.to_dict()) == f
+    assert decode(NodeFacts, encode(f)) == f
     with pytest.raises(DecodeError, match="packages"):
-        NodeFacts.from_dict({**f.to_dict(), "packages": {"numpy": 2}})
-    report = DriftReport.of([f, _facts("n2", gpu_count=8)], {"n3": "timed out"}).to_dict()
+        decode(NodeFacts, {**encode(f), "packages": {"numpy": 2}})
+    report = report_json(DriftReport.of([f, _facts("n2", gpu_count=8)], {"n3": "timed out"}))
     assert set(report) == {"nodes", "differences", "unreachable"}
     assert report["differences"] == [{"field": "gpu_model", "node": "n2", "value": "none",
                                       "majority": "NVIDIA H100 80GB HBM3", "nodes": 1}]
-    assert report["unreachable"] == {"n3": "timed out"} and "reply_version" not in report["nodes"][0]
+    assert report["unreachable"] == {"n3": "timed out"} and "version" not in report["nodes"][0]

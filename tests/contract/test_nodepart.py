@@ -8,8 +8,11 @@ from typing import Any
 
 import pytest
 
+from higgsfield.contract.codec import decode, encode
+from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.nodepart import NodePart, stall_of
-from higgsfield.contract.runspec import RunStatus
+from higgsfield.contract.noderuns import NodeRunView
+from higgsfield.contract.runstatus import RunStatus, RunStatusJson, status_json
 from higgsfield.contract.stacks import Diagnosis
 from higgsfield.control.backends.nodes.status import merge
 from higgsfield.control.backends.stall import diagnosis_of, stall_fields
@@ -29,16 +32,17 @@ def _rec(node: str, rank: int, **kw: Any) -> dict[str, Any]:
 
 
 def test_the_merge_keeps_each_nodes_part_typed_and_status_json_is_unchanged() -> None:
-    (st,) = merge([_rec("b", 1, state="stalled", stall=DIAGNOSIS, stalled_at=9.0, exclusive=True),
-                   _rec("a", 0, state="stalled", stall=DIAGNOSIS, stalled_at=8.5, reason="stalled: x")])
+    recs = [_rec("b", 1, state="stalled", stall=DIAGNOSIS, stalled_at=9.0, exclusive=True),
+            _rec("a", 0, state="stalled", stall=DIAGNOSIS, stalled_at=8.5, reason="stalled: x")]
+    (st,) = merge([decode(NodeRunView, r) for r in recs])
     assert list(st.nodes) == ["a", "b"]
     a = st.nodes["a"]
     assert (a.state, a.slots, a.nproc, a.exclusive, a.reason, a.started_at) == ("stalled", (0,), 2, False,
                                                                               "stalled: x", 2.0)
     assert a.stall is not None and a.stall.odd == ("b/1",) and st.nodes["b"].stalled_at == 9.0
-    assert diagnosis_of(st) == Diagnosis.from_dict(DIAGNOSIS)
+    assert diagnosis_of(st) == decode(Diagnosis, DIAGNOSIS)
     assert stall_fields(st) == {"stall": DIAGNOSIS, "stalled_at": 8.5}
-    d = json.loads(json.dumps({**st.to_dict(), **stall_fields(st)}))
+    d = json.loads(json.dumps({**status_json(st), **stall_fields(st)}))
     d.pop("duration")
     assert d == {"version": 1, "project": "p", "experiment": "e", "run": "e-1", "state": "stalled",
                  "nodes": ["a", "b"], "created_at": 1.0, "started_at": 2.0, "ended_at": None, "exit_code": None,
@@ -48,12 +52,13 @@ def test_the_merge_keeps_each_nodes_part_typed_and_status_json_is_unchanged() ->
 
 def test_a_scheduler_knows_only_the_state_and_the_json_reads_back() -> None:
     st = RunStatus("p", "e", "e-1", "failed", {"n1": NodePart("failed"), "n2": NodePart("killed")}, 1.0, 2.0, 5.0,
-                   stall=Diagnosis.from_dict(DIAGNOSIS))
-    d = json.loads(json.dumps(st.to_dict()))
+                   stall=decode(Diagnosis, DIAGNOSIS))
+    d = json.loads(json.dumps(status_json(st)))
     assert d["stall"] == DIAGNOSIS and d["node_states"] == {"n1": "failed", "n2": "killed"}
-    again = RunStatus.from_dict(d)
-    assert again == st and again.to_dict() == d
-    assert RunStatus.from_dict({**d, "stall": {"odd": 3}}).stall is None   # one that does not decode: none
+    again = decode(RunStatusJson, d)
+    assert again == RunStatusJson.of(st) and encode(again) == d
+    with pytest.raises(DecodeError, match="'stall.groups' is missing"):   # the JSON read back is checked
+        decode(RunStatusJson, {**d, "stall": {"odd": 3}})
     # the nodes know only their state: the views fall back to the run's own diagnosis (a Slurm job's)
     assert stall_fields(st) == {"stall": DIAGNOSIS, "stalled_at": None}
 
@@ -61,4 +66,4 @@ def test_a_scheduler_knows_only_the_state_and_the_json_reads_back() -> None:
 @pytest.mark.parametrize("v", [None, {"odd": 3}, [], "stalled", {"groups": [{"ranks": [1]}], "odd": [], "summary": ""}])
 def test_a_stall_that_does_not_decode_is_none(v: object) -> None:
     assert stall_of(v) is None
-    assert stall_of(DIAGNOSIS) == Diagnosis.from_dict(DIAGNOSIS)
+    assert stall_of(DIAGNOSIS) == decode(Diagnosis, DIAGNOSIS)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from higgsfield.contract.codec import decode, encode
 from higgsfield.contract.errors import ExperimentError, ParamError
 from higgsfield.contract.params import RESERVED, ParamSpec, parse_assignments, parse_bool, resolve
 
@@ -169,4 +172,4 @@ def test_parse_assignments() -> None:
 
 def test_spec_dict_round_trip() -> None:
     spec = ParamSpec.build("size", default="7b", options=["7b", "13b"], description="model size")
-    assert ParamSpec.from_dict(spec.to_dict()) == spec
+    assert decode(ParamSpec, json.loads(json.dumps(encode(spec)))) == spec

@@ -8,10 +8,20 @@ from typing import Any
 
 import pytest
 
+from higgsfield.contract.codec import encode
 from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.layout import REQUEST_VERSION
-from higgsfield.contract.runspec import RunSpec
-from higgsfield.contract.slurmjob import JOB_VERSION, PinnedSlurmRun, SlurmJob, SlurmRequest, WrongVersion
+from higgsfield.contract.runspec import read_spec
+from higgsfield.contract.slurmjob import (
+    JOB_VERSION,
+    PinnedSlurmRun,
+    SlurmJob,
+    WrongVersion,
+    decode_job,
+    decode_pinned,
+    decode_request,
+    pinned_json,
+)
 
 # request.json and job.json as the previous release (0.2.x) wrote them, key for key
 OLD_SPEC: dict[str, Any] = {
@@ -33,37 +43,37 @@ OLD_JOB: dict[str, Any] = {
 
 
 def test_the_previous_releases_request_reads_and_is_written_back_the_same() -> None:
-    req = SlurmRequest.from_dict(json.loads(json.dumps(OLD_REQUEST)))
-    assert req.spec == RunSpec.from_dict(OLD_SPEC) and req.spec.node == "pending"
+    req = decode_request(json.loads(json.dumps(OLD_REQUEST)))
+    assert req.spec == read_spec(OLD_SPEC) and req.spec.node == "pending"
     assert (req.secret_names, req.max_restarts, req.gpus_per_node) == (["AWS_SECRET_ACCESS_KEY", "WANDB_API_KEY"], 1, 8)
     assert req.checkpoint_dir.endswith("/checkpoints/proj/probe-20250101-101010-ab12")
     assert req.submitted_at == 1735725010.25 and req.version == REQUEST_VERSION
     # the JSON on disk keeps its shape: the same keys, the same values (sort_keys, as the client writes it)
-    assert json.dumps(req.to_dict(), sort_keys=True) == json.dumps(OLD_REQUEST, sort_keys=True)
+    assert json.dumps(encode(req), sort_keys=True) == json.dumps(OLD_REQUEST, sort_keys=True)
 
 
 def test_the_previous_releases_job_record_reads_without_a_version() -> None:
-    job = SlurmJob.from_dict(json.loads(json.dumps(OLD_JOB)))
+    job = decode_job(json.loads(json.dumps(OLD_JOB)))
     assert (job.job_id, job.login, job.project, job.run, job.version) == (
         "4711", "login.cluster.example", "proj", "probe-20250101-101010-ab12", JOB_VERSION)
     assert job.sbatch[1] == "--nodes=2" and job.params == {"lr": 0.001, "steps": 8}
-    assert job.to_dict() == {**OLD_JOB, "version": JOB_VERSION}     # the same keys, and its version
-    assert SlurmJob.from_dict(job.to_dict()) == job
-    assert SlurmJob.from_dict({"job_id": "9"}) == SlurmJob("9")     # only the job id is required
+    assert encode(job) == {**OLD_JOB, "version": JOB_VERSION}     # the same keys, and its version
+    assert decode_job(encode(job)) == job
+    assert decode_job({"job_id": "9"}) == SlurmJob("9")     # only the job id is required
 
 
 @pytest.mark.parametrize("data", [{**OLD_REQUEST, "version": 2}, {**OLD_REQUEST, "version": None},
                                   {k: v for k, v in OLD_REQUEST.items() if k != "version"}, [OLD_REQUEST], "x"])
 def test_a_request_of_another_version_is_refused_in_one_line(data: object) -> None:
     with pytest.raises(WrongVersion) as e:
-        SlurmRequest.from_dict(data, where="/w/runs/p/r/request.json")
+        decode_request(data, where="/w/runs/p/r/request.json")
     assert str(e.value) == (f"/w/runs/p/r/request.json is not a version-{REQUEST_VERSION} request: the login "
                             "node's higgsfield and the job's differ; run 'higgsfield setup'")
 
 
 def test_a_job_record_of_another_version_is_refused_in_one_line() -> None:
     with pytest.raises(WrongVersion, match=r"job.json is of version 2 \(this higgsfield reads 1\): upgrade"):
-        SlurmJob.from_dict({**OLD_JOB, "version": 2})
+        decode_job({**OLD_JOB, "version": 2})
 
 
 @pytest.mark.parametrize(("change", "words"), [
@@ -82,7 +92,7 @@ def test_a_job_record_of_another_version_is_refused_in_one_line() -> None:
 ])
 def test_a_damaged_request_names_its_field_in_one_line(change: dict[str, Any], words: str) -> None:
     with pytest.raises(DecodeError) as e:
-        SlurmRequest.from_dict({**OLD_REQUEST, **change})
+        decode_request({**OLD_REQUEST, **change})
     assert not isinstance(e.value, WrongVersion)
     assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
 
@@ -94,7 +104,7 @@ def test_a_damaged_request_names_its_field_in_one_line(change: dict[str, Any], w
     ({**OLD_JOB, "project": "a/b"}, "'project' 'a/b' is not a project name"),
     ({**OLD_JOB, "run": ".."}, "'run' '..' is not a run name"),
     ({**OLD_JOB, "experiment": "e\x1b[2J"}, "'experiment'"),
-    ({**OLD_JOB, "sbatch": ["--a", 3]}, "'sbatch' must be a list of strings"),
+    ({**OLD_JOB, "sbatch": ["--a", 3]}, "'sbatch[1]' must be a string, not a number"),
     ({**OLD_JOB, "sbatch": ["--x"] * 1001}, "at most 1000"),
     ({**OLD_JOB, "params": []}, "'params' must be an object"),
     ({**OLD_JOB, "submitted_at": -1}, "must not be negative"),
@@ -102,7 +112,7 @@ def test_a_damaged_request_names_its_field_in_one_line(change: dict[str, Any], w
 ])
 def test_a_damaged_job_record_names_its_field_in_one_line(data: object, words: str) -> None:
     with pytest.raises(DecodeError) as e:
-        SlurmJob.from_dict(data)
+        decode_job(data)
     assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
@@ -116,14 +126,14 @@ OLD_PINNED: dict[str, Any] = {**PINNED_SPEC, "gpus": 8, "checkpoint_dir": "/shar
 
 
 def test_the_pinned_spec_reads_and_is_written_back_key_for_key() -> None:
-    pinned = PinnedSlurmRun.from_dict(json.loads(json.dumps(OLD_PINNED)), where="/w/runs/p/r/spec.json")
-    assert pinned.spec == RunSpec.from_dict(PINNED_SPEC) and pinned.spec.nodes == ("n1", "n2")
+    pinned = decode_pinned(json.loads(json.dumps(OLD_PINNED)), where="/w/runs/p/r/spec.json")
+    assert pinned.spec == read_spec(PINNED_SPEC) and pinned.spec.nodes == ("n1", "n2")
     assert (pinned.gpus, pinned.python, pinned.allow_drift) == (8, "/venv/bin/python", False)
-    assert list(pinned.to_dict().items()) == list(OLD_PINNED.items())     # same keys, same order, same values
-    assert PinnedSlurmRun.from_dict(pinned.to_dict()) == pinned
-    drifting = PinnedSlurmRun.from_dict({**OLD_PINNED, "allow_drift": True})
-    assert drifting.allow_drift and drifting.to_dict()["allow_drift"] is True
-    assert PinnedSlurmRun.from_dict(PINNED_SPEC) == PinnedSlurmRun(pinned.spec)   # placement keys default
+    assert pinned_json(pinned) == OLD_PINNED      # the same keys, the same values (written with sorted keys)
+    assert decode_pinned(pinned_json(pinned)) == pinned
+    drifting = decode_pinned({**OLD_PINNED, "allow_drift": True})
+    assert drifting.allow_drift and pinned_json(drifting)["allow_drift"] is True
+    assert decode_pinned(PINNED_SPEC) == PinnedSlurmRun(pinned.spec)   # placement keys default
 
 
 @pytest.mark.parametrize(("data", "words"), [
@@ -139,6 +149,6 @@ def test_the_pinned_spec_reads_and_is_written_back_key_for_key() -> None:
 ])
 def test_a_damaged_pinned_spec_names_the_file_and_its_field_in_one_line(data: object, words: str) -> None:
     with pytest.raises(DecodeError) as e:
-        PinnedSlurmRun.from_dict(data, where="/w/runs/p/r/spec.json")
+        decode_pinned(data, where="/w/runs/p/r/spec.json")
     assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
     assert str(e.value).startswith("/w/runs/p/r/spec.json")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from higgsfield.contract.decode import DecodeError
+from higgsfield.contract.codec import DecodeError, decode, encode
 from higgsfield.contract.stacks import (
     MAIN,
     Diagnosis,
@@ -72,7 +72,7 @@ def test_the_odd_rank_is_named_with_its_line_and_the_others_wait_in_the_collecti
     assert d.first_odd == ("hfnode1", 1)
     text = render(stacks, d)
     assert text.startswith(d.summary) and "== hfnode2/1 (pid 13) ==" in text and "time.sleep(3600)" in text
-    assert Diagnosis.from_dict(json.loads(json.dumps(d.to_dict()))) == d
+    assert decode(Diagnosis, json.loads(json.dumps(encode(d)))) == d
 
 
 def test_on_a_tie_the_group_in_a_collective_is_the_majority() -> None:
@@ -92,7 +92,7 @@ def test_a_node_that_sent_no_stacks_is_odd_never_the_majority_and_named_before_t
     d = diagnose([RankStacks("n0", 0, 1, waiting), RankStacks("n0", 1, 2, waiting)], silent=["n1"])
     assert d.odd == ("n1",) and d.first_odd == ("n1", None)
     assert d.summary == "n0/0, n0/1 wait in all_reduce at train.py:88; n1 is without stacks (no answer from the node)"
-    assert Diagnosis.from_dict(json.loads(json.dumps(d.to_dict()))) == d
+    assert decode(Diagnosis, json.loads(json.dumps(encode(d)))) == d
     # more silent nodes than answering ranks: still odd; with nobody answering, every node is odd
     many = diagnose([RankStacks("n0", 0, 1, waiting)], silent=["n1", "n2"])
     assert many.groups[0].ranks == ("n0/0",) and many.odd == ("n1", "n2")
@@ -106,16 +106,16 @@ def test_a_node_that_sent_no_stacks_is_odd_never_the_majority_and_named_before_t
 
 def test_rank_stacks_round_trip_and_a_bad_shape_is_one_decode_error() -> None:
     s = RankStacks("hfnode1", 3, 99, _frames(DUMP, 0x7F42803DBB80), native="Thread 1 (idle)")
-    d = s.to_dict()
+    d = encode(s)
     assert set(d) == {"node", "rank", "pid", "threads", "native"}
     assert set(d["threads"][0]["frames"][0]) == {"function", "file", "line", "code"}
-    assert RankStacks.from_dict(json.loads(json.dumps(d))) == s
+    assert decode(RankStacks, json.loads(json.dumps(d))) == s
     for bad in ([], {**d, "rank": "1"}, {**d, "threads": [{"name": "x", "frames": [{"file": "a"}]}]},
                 {**d, "threads": "no"}):
         with pytest.raises(DecodeError):
-            RankStacks.from_dict(bad)
+            decode(RankStacks, bad)
     with pytest.raises(DecodeError):
-        Diagnosis.from_dict({"groups": [], "odd": [1], "summary": "x"})
+        decode(Diagnosis, {"groups": [], "odd": [1], "summary": "x"})
 
 
 def test_the_same_code_under_other_directories_is_one_group_and_a_non_waiting_odd_rank_is_named_first() -> None:

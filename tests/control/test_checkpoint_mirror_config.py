@@ -11,10 +11,12 @@ import pytest
 from helpers_project import assert_one_line_error, run_cli, write
 
 from higgsfield._lib.ckpt_mirror import Mirror, Part, Uploader, mirror_root
+from higgsfield.contract.codec import encode
 from higgsfield.contract.errors import ConfigError
-from higgsfield.contract.runspec import RunSpec, SpecError
+from higgsfield.contract.runspec import RunSpec, SpecError, read_spec
 from higgsfield.control.config import parse_config
 from higgsfield.node.runtime import torchrun
+from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.placement import NodeRun, Placement
 from higgsfield.node.state.records import RunDir
 
@@ -56,17 +58,17 @@ def _node_run(tmp_path: Path, **spec: object) -> NodeRun:
 
 @pytest.mark.timeout(10)
 def test_the_spec_carries_the_mirror_only_when_set_and_the_run_gets_it_as_env(tmp_path: Path) -> None:
-    rd = RunDir(tmp_path, "p", "r")
+    rd = RunDir(NodeState(tmp_path), "p", "r")
     plain = _node_run(tmp_path)
-    assert "checkpoint_mirror" not in plain.spec.to_dict()  # a node that predates the field reads it
+    assert "checkpoint_mirror" not in encode(plain.spec)  # a node that predates the field reads it
     assert "HIGGSFIELD_CHECKPOINT_MIRROR" not in torchrun.run_vars(plain, rd)
     run = _node_run(tmp_path, checkpoint_mirror="s3://bucket/ckpt")
-    back = RunSpec.from_dict(json.loads(json.dumps(run.spec.to_dict())))
+    back = read_spec(json.loads(json.dumps(encode(run.spec))))
     assert back == run.spec
     for env in (torchrun.process_env(run, rd, {"AWS_ACCESS_KEY_ID": "k"}, base={}), torchrun.container_env(run, rd)):
         assert env["HIGGSFIELD_CHECKPOINT_MIRROR"] == "s3://bucket/ckpt"
     with pytest.raises(SpecError, match="'checkpoint_mirror' must be a URL of one line"):
-        RunSpec.from_dict({**run.spec.to_dict(), "checkpoint_mirror": "s3://b\nx"})
+        read_spec({**encode(run.spec), "checkpoint_mirror": "s3://b\nx"})
 
 
 def _part(tmp: Path, step: int, node: int, token: str, ranks: list[int], keep: int | None = 2) -> Part:

@@ -140,10 +140,12 @@ def test_duplicate_experiment_names_in_one_file(tmp_path: Path, monkeypatch: pyt
         discover(Path("src"))
 
 
-def test_to_dict_is_json_ready(tmp_path: Path) -> None:
+def test_the_json_is_json_ready(tmp_path: Path) -> None:
     import json
+
+    from higgsfield.contract.codec import encode
 
     write(tmp_path / "src" / "m.py", IMPORT_STYLES["from-import"] + BODY)
     (exp,) = discover(tmp_path / "src")
-    d = json.loads(json.dumps(exp.to_dict()))
+    d = json.loads(json.dumps(encode(exp.as_json())))
     assert d["name"] == "e" and d["params"][0]["options"] == ["7b", "13b"]

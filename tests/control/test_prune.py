@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.records import RunDir, RunRecord
 
 PROJECT = "pruneproj"
@@ -43,7 +44,7 @@ def node(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> Path:
     write_config(proj, "")
     state, now = tmp_path / "state", time.time()
     for name, (st, days) in RUNS.items():
-        rd = RunDir(state, PROJECT, name)
+        rd = RunDir(NodeState(state), PROJECT, name)
         rd.make()
         active = st in ("running", "queued")
         rd.write(RunRecord(PROJECT, "exp", name, "localhost", 0, 1, 1, state=st, created_at=now - days * DAY,
@@ -53,10 +54,10 @@ def node(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> Path:
         ckpt = checkpoints(tmp_path, name)
         ckpt.mkdir(parents=True)
         (ckpt / "shard0.distcp").write_bytes(b"\0" * 50_000)
-    bad = RunDir(state, PROJECT, "damaged")
+    bad = RunDir(NodeState(state), PROJECT, "damaged")
     bad.make()
     bad.record_path.write_text('{"state": "succ')     # a crash or another tool left this
-    RunDir(tmp_path / "outside", PROJECT, "x").write(   # a finished, old run reached through a link
+    RunDir(NodeState(tmp_path / "outside"), PROJECT, "x").write(   # a finished, old run reached through a link
         RunRecord(PROJECT, "exp", "linked", "localhost", 0, 1, 1, state="succeeded", ended_at=now - 90 * DAY))
     (state / "runs" / PROJECT / "linked").symlink_to(tmp_path / "outside" / "runs" / PROJECT / "x")
     return tmp_path
@@ -237,7 +238,7 @@ def test_the_prune_request_reads_back_as_sent_and_an_unknown_field_is_named() ->
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from higgsfield.contract.prunespec import PruneError, PrunePolicy
+    from higgsfield.contract.prunespec import PruneError, PrunePolicy, read_policy
 
     names = st.from_regex(r"[a-z][a-z0-9_-]{0,20}", fullmatch=True)
 
@@ -246,8 +247,8 @@ def test_the_prune_request_reads_back_as_sent_and_an_unknown_field_is_named() ->
                      runs=st.lists(names, max_size=4).map(tuple), checkpoints=st.booleans(), images=st.booleans(),
                      dry_run=st.booleans()))
     def round_trip(policy: PrunePolicy) -> None:
-        assert PrunePolicy.from_dict(json.loads(policy.to_json())) == policy
+        assert read_policy(json.loads(policy.to_json())) == policy
 
     round_trip()
     with pytest.raises(PruneError, match=r"unknown field\(s\) 'keep_last'.*higgsfield setup --step invoker"):
-        PrunePolicy.from_dict({"keep_last": 3})
+        read_policy({"keep_last": 3})

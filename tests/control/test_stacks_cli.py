@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from helpers_project import local_project
 
+from higgsfield.contract.codec import decode, encode
 from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.replies import StacksReply
 from higgsfield.contract.stacks import Frame, RankStacks, Thread, diagnose
@@ -62,6 +63,7 @@ def _record(run: str, state: str, now: float, **extra: object) -> dict[str, obje
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from higgsfield.node.runs.stacks import save
+    from higgsfield.node.state.home import NodeState
     from higgsfield.node.state.records import RunDir
 
     root = tmp_path_factory.mktemp("stacks")
@@ -70,7 +72,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     now = time.time()
     stacks = _stacks("localhost")
     diagnosis = diagnose(stacks)
-    stall = {"stall": diagnosis.to_dict(), "stalled_at": now - 60}
+    stall = {"stall": encode(diagnosis), "stalled_at": now - 60}
     records = {
         "hang-wait": _record("hang-wait", "stalled", now, **stall),
         "hang-fail": _record("hang-fail", "failed", now, ended_at=now - 55, exit_code=1, failed_node="localhost",
@@ -78,7 +80,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "done": _record("done", "succeeded", now, ended_at=now - 100, exit_code=0),
     }
     for run, record in records.items():
-        rd = RunDir(state, "stackproj", run)
+        rd = RunDir(NodeState(state), "stackproj", run)
         rd.make()
         (rd.path / "run.json").write_text(json.dumps(record))
         if "stall" in record:
@@ -162,15 +164,15 @@ def test_run_refuses_bad_stall_flags(project: Path) -> None:
 
 def test_the_stacks_reply_is_typed_and_versioned() -> None:
     reply = StacksReply(run="r1", state="running", ranks=_stacks("n1"), saved=False)
-    wire = json.loads(json.dumps(reply.to_dict()))
+    wire = json.loads(json.dumps(encode(reply)))
     assert wire["version"] == 1 and wire["ranks"][1]["threads"][0]["frames"][-1]["code"] == "time.sleep(3600)"
-    assert StacksReply.from_dict(wire) == reply
+    assert decode(StacksReply, wire) == reply
     with pytest.raises(DecodeError, match="version 2"):
-        StacksReply.from_dict({**wire, "version": 2})
-    with pytest.raises(DecodeError, match="rank stack 0: 'pid' must be an integer"):
-        StacksReply.from_dict({**wire, "ranks": [{**wire["ranks"][0], "pid": "x"}]})
+        decode(StacksReply, {**wire, "version": 2})
+    with pytest.raises(DecodeError, match=r"'ranks\[0\]\.pid' must be an integer"):
+        decode(StacksReply, {**wire, "ranks": [{**wire["ranks"][0], "pid": "x"}]})
     with pytest.raises(DecodeError, match="'state'"):
-        StacksReply.from_dict({**wire, "state": "sleeping"})
+        decode(StacksReply, {**wire, "state": "sleeping"})
 
 
 # -- a live run: its stacks taken now -------------------------------------------------------------

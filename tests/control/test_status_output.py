@@ -17,7 +17,7 @@ import pytest
 from helpers_project import local_project
 
 from higgsfield.contract.nodepart import NodePart
-from higgsfield.contract.runspec import RunStatus
+from higgsfield.contract.runstatus import RunStatus
 from higgsfield.control.cli._status_table import layout
 
 pytestmark = pytest.mark.timeout(120)

@@ -15,7 +15,7 @@ uses, with bigger sizes), in rounds with a fresh seed each, until the time is up
     params      @param declarations and values -> a ParamSpec and typed values, or one line
     cli         argv for init, config, experiments, build-experiments, run, logs, kill and ci
                 (with form values in the environment), in-process through main(): exit 0, 2,
-                or "reached the orchestrator" (stubbed), with stderr one line; never
+                or "reached the nodes" (the backend's session, stubbed), with stderr one line; never
                 "internal error"
 
 and everything that comes back from a node or a run (issue 22):
@@ -74,9 +74,9 @@ from test_properties import (  # noqa: E402
     _loads_or_one_line,
 )
 
-import higgsfield.control.backends.nodes as orchestrator  # noqa: E402
 from higgsfield.contract.errors import ConfigError, ExperimentError, HiggsfieldError, ParamError  # noqa: E402
 from higgsfield.contract.params import ParamSpec  # noqa: E402
+from higgsfield.control.backends.nodes.backend import NodesBackend  # noqa: E402
 from higgsfield.control.cli import main as cli_main  # noqa: E402
 from higgsfield.control.config import Config, load_config  # noqa: E402
 from higgsfield.control.project.discovery import discover  # noqa: E402
@@ -309,13 +309,18 @@ def fuzz_params(name: Any, default: Any, description: Any, required: Any, kind: 
 # -- the CLI ------------------------------------------------------------------------
 
 class Reached(HiggsfieldError):
-    """The stubbed orchestrator was called: every argument check passed."""
+    """The stubbed backend session was opened: every argument check passed."""
 
     exit_code = 3
 
 
 def _reached(*args: object, **kwargs: object) -> Any:
-    raise Reached("reached the orchestrator")
+    raise Reached("reached the nodes")
+
+
+#: What the CLI calls to reach the nodes: ``run``, ``logs``, ``kill``, ``ci run`` and ``ci kill`` open the
+#: backend's session (and start, follow or kill through it), so no fuzzed input ever gets further.
+STUBS = [(NodesBackend, "session")]
 
 
 PROJECT = "name: demo\nnodes:\n  - host: localhost\nruntime: process\nsecrets: [WANDB_API_KEY]\n"
@@ -400,7 +405,7 @@ def fuzz_cli(command: list[str], positional: list[str], options: list[str], env:
         assert len(lines) == 1 and lines[0].startswith("error: "), (args, stderr[-1000:])
         one_line(lines[0], 900)
         if code == 1:   # exit 1 is for what is not the user's input: a stale --check, a clash with a user file,
-            # or `ci deploy` (which goes through the backend, not the stubbed orchestrator) in a project
+            # or `ci deploy` (which goes through the backend's deploy, not the stubbed session) in a project
             # that is no git checkout: the workflow's checkout always has a commit
             assert any(why in lines[0] for why in ("not up to date", "did not generate", "has no commit to deploy")), \
                 (args, lines[0])
@@ -422,10 +427,13 @@ DIR_NAME = st.one_of(IDENT, st.sampled_from(["..", ".", "-x", "a" * 300, "evil\x
 
 
 def _healthy_record(run: str) -> dict[str, Any]:
+    from higgsfield.contract.codec import encode
     from higgsfield.node.state.records import RunRecord
 
-    return RunRecord(project="fz", experiment="e", run=run, node="localhost", node_rank=0, nnodes=1, nproc=1,
-                     state="succeeded", exit_code=0, created_at=1.0, started_at=1.0, ended_at=2.0).to_dict()
+    record: dict[str, Any] = encode(RunRecord(project="fz", experiment="e", run=run, node="localhost", node_rank=0,
+                                              nnodes=1, nproc=1, state="succeeded", exit_code=0, created_at=1.0,
+                                              started_at=1.0, ended_at=2.0))
+    return record
 
 
 @st.composite
@@ -463,7 +471,8 @@ def fuzz_records(damaged: list[tuple[str, str, bytes | None]], reply: Any) -> No
     each skip in one line; the control side decodes any reply into typed views or one line."""
     from higgsfield.contract.decode import DecodeError
     from higgsfield.contract.names import is_run_name
-    from higgsfield.contract.runspec import NodeRuns, SpecError
+    from higgsfield.contract.noderuns import read_node_runs
+    from higgsfield.contract.runspec import SpecError
 
     COUNTS["records"] += 1
     state = WORK / "state"
@@ -505,11 +514,11 @@ def fuzz_records(damaged: list[tuple[str, str, bytes | None]], reply: Any) -> No
         tail = r.get("error_tail") or []
         assert isinstance(tail, list) and len(tail) <= 50 and all(isinstance(x, str) for x in tail), tail[:3]
     OUTCOMES[f"records shown {min(len(shown), 3)}, skipped {min(len(reply_here['skipped']), 3)}"] += 1
-    decoded = NodeRuns.from_reply(reply_here)
+    decoded = read_node_runs(reply_here)
     assert "healthy" in {v.run for v in decoded.runs}
     with bounded("records reply"):
         try:
-            views = NodeRuns.from_reply(reply)
+            views = read_node_runs(reply)
         except (DecodeError, SpecError) as e:
             one_line(str(e), 900)
             OUTCOMES["records reply refused"] += 1
@@ -576,12 +585,13 @@ def fuzz_metrics(lines: list[tuple[str, str | bytes]]) -> None:
     good step in order and counts the rest, so each non-blank line is either shown or counted."""
     from higgsfield.metrics import decode_line, parse_skipped
     from higgsfield.node.observe.metrics import metrics_path
+    from higgsfield.node.state.home import NodeState
     from higgsfield.node.state.records import RunDir
 
     COUNTS["metrics"] += 1
     state = WORK / "mstate"
     shutil.rmtree(state, ignore_errors=True)
-    rd = RunDir(state, "fz", "healthy")
+    rd = RunDir(NodeState(state), "fz", "healthy")
     rd.make()
     rd.record_path.write_text(json.dumps(_healthy_record("healthy")))
     raw = [b.encode() if isinstance(b, str) else b for _, b in lines]
@@ -698,16 +708,15 @@ def run(seconds: float, batch: int, out: Path | None, targets: list[str], first_
         rounds: int | None = None, quiet: bool = False) -> tuple[int, list[str]]:
     """Fuzz until ``seconds`` pass (or ``rounds`` rounds ran); returns (inputs tried, findings)."""
     global WORK
-    stubs = {name: getattr(orchestrator, name) for name in ("start_run", "plan_run", "connect", "get_run", "kill",
-                                                             "deploy")}
+    stubs = {(owner, name): getattr(owner, name) for owner, name in STUBS}
     saved_home = os.environ.get("HIGGSFIELD_HOME_CONFIG")
     findings: list[str] = []
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hf-fuzz-") as tmp:
         WORK = Path(tmp)
         os.environ["HIGGSFIELD_HOME_CONFIG"] = str(WORK / "home")
-        for name in stubs:
-            setattr(orchestrator, name, _reached)
+        for owner, name in stubs:
+            setattr(owner, name, _reached)
         try:
             round_no = first_seed
             while rounds is None or round_no < first_seed + rounds:
@@ -737,8 +746,8 @@ def run(seconds: float, batch: int, out: Path | None, targets: list[str], first_
             if "stack" in _UI:
                 _UI.pop("stack").close()
                 _UI.clear()
-            for name, fn in stubs.items():
-                setattr(orchestrator, name, fn)
+            for (owner, name), fn in stubs.items():
+                setattr(owner, name, fn)
             if saved_home is None:
                 os.environ.pop("HIGGSFIELD_HOME_CONFIG", None)
             else:

@@ -1,4 +1,4 @@
-"""The project environment of runtime: process (higgsfield.node.code.environment), on this machine.
+"""The project environment of runtime: process (higgsfield.node.code.environment, .env_key, .env_build), on this machine.
 
 Fast: what counts as listing torch, the key, which python a run gets. Slow: a real
 build with pip (torch from this machine's wheel on disk), skipped when unchanged,
@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 
 from higgsfield.contract.errors import RunError
+from higgsfield.node.code import env_build
+from higgsfield.node.code import env_key as keymod
 from higgsfield.node.code import environment as envmod
+from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.records import write_json
 
 TORCH = "torch==2.13.0"  # the CPU wheel this machine's pip has on disk (TESTBED.md)
@@ -34,8 +37,8 @@ TORCH = "torch==2.13.0"  # the CPU wheel this machine's pip has on disk (TESTBED
     ("", False),
 ])
 def test_what_counts_as_listing_torch(text: str, listed: bool) -> None:
-    assert envmod.lists_torch(text) is listed
-    assert envmod.torch_added(text) == (None if listed else envmod.DEFAULT_TORCH)
+    assert keymod.lists_torch(text) is listed
+    assert keymod.torch_added(text) == (None if listed else keymod.DEFAULT_TORCH)
 
 
 @pytest.mark.parametrize(("text", "extra"), [
@@ -46,17 +49,17 @@ def test_what_counts_as_listing_torch(text: str, listed: bool) -> None:
 ])
 def test_deploy_adds_torch_and_numpy_unless_named(text: str, extra: list[str]) -> None:
     """numpy: torch.distributed's object collectives (Checkpoint's layout) need it, torch's wheel lacks it."""
-    assert envmod.added(text) == extra
+    assert keymod.added(text) == extra
 
 
 def test_the_key_follows_requirements_and_python() -> None:
-    a = envmod.env_key("numpy==2.1\n", (3, 11))
-    assert a == envmod.env_key("numpy==2.1\n", (3, 11))
+    a = keymod.env_key("numpy==2.1\n", (3, 11))
+    assert a == keymod.env_key("numpy==2.1\n", (3, 11))
     assert a.endswith("-py311") and len(a.split("-")[0]) == 12
-    assert envmod.env_key("numpy==2.2\n", (3, 11)) != a
-    assert envmod.env_key("numpy==2.1\n", (3, 12)) != a
+    assert keymod.env_key("numpy==2.2\n", (3, 11)) != a
+    assert keymod.env_key("numpy==2.1\n", (3, 12)) != a
     # naming torch changes what is built, so it changes the key
-    assert envmod.env_key("numpy==2.1\ntorch\n", (3, 11)) != a
+    assert keymod.env_key("numpy==2.1\ntorch\n", (3, 11)) != a
 
 
 def _code(tmp_path: Path, requirements: str) -> Path:
@@ -69,24 +72,24 @@ def _code(tmp_path: Path, requirements: str) -> Path:
 def test_a_run_without_environment_uses_this_python_only_if_it_has_torch(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     code = _code(tmp_path, TORCH + "\n")
-    assert envmod.status(tmp_path / "state", "p", code)["state"] == "missing"
-    assert envmod.python_for_run(tmp_path / "state", "p", code) == sys.executable  # this venv has torch
+    assert envmod.status(NodeState(tmp_path / "state"), "p", code).state == "missing"
+    assert envmod.python_for_run(NodeState(tmp_path / "state"), "p", code) == sys.executable  # this venv has torch
     real = envmod.importlib.util.find_spec
     monkeypatch.setattr(envmod.importlib.util, "find_spec", lambda name: None if name == "torch" else real(name))
     with pytest.raises(RunError, match="missing on this node: run 'higgsfield deploy'"):
-        envmod.python_for_run(tmp_path / "state", "p", code)
+        envmod.python_for_run(NodeState(tmp_path / "state"), "p", code)
 
 
 def test_a_stale_environment_is_refused(tmp_path: Path) -> None:
-    state, code = tmp_path / "state", _code(tmp_path, "numpy\n")
-    old = envmod.envs_root(state, "p") / "0123456789ab-py311"
+    state, code = NodeState(tmp_path / "state"), _code(tmp_path, "numpy\n")
+    old = state.envs("p") / "0123456789ab-py311"
     (old / "bin").mkdir(parents=True)
     (old / "bin" / "python").symlink_to(sys.executable)
     (old / envmod.COMPLETE).write_text("{}\n")
-    envmod.record_path(state, "p").parent.mkdir(parents=True)
-    write_json(envmod.record_path(state, "p"), {"key": old.name, "dir": str(old), "python": str(old / "bin/python")})
+    state.env_record("p").parent.mkdir(parents=True)
+    write_json(state.env_record("p"), {"key": old.name, "dir": str(old), "python": str(old / "bin/python")})
     st = envmod.status(state, "p", code)
-    assert st["state"] == "stale" and st["key"] == old.name and st["wanted"] != old.name
+    assert st.state == "stale" and st.key == old.name and st.wanted != old.name
     with pytest.raises(RunError, match="built for another requirements.txt: run 'higgsfield deploy'"):
         envmod.python_for_run(state, "p", code)
 
@@ -94,42 +97,42 @@ def test_a_stale_environment_is_refused(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_build_skip_rebuild_and_the_invokers_higgsfield(tmp_path: Path) -> None:
-    state, code = tmp_path / "state", _code(tmp_path, TORCH + "\n")
+    state, code = NodeState(tmp_path / "state"), _code(tmp_path, TORCH + "\n")
     said: list[str] = []
-    first = envmod.build(state, "p", code_dir=code, progress=said.append)
-    assert first["built"] and first["torch"].startswith("2.13.0") and first["torch_added"] is None
+    first = env_build.build(state, "p", code_dir=code, progress=said.append)
+    assert first.built and str(first.torch).startswith("2.13.0") and first.torch_added is None
     assert said[0] == "creating the venv" and said[-1].startswith("ready: torch 2.13.0")
     assert any(s.startswith(("Collecting torch", "Processing")) and "torch" in s for s in said), said
     assert any(s.startswith("Successfully installed") for s in said), said   # shown cut at 160 characters
-    installed = [ln for ln in envmod.log_path(state, "p").read_text().splitlines()
+    installed = [ln for ln in state.env_build_log("p").read_text().splitlines()
                  if ln.startswith("Successfully installed")]
     assert installed and "torch-2.13.0" in installed[-1] and " numpy-" in installed[-1], installed  # numpy: added
-    python = first["python"]
+    python = str(first.python)
     assert envmod.python_for_run(state, "p", code) == python
     # the env's higgsfield is the invoker's package, ahead of anything the project installs
     out = subprocess.run([python, "-c", "import higgsfield, os, sys; print(os.path.realpath(higgsfield.__file__))"],
                          capture_output=True, text=True, check=True, timeout=120).stdout.strip()
     assert out == str(envmod.invoker_package() / "__init__.py")
-    assert "torch==2.13.0" in envmod.log_path(state, "p").read_text()
+    assert "torch==2.13.0" in state.env_build_log("p").read_text()
 
     said.clear()
-    again = envmod.build(state, "p", code_dir=code, progress=said.append)
-    assert not again["built"] and said == ["unchanged"] and again["key"] == first["key"]
+    again = env_build.build(state, "p", code_dir=code, progress=said.append)
+    assert not again.built and said == ["unchanged"] and again.key == first.key
 
     # a changed requirements.txt: a new environment; the old one goes (no run uses it)
     (code / "requirements.txt").write_text(TORCH + "\n# a comment changes the hash\n")
-    assert envmod.status(state, "p", code)["state"] == "stale"
-    third = envmod.build(state, "p", code_dir=code)
-    assert third["built"] and third["key"] != first["key"] and third["pruned"] == [first["key"]]
-    assert json.loads(envmod.record_path(state, "p").read_text())["key"] == third["key"]
-    assert envmod.status(state, "p", code)["state"] == "present"
+    assert envmod.status(state, "p", code).state == "stale"
+    third = env_build.build(state, "p", code_dir=code)
+    assert third.built and third.key != first.key and third.pruned == [first.key]
+    assert json.loads(state.env_record("p").read_text())["key"] == third.key
+    assert envmod.status(state, "p", code).state == "present"
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_failing_install_names_the_problem_and_leaves_nothing(tmp_path: Path) -> None:
-    state, code = tmp_path / "state", _code(tmp_path, TORCH + "\nno-such-package-hf-journey==0.0.1\n")
+    state, code = NodeState(tmp_path / "state"), _code(tmp_path, TORCH + "\nno-such-package-hf-journey==0.0.1\n")
     with pytest.raises(RunError, match=r"pip install of the project environment failed: .*no-such-package"):
-        envmod.build(state, "p", code_dir=code)
-    assert envmod.status(state, "p", code)["state"] == "missing"
-    assert [d.name for d in envmod.envs_root(state, "p").iterdir() if not d.name.startswith(".")] == []
+        env_build.build(state, "p", code_dir=code)
+    assert envmod.status(state, "p", code).state == "missing"
+    assert [d.name for d in state.envs("p").iterdir() if not d.name.startswith(".")] == []

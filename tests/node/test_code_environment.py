@@ -1,4 +1,4 @@
-"""What requirements.txt names, read as pip reads it (higgsfield.node.code.environment.lists).
+"""What requirements.txt names, read as pip reads it (higgsfield.node.code.env_key.lists).
 
 Deploy adds torch (and numpy) to a project venv only when requirements.txt names
 none itself; a wrong answer either installs a second torch over the user's pinned
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from higgsfield.node.code.environment import added, lists
+from higgsfield.node.code.env_key import added, lists
 
 NAMES_TORCH = ["torch", "Torch==2.6.0", "torch==2.6.0+cu124", "torch @ https://example.org/torch-2.6-cp311.whl",
                "torch==2.6.0 --hash=sha256:0123abcd", "torch>=2.4; python_version >= '3.10'",

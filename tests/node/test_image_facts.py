@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 
 from higgsfield.contract.drift import compare
-from higgsfield.node.code import deploy
 from higgsfield.node.code import facts as factsmod
-from higgsfield.node.code.image_facts import ImageFacts, listed
+from higgsfield.node.code.image_facts import ImageFacts, facts_of, listed
+from higgsfield.node.state.home import NodeState
 
 pytestmark = pytest.mark.timeout(60)
 TAG = "hf-proj:0123456789ab"
 
 
 def _image_json(state: Path, record: dict[str, object]) -> None:
-    root = deploy.project_root(state, "proj")
+    root = NodeState(state).project("proj")
     root.mkdir(parents=True, exist_ok=True)
     (root / "image.json").write_text(json.dumps({"tag": TAG, "dockerfile": "Dockerfile", "base_image": None,
                                                  "built_at": 1.0, **record}))
@@ -29,8 +29,8 @@ def test_one_tag_with_other_packages_is_drift(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     _image_json(a, {"python": "3.11.10", "cuda": "12.4", "packages": pkgs})
     _image_json(b, {"python": "3.11.10", "cuda": "12.4", "packages": {**pkgs, "transformers": "4.45.2"}})
-    fa = factsmod.facts(a, "proj", "docker", node="n0")
-    fb = factsmod.facts(b, "proj", "docker", node="n1")
+    fa = factsmod.facts(NodeState(a), "proj", "docker", node="n0")
+    fb = factsmod.facts(NodeState(b), "proj", "docker", node="n1")
     assert (fa.runtime, fa.env_key, fa.python, fa.torch, fa.cuda, fa.nccl) == \
         ("docker", TAG, "3.11.10", "2.6.0+cu124", "12.4", "2.21.5")
     assert fa.packages == pkgs
@@ -40,22 +40,22 @@ def test_one_tag_with_other_packages_is_drift(tmp_path: Path) -> None:
 def test_an_image_not_listed_is_not_known_and_not_drift(tmp_path: Path) -> None:
     _image_json(tmp_path / "old", {})           # what an earlier release wrote, or a listing that failed
     _image_json(tmp_path / "new", {"python": "3.11.10", "cuda": "12.4", "packages": {"torch": "2.6.0+cu124"}})
-    old = factsmod.facts(tmp_path / "old", "proj", "auto", node="n0")
-    new = factsmod.facts(tmp_path / "new", "proj", "docker", node="n1")
+    old = factsmod.facts(NodeState(tmp_path / "old"), "proj", "auto", node="n0")
+    new = factsmod.facts(NodeState(tmp_path / "new"), "proj", "docker", node="n1")
     assert (old.runtime, old.env_key, old.packages, old.python) == ("docker", TAG, None, None)
     # its Python, torch and CUDA are as unknown as its packages: no difference against a listed node of one tag
     assert compare([old, new, new]) == []
-    assert factsmod.facts(tmp_path / "new", "proj", "process", node="n0").runtime == "process"  # asked for a venv
+    assert factsmod.facts(NodeState(tmp_path / "new"), "proj", "process", node="n0").runtime == "process"  # asked for a venv
 
 
 @pytest.mark.parametrize("bad", [None, [], {"packages": None}, {"packages": {"torch": 2}},
                                  {"packages": {"x" * 300: "1"}}, {"packages": "torch"}])
 def test_a_listing_of_another_shape_is_not_known(bad: object) -> None:
-    assert ImageFacts.from_dict(bad) is None
+    assert facts_of(bad) is None
 
 
 def test_a_listing_keeps_what_it_can_read() -> None:
-    assert ImageFacts.from_dict({"python": 3, "cuda": ["12"], "packages": {}}) == ImageFacts(None, None, {})
+    assert facts_of({"python": 3, "cuda": ["12"], "packages": {}}) == ImageFacts(packages={})
 
 
 @pytest.mark.slow

@@ -15,9 +15,11 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from higgsfield.contract.codec import encode
 from higgsfield.contract.runspec import RunSpec
 from higgsfield.node.observe.logindex import start_offset
 from higgsfield.node.observe.logs import read_lines
+from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.records import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,9 +62,9 @@ def _spawn(tmp_path: Path, params: dict[str, object], **kw: object) -> tuple[sub
     (code / "src" / "chatty.py").write_text(CHATTY)
     rd = tmp_path / "rd"
     (rd / "logs").mkdir(parents=True, exist_ok=True)
-    (rd / "spec.json").write_text(json.dumps(RunSpec(
+    (rd / "spec.json").write_text(json.dumps(encode(RunSpec(
         project="p", experiment="chatty", run="r", module="chatty", code_dir=str(code), params=params,
-        node="n", node_rank=0, nodes=("n",), master_addr="127.0.0.1", submitted_at=time.time()).to_dict()))
+        node="n", node_rank=0, nodes=("n",), master_addr="127.0.0.1", submitted_at=time.time()))))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(PROJECT_NAME="p", EXPERIMENT_NAME="chatty", RUN_NAME="r", PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, "-m", "higgsfield.node.entrypoint", str(rd)], env=env,  # noqa: S603
@@ -235,7 +237,7 @@ def test_invoker_logs_since(tmp_path: Path) -> None:
     from higgsfield.node.cli import invoker
 
     rd, _ = _synthetic(tmp_path)
-    run = RunDir(tmp_path / "state", "proj", "r1")
+    run = RunDir(NodeState(tmp_path / "state"), "proj", "r1")
     run.path.parent.mkdir(parents=True)
     rd.path.rename(run.path)
     run.record_path.write_text("{}")

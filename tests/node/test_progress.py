@@ -11,6 +11,7 @@ import pytest
 from higgsfield import training
 from higgsfield.contract.layout import progress_path
 from higgsfield.node.runs import progress
+from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.records import RunDir
 
 pytestmark = pytest.mark.timeout(30)
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.timeout(30)
 
 def test_reported_steps_are_the_nodes_progress_throttled_to_one_write_a_second(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    rd = RunDir(tmp_path, "demo", "r-1")
+    rd = RunDir(NodeState(tmp_path), "demo", "r-1")
     rd.make()
     assert progress.latest(rd) is None
     monkeypatch.setenv("HIGGSFIELD_RUN_DIR", str(rd.path))
@@ -37,7 +38,7 @@ def test_reported_steps_are_the_nodes_progress_throttled_to_one_write_a_second(
 
 
 def test_without_steps_output_lines_are_progress(tmp_path: Path) -> None:
-    rd = RunDir(tmp_path, "demo", "r-1")
+    rd = RunDir(NodeState(tmp_path), "demo", "r-1")
     rd.make()
     rd.rank_log(0).write_text("hello\n")
     os.utime(rd.rank_log(0), (1000.0, 1000.0))

@@ -14,6 +14,7 @@ from higgsfield.contract.slurmjob import PinnedSlurmRun
 from higgsfield.node import slurm_task
 from higgsfield.node.runtime import torchrun
 from higgsfield.node.runtime.env import KEPT_ENV, kept_basics, run_variables
+from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.placement import NodeRun, Placement
 from higgsfield.node.state.records import RunDir
 
@@ -55,7 +56,7 @@ def test_an_ssh_node_and_a_slurm_node_give_the_run_the_same_environment(tmp_path
     """The Slurm task's node env is the process runtime's, less the run's GPU slots (Slurm sets those) and with
     the secrets the batch step named; both carry this node's name, not node 0's."""
     spec = _spec(checkpoint_mirror="s3://b/ckpt")
-    rd = RunDir(tmp_path, "p", "r")
+    rd = RunDir(NodeState(tmp_path), "p", "r")
     ssh = NodeRun(spec.replace(node="n2", node_rank=1),
                   Placement(gpus=0, cache_dir="/w/cache", checkpoint_dir="/w/ckpt", container=""))
     slurm = PinnedSlurmRun(spec, checkpoint_dir="/w/ckpt", python="/venv/bin/python")

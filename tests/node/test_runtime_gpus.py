@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from higgsfield.contract.codec import encode
 from higgsfield.node.observe.stats import Sampler
 from higgsfield.node.runs.start import detect_gpus
 from higgsfield.node.runtime.gpus import Nvml
+from higgsfield.node.state.home import NodeState
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -51,9 +53,9 @@ def test_nvml_samples_every_gpu_and_a_figure_it_cannot_report_is_none(tmp_path: 
     log: list[str] = []
     monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(2, log))
     monkeypatch.setenv("PATH", str(tmp_path))   # no nvidia-smi: NVML alone must answer
-    s = Sampler(tmp_path, every=0.5)
+    s = Sampler(NodeState(tmp_path), every=0.5)
     try:
-        gpus = s.sample().to_dict()["gpus"]
+        gpus = encode(s.sample())["gpus"]
     finally:
         s.close()
     assert [g["index"] for g in gpus] == [0, 1] and gpus[0]["name"] == "NVIDIA H200"
@@ -72,9 +74,9 @@ def test_without_nvml_the_node_falls_back_to_nvidia_smi(tmp_path: Path, monkeypa
                    '  *) echo "0, NVIDIA H200, 50, 100, 143771, 40";; esac\n')
     smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    s = Sampler(tmp_path)
+    s = Sampler(NodeState(tmp_path))
     try:
-        gpus = s.sample().to_dict()["gpus"]
+        gpus = encode(s.sample())["gpus"]
     finally:
         s.close()
     assert gpus == [{"index": 0, "name": "NVIDIA H200", "util_percent": 50.0, "mem_used_mib": 100.0,

@@ -18,6 +18,7 @@ import pytest
 from higgsfield.contract.stacks import MAIN, diagnose
 from higgsfield.node.runs import stacks
 from higgsfield.node.runs import stacks as runs_stacks
+from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.records import RunDir
 
 pytestmark = pytest.mark.timeout(60)
@@ -42,7 +43,7 @@ WORKER = textwrap.dedent("""\
 
 
 def test_take_gets_every_live_rank_even_one_holding_the_gil(tmp_path: Path) -> None:
-    rd = RunDir(tmp_path, "demo", "r-1")
+    rd = RunDir(NodeState(tmp_path), "demo", "r-1")
     rd.make()
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
@@ -72,7 +73,7 @@ def test_take_gets_every_live_rank_even_one_holding_the_gil(tmp_path: Path) -> N
             p.kill()
             p.wait()
     assert stacks.take(rd, "hfnode1") == []   # no live rank: nothing to take, nothing signalled
-    assert stacks.saved(RunDir(tmp_path, "demo", "other")) is None
+    assert stacks.saved(RunDir(NodeState(tmp_path), "demo", "other")) is None
 
 
 def test_py_spy_adds_the_native_frames_when_it_is_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -81,7 +82,7 @@ def test_py_spy_adds_the_native_frames_when_it_is_on_path(tmp_path: Path, monkey
         pytest.skip("no py-spy next to this python, or ptrace is not allowed here")
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     monkeypatch.delenv("HIGGSFIELD_NO_PY_SPY", raising=False)
-    rd = RunDir(tmp_path, "demo", "r-1")
+    rd = RunDir(NodeState(tmp_path), "demo", "r-1")
     rd.make()
     script = tmp_path / "worker.py"
     script.write_text(WORKER)

@@ -64,6 +64,7 @@ def _table_numbers(result: Any) -> str:
 
 @pytest.mark.timeout(600)   # the first test pays for the cluster's deploy (about 2 min on a fresh bed)
 def test_fabric_reports_sizes_bandwidths_latency_nodes_and_pairs(fabric_cluster: Cluster) -> None:
+    from higgsfield.contract.codec import decode
     from higgsfield.contract.fabric import FabricResult, sizes
 
     c = fabric_cluster
@@ -96,7 +97,7 @@ def test_fabric_reports_sizes_bandwidths_latency_nodes_and_pairs(fabric_cluster:
     assert d["outliers"] == []
 
     # the JSON is the table: the same decoded result, printed as the table, shows each JSON figure
-    result = FabricResult.from_dict(d)
+    result = decode(FabricResult, d)
     table = _table_numbers(result)
     for row in d["allreduce"]:
         assert f"{row['time_us']:.1f}" in table and f"{row['busbw_gbps']:.3f}" in table

@@ -11,9 +11,11 @@ from __future__ import annotations
 import io
 import itertools
 import json
+from dataclasses import replace
 
 import pytest
 
+from higgsfield.contract.codec import decode, encode
 from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.fabric import (
     FabricResult,
@@ -94,14 +96,14 @@ def _result(gpu_health: str = "ok") -> FabricResult:
 
 def test_the_json_shape_round_trips_and_a_bad_one_is_one_error() -> None:
     r = _result()
-    d = json.loads(json.dumps(r.to_dict()))
+    d = json.loads(json.dumps(encode(r)))
     assert d["latency_us"] == 500.0 and d["peak_busbw_gbps"] == 0.894 and d["version"] == 1
-    back = FabricResult.from_dict(d)
+    back = decode(FabricResult, d)
     assert back.allreduce == r.allreduce and back.pairs == r.pairs and back.per_node == r.per_node
     with pytest.raises(DecodeError, match="version"):
-        FabricResult.from_dict({**d, "version": 99})
-    with pytest.raises(DecodeError, match="malformed"):
-        FabricResult.from_dict({**d, "allreduce": [{"bytes": "x"}]})
+        decode(FabricResult, {**d, "version": 99})
+    with pytest.raises(DecodeError, match=r"'allreduce\[0\]\.bytes' must be an integer"):
+        decode(FabricResult, {**d, "allreduce": [{"bytes": "x"}]})
 
 
 def test_the_table_shows_the_json_figures() -> None:
@@ -109,11 +111,11 @@ def test_the_table_shows_the_json_figures() -> None:
 
     from higgsfield.control.cli._fabric_table import render, size_text
 
-    r = FabricResult(**{**_result().__dict__, "outliers": outliers(_result().pairs)})
+    r = replace(_result(), outliers=outliers(_result().pairs))
     buf = io.StringIO()
     render(Console(file=buf, width=200, color_system=None), r)
     text = buf.getvalue()
-    d = r.to_dict()
+    d = encode(r)
     for row in d["allreduce"]:
         assert size_text(row["bytes"]) in text and f"{row['time_us']:.1f}" in text
         assert f"{row['algbw_gbps']:.3f}" in text and f"{row['busbw_gbps']:.3f}" in text
@@ -123,7 +125,7 @@ def test_the_table_shows_the_json_figures() -> None:
 
 
 def test_preflight_passes_over_the_slow_node_when_there_is_a_spare() -> None:
-    r = FabricResult(**{**_result().__dict__, "outliers": outliers(_result().pairs)})
+    r = replace(_result(), outliers=outliers(_result().pairs))
     bad = bad_nodes(r)
     assert list(bad) == ["c"] and bad["c"].startswith("slow in the fabric preflight: c is slow")
     pick = pick_nodes(["c", "a", "b"], bad, 2)

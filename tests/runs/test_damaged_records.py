@@ -24,8 +24,9 @@ from typing import Any
 
 import pytest
 
+from higgsfield.contract.codec import decode, encode
 from higgsfield.contract.decode import TAIL_LINES, DecodeError
-from higgsfield.contract.runspec import NodeRuns, NodeRunView
+from higgsfield.contract.noderuns import NodeRunView, read_node_runs
 from higgsfield.node.state.records import RunRecord
 
 pytestmark = pytest.mark.timeout(180)
@@ -64,7 +65,7 @@ def spec(run: str, state: Path, params: dict[str, object]) -> dict[str, object]:
     s = RunSpec(project=PROJECT, experiment="probe", run=run, module="probe", code_dir=str(state / "code"),
                 params=params, node="localhost", node_rank=0, nodes=("localhost",), master_addr="127.0.0.1",
                 submitted_at=time.time(), nproc=1, runtime="process")
-    return {**s.to_dict(), "gpus": 0, "cache_dir": str(state / "cache"), "checkpoint_dir": str(state / "ck"),
+    return {**encode(s), "gpus": 0, "cache_dir": str(state / "cache"), "checkpoint_dir": str(state / "ck"),
             "container": f"hf-{run}", "python": sys.executable}
 
 
@@ -233,7 +234,7 @@ def test_a_running_run_beside_damaged_records_shows_and_is_killed(project: Path)
 
 def test_a_record_is_decoded_field_by_field() -> None:
     good = record("r1", error_tail=["a", "b"])
-    assert RunRecord.from_dict(good).error_tail == ["a", "b"]
+    assert decode(RunRecord, good).error_tail == ["a", "b"]
     for key, bad, words in [("node_rank", "0", "'node_rank' must be an integer, not a string"),
                             ("pids", [1], "'pids' must be an object of integers, not a list"),
                             ("created_at", True, "'created_at' must be a number, not a boolean"),
@@ -242,25 +243,25 @@ def test_a_record_is_decoded_field_by_field() -> None:
                             ("node", "a b", "node name 'a b' is not valid"),
                             ("error_tail", [{"x": 1}], "'error_tail' must be a list of strings")]:
         with pytest.raises(DecodeError) as e:
-            RunRecord.from_dict({**good, key: bad})
+            decode(RunRecord, {**good, key: bad})
         assert words in str(e.value), (key, str(e.value))
     with pytest.raises(DecodeError, match="'node' is missing"):
-        RunRecord.from_dict({k: v for k, v in good.items() if k != "node"})
-    assert RunRecord.from_dict({**good, "error_tail": "one line"}).error_tail == ["one line"]
-    assert RunRecord.from_dict({**good, "error_tail": ["y" * 10_000]}).error_tail[0].startswith("y" * 500 + "…")
+        decode(RunRecord, {k: v for k, v in good.items() if k != "node"})
+    assert decode(RunRecord, {**good, "error_tail": "one line"}).error_tail == ["one line"]
+    assert decode(RunRecord, {**good, "error_tail": ["y" * 10_000]}).error_tail[0].startswith("y" * 500 + "…")
 
 
 def test_the_control_side_decodes_a_reply_once_and_an_older_node_s_bare_list() -> None:
-    reply = NodeRuns.from_reply({"version": 1, "runs": [record("a"), record("b", node_rank=[0])],
-                                 "skipped": ["runs/p/x/run.json: not JSON (line 1: Expecting value)"]})
+    reply = read_node_runs({"version": 1, "runs": [record("a"), record("b", node_rank=[0])],
+                            "skipped": ["runs/p/x/run.json: not JSON (line 1: Expecting value)"]})
     assert [v.run for v in reply.runs] == ["a"]
     assert reply.skipped[0] == "runs/p/x/run.json: not JSON (line 1: Expecting value)"
     assert "'node_rank' must be an integer, not a list" in reply.skipped[1]
-    old = NodeRuns.from_reply([record("a", pids={"supervisor": 1})])
-    assert old.runs[0].to_dict()["pids"] == {"supervisor": 1}     # keys the view does not type travel along
+    old = read_node_runs([record("a", pids={"supervisor": 1})])
+    assert encode(old.runs[0])["pids"] == {"supervisor": 1}     # keys the view does not type travel along
     with pytest.raises(DecodeError, match="version 9"):
-        NodeRuns.from_reply({"version": 9, "runs": []})
-    assert NodeRunView.from_dict(record("a", error_tail="x")).error_tail == ["x"]
+        read_node_runs({"version": 9, "runs": []})
+    assert decode(NodeRunView, record("a", error_tail="x")).error_tail == ["x"]
 
 
 def test_status_json_shows_the_params_of_each_run_from_its_spec(tmp_path: Path) -> None:
@@ -325,9 +326,10 @@ def test_a_damaged_record_on_an_ssh_node_leaves_it_reachable_and_params_show(clu
 
 def test_the_dashboard_feed_shows_the_healthy_runs_and_names_the_damaged_files(project: Path) -> None:
     from higgsfield.node.observe.watch import feed
+    from higgsfield.node.state.home import NodeState
 
     msgs: list[dict[str, Any]] = []
-    feed(state_of(project), every=0.1, project=PROJECT, emit=msgs.append, ticks=2)
+    feed(NodeState(state_of(project)), every=0.1, project=PROJECT, emit=msgs.append, ticks=2)
     runs = [m for m in msgs if "runs" in m]
     assert runs and runs[0]["full"] is True
     shown = {r["run"]: r for r in runs[0]["runs"]}

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from higgsfield.metrics import METRICS_FILE, Skipped, StepMetrics, decode_line, decode_lines
+from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.records import RunDir, RunRecord
 
 pytestmark = pytest.mark.timeout(120)
@@ -103,7 +104,7 @@ def project(tmp_path: Path) -> Path:
     (proj / "src").mkdir(parents=True)
     (proj / "higgsfield.yml").write_text(f"name: {PROJECT}\nnodes:\n  - host: localhost\nnproc_per_node: 1\n"
                                          f"runtime: process\nstate_dir: {state}\n")
-    rd = RunDir(state, PROJECT, RUN)
+    rd = RunDir(NodeState(state), PROJECT, RUN)
     rd.make()
     rd.write(RunRecord(project=PROJECT, experiment="train", run=RUN, node="localhost", node_rank=0, nnodes=1,
                        nproc=1, state="succeeded", exit_code=0, started_at=1000.0, ended_at=1010.0))
@@ -151,7 +152,7 @@ def test_the_laptop_command_prints_the_steps_and_says_how_many_were_skipped(proj
 
 
 def test_a_clean_file_has_no_skipped_line(project: Path, tmp_path: Path) -> None:
-    path = RunDir(tmp_path / "state", PROJECT, RUN).path / METRICS_FILE
+    path = RunDir(NodeState(tmp_path / "state"), PROJECT, RUN).path / METRICS_FILE
     path.write_text(good(1) + "\n" + good(2) + "\n")
     r = hf("metrics", RUN, "--json", cwd=project)
     no_traceback(r)
@@ -162,7 +163,7 @@ def test_a_clean_file_has_no_skipped_line(project: Path, tmp_path: Path) -> None
 def test_a_symlinked_or_fifo_metrics_file_is_not_read(project: Path, tmp_path: Path) -> None:
     import os
 
-    path = RunDir(tmp_path / "state", PROJECT, RUN).path / METRICS_FILE
+    path = RunDir(NodeState(tmp_path / "state"), PROJECT, RUN).path / METRICS_FILE
     outside = tmp_path / "outside.jsonl"
     outside.write_text(good(9) + "\n")
     path.unlink()

@@ -227,9 +227,11 @@ def test_queue_same_slots_wait_fifo_and_disjoint_slots_share(deployed: Cluster) 
     c.hf("kill", third, check=True, timeout=60)
     assert time.monotonic() - t0 < 10
     assert _state(c, third) == "killed"
+    # the node's queue as the dashboard gets it: the first line of its feed holds the runs and the queue
     queue = json.loads(subprocess.run(
-        [exe("su"), "-", "hfnode0", "-c", ".hfrt/venv/bin/higgsfield invoker --state-dir .hfrt queue"],
-        capture_output=True, text=True, check=True).stdout)
+        [exe("su"), "-", "hfnode0", "-c",
+         ".hfrt/venv/bin/higgsfield invoker --state-dir .hfrt stats --follow --project hfrt | head -n 1"],
+        capture_output=True, text=True, check=True, timeout=60).stdout)["queue"]
     assert [e["run"] for e in queue] == [first, second]
     assert queue[0]["committed"] and queue[0]["port"] and queue[1]["slots"] is None
     _open_gate(c, first, 2)

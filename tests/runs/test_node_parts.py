@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 from runs_helpers import exe
 
+from higgsfield.contract.codec import encode
 from higgsfield.contract.errors import RunError
+from higgsfield.contract.gang import Killed
 from higgsfield.contract.ports import RENDEZVOUS_PORTS, free_port
-from higgsfield.contract.runspec import Coordinator, RunSpec
+from higgsfield.contract.runspec import Coordinator, RunSpec, StartRequest
 from higgsfield.control.backends.nodes.deploy import make_archive
 from higgsfield.node.code.deploy import deployed, unpack
 from higgsfield.node.gang import coordinator, queue
@@ -30,6 +32,7 @@ from higgsfield.node.runs import start, stop, supervisor
 from higgsfield.node.runtime import torchrun
 from higgsfield.node.runtime.containers import container_name, image_tag
 from higgsfield.node.state import pids
+from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.placement import NodeRun, Placement
 from higgsfield.node.state.records import RunDir, RunRecord, finish, write_json
 
@@ -41,29 +44,29 @@ def _entry(run: str, want: int, order: float, exclusive: bool = False) -> queue.
 def test_queue_fifo_same_slots_wait_disjoint_slots_share(tmp_path: Path) -> None:
     cap = queue.Capacity(4, True)
     a, b, c = _entry("a", 2, 1.0), _entry("b", 2, 2.0), _entry("c", 4, 3.0)
-    assert queue.try_acquire(tmp_path, a, cap) == [0, 1]
-    assert queue.try_acquire(tmp_path, b, cap) == [2, 3]          # disjoint GPUs: side by side
-    assert queue.try_acquire(tmp_path, c, cap) is None            # wants them all: waits
+    assert queue.try_acquire(NodeState(tmp_path), a, cap) == [0, 1]
+    assert queue.try_acquire(NodeState(tmp_path), b, cap) == [2, 3]          # disjoint GPUs: side by side
+    assert queue.try_acquire(NodeState(tmp_path), c, cap) is None            # wants them all: waits
     d = _entry("d", 1, 4.0)
-    queue.release(tmp_path, "p", "a")
-    assert queue.try_acquire(tmp_path, d, cap) is None            # FIFO: c is first, d does not overtake
-    assert queue.try_acquire(tmp_path, c, cap) is None            # b still holds 2 of 4
-    queue.release(tmp_path, "p", "b")
-    assert queue.try_acquire(tmp_path, c, cap) == [0, 1, 2, 3]
-    queue.release(tmp_path, "p", "c")
-    assert queue.try_acquire(tmp_path, d, cap) == [0]
+    queue.release(NodeState(tmp_path), "p", "a")
+    assert queue.try_acquire(NodeState(tmp_path), d, cap) is None            # FIFO: c is first, d does not overtake
+    assert queue.try_acquire(NodeState(tmp_path), c, cap) is None            # b still holds 2 of 4
+    queue.release(NodeState(tmp_path), "p", "b")
+    assert queue.try_acquire(NodeState(tmp_path), c, cap) == [0, 1, 2, 3]
+    queue.release(NodeState(tmp_path), "p", "c")
+    assert queue.try_acquire(NodeState(tmp_path), d, cap) == [0]
 
 
 def test_queue_orders_by_submit_time_not_arrival(tmp_path: Path) -> None:
     cap = queue.Capacity(1, False)
     holder = _entry("h", 1, 0.0)
-    assert queue.try_acquire(tmp_path, holder, cap) == [0]
+    assert queue.try_acquire(NodeState(tmp_path), holder, cap) == [0]
     late, early = _entry("late", 1, 5.0), _entry("early", 1, 2.0)
-    assert queue.try_acquire(tmp_path, late, cap) is None
-    assert queue.try_acquire(tmp_path, early, cap) is None
-    queue.release(tmp_path, "p", "h")
-    assert queue.try_acquire(tmp_path, late, cap) is None         # early was submitted first
-    assert queue.try_acquire(tmp_path, early, cap) == [0]
+    assert queue.try_acquire(NodeState(tmp_path), late, cap) is None
+    assert queue.try_acquire(NodeState(tmp_path), early, cap) is None
+    queue.release(NodeState(tmp_path), "p", "h")
+    assert queue.try_acquire(NodeState(tmp_path), late, cap) is None         # early was submitted first
+    assert queue.try_acquire(NodeState(tmp_path), early, cap) == [0]
 
 
 def test_queue_exclusive_and_dead_holders(tmp_path: Path) -> None:
@@ -73,9 +76,9 @@ def test_queue_exclusive_and_dead_holders(tmp_path: Path) -> None:
     assert queue.wanted(1, True, queue.Capacity(2, False)) == 2     # exclusive: the whole node
     ghost = queue.Entry(project="p", run="ghost", want=2, exclusive=True, order=0.0, pid=2 ** 22 + 12345,
                         slots=[0, 1])
-    queue._save(tmp_path, [ghost])
+    queue._save(NodeState(tmp_path), [ghost])
     me = _entry("me", 2, 1.0, exclusive=True)
-    assert queue.try_acquire(tmp_path, me, queue.Capacity(2, False)) == [0, 1]  # a dead supervisor's slots free
+    assert queue.try_acquire(NodeState(tmp_path), me, queue.Capacity(2, False)) == [0, 1]  # a dead supervisor's slots free
 
 
 def test_queue_an_older_run_takes_back_slots_not_yet_committed_never_committed_ones(tmp_path: Path) -> None:
@@ -83,18 +86,18 @@ def test_queue_an_older_run_takes_back_slots_not_yet_committed_never_committed_o
     # half of what the other needs, so the older takes back what the younger holds but has not committed.
     cap = queue.Capacity(2, False)
     young = _entry("young", 2, 5.0, exclusive=True)
-    assert queue.try_acquire(tmp_path, young, cap) == [0, 1]
+    assert queue.try_acquire(NodeState(tmp_path), young, cap) == [0, 1]
     old = _entry("old", 2, 1.0, exclusive=True)
-    assert queue.try_acquire(tmp_path, old, cap) == [0, 1]
-    assert queue.holds(tmp_path, young, cap) is None and not queue.commit(tmp_path, young.key)
-    assert queue.commit(tmp_path, old.key)
+    assert queue.try_acquire(NodeState(tmp_path), old, cap) == [0, 1]
+    assert queue.holds(NodeState(tmp_path), young, cap) is None and not queue.commit(NodeState(tmp_path), young.key)
+    assert queue.commit(NodeState(tmp_path), old.key)
     older = _entry("older", 2, 0.5, exclusive=True)     # committed slots are never taken back
-    assert queue.try_acquire(tmp_path, older, cap) is None and queue.holds(tmp_path, old, cap) == [0, 1]
-    queue.uncommit(tmp_path, old.key)                   # another node of "old" lost its slots: start over
-    assert queue.holds(tmp_path, old, cap) is None and queue.try_acquire(tmp_path, older, cap) == [0, 1]
-    queue.release(tmp_path, "p", "older")
-    assert queue.try_acquire(tmp_path, old, cap) == [0, 1] and queue.holds(tmp_path, young, cap) is None
-    assert [e.run for e in queue.snapshot(tmp_path)] == ["old", "young"]
+    assert queue.try_acquire(NodeState(tmp_path), older, cap) is None and queue.holds(NodeState(tmp_path), old, cap) == [0, 1]
+    queue.uncommit(NodeState(tmp_path), old.key)                   # another node of "old" lost its slots: start over
+    assert queue.holds(NodeState(tmp_path), old, cap) is None and queue.try_acquire(NodeState(tmp_path), older, cap) == [0, 1]
+    queue.release(NodeState(tmp_path), "p", "older")
+    assert queue.try_acquire(NodeState(tmp_path), old, cap) == [0, 1] and queue.holds(NodeState(tmp_path), young, cap) is None
+    assert [e.run for e in queue.snapshot(NodeState(tmp_path))] == ["old", "young"]
 
 
 def _node_run(tmp_path: Path, *, placement: dict[str, object] | None = None, **spec: object) -> NodeRun:
@@ -110,7 +113,7 @@ def _node_run(tmp_path: Path, *, placement: dict[str, object] | None = None, **s
 
 
 def test_the_process_runtime_gives_torchrun_a_minimal_environment(tmp_path: Path) -> None:
-    rd = RunDir(tmp_path, "p", "r")
+    rd = RunDir(NodeState(tmp_path), "p", "r")
     spec = _node_run(tmp_path)
     base = {"PATH": "/usr/bin", "HOME": "/home/u", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "USER": "u",
             "SSH_AUTH_SOCK": "/tmp/agent", "AWS_SECRET_ACCESS_KEY": "leak", "PYTHONPATH": "/elsewhere",
@@ -162,14 +165,14 @@ def _tar(files: dict[str, bytes], links: dict[str, str] | None = None,
 
 
 def test_unpack_swaps_atomically_and_verifies(tmp_path: Path) -> None:
-    info = unpack(tmp_path, "p", "a" * 40, _tar({"src/x.py": b"1"}))
-    assert info["commit"] == "a" * 40 and Path(info["code_dir"], "src", "x.py").read_bytes() == b"1"
-    info2 = unpack(tmp_path, "p", "b" * 40, _tar({"src/x.py": b"2"}))
-    assert deployed(tmp_path, "p")["commit"] == "b" * 40
+    info = unpack(NodeState(tmp_path), "p", "a" * 40, _tar({"src/x.py": b"1"}))
+    assert info.commit == "a" * 40 and Path(str(info.code_dir), "src", "x.py").read_bytes() == b"1"
+    info2 = unpack(NodeState(tmp_path), "p", "b" * 40, _tar({"src/x.py": b"2"}))
+    assert (deployed(NodeState(tmp_path), "p") or info).commit == "b" * 40
     assert (tmp_path / "projects/p/code/src/x.py").read_bytes() == b"2"
-    assert Path(info["code_dir"]).is_dir() and info2["code_dir"] != info["code_dir"]  # old release kept
+    assert Path(str(info.code_dir)).is_dir() and info2.code_dir != info.code_dir  # old release kept
     for i in range(5):
-        unpack(tmp_path, "p", f"{i}" * 40, _tar({"f": b""}))
+        unpack(NodeState(tmp_path), "p", f"{i}" * 40, _tar({"f": b""}))
     assert len(list((tmp_path / "projects/p/releases").iterdir())) == 3  # pruned
 
 
@@ -182,8 +185,8 @@ def test_unpack_swaps_atomically_and_verifies(tmp_path: Path) -> None:
 def test_unpack_refuses_paths_out_of_the_tree(tmp_path: Path, files: dict[str, bytes],
                                               links: dict[str, str] | None, then: dict[str, bytes] | None) -> None:
     with pytest.raises(RunError, match="refusing"):
-        unpack(tmp_path, "p", "c" * 40, _tar(files, links, then))
-    assert deployed(tmp_path, "p") is None
+        unpack(NodeState(tmp_path), "p", "c" * 40, _tar(files, links, then))
+    assert deployed(NodeState(tmp_path), "p") is None
     assert not (tmp_path / "evil").exists()
     assert [p for p in tmp_path.rglob("pwned")] == []
 
@@ -235,14 +238,14 @@ def test_queue_and_records_do_not_trust_a_reused_pid(tmp_path: Path) -> None:
     # a queue holder whose pid now names another process (this one) holds nothing
     stale = queue.Entry(project="p", run="old", want=1, exclusive=False, order=0.0, pid=os.getpid(),
                         pid_start=me - 1, slots=[0])
-    queue._save(tmp_path, [stale])
-    assert queue.try_acquire(tmp_path, _entry("new", 1, 1.0), queue.Capacity(1, False)) == [0]
+    queue._save(NodeState(tmp_path), [stale])
+    assert queue.try_acquire(NodeState(tmp_path), _entry("new", 1, 1.0), queue.Capacity(1, False)) == [0]
 
 
 def test_refresh_and_kill_never_signal_a_reused_supervisor_pid(tmp_path: Path) -> None:
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
-        rd = RunDir(tmp_path, "p", "r")
+        rd = RunDir(NodeState(tmp_path), "p", "r")
         rd.logs.mkdir(parents=True)
         start = pids.start_time(bystander.pid)
         assert start is not None
@@ -253,7 +256,7 @@ def test_refresh_and_kill_never_signal_a_reused_supervisor_pid(tmp_path: Path) -
         write_json(rd.spec_path, {"project": "p", "run": "r"})
         assert stop.refresh(rd).state == "failed"          # its supervisor is gone: the pid is someone else's
         rd.write(rec)
-        assert stop.kill(tmp_path, "p", "r", grace=0.3).state == "killed"
+        assert stop.kill(NodeState(tmp_path), "p", "r", grace=0.3).state == "killed"
         assert bystander.poll() is None, "kill signalled an unrelated process that reused the pid"
     finally:
         bystander.kill()
@@ -287,14 +290,14 @@ def test_ending_a_process_ends_what_it_started_even_in_another_session_and_even_
 def _supervisor(tmp_path: Path, *, placement: dict[str, object] | None = None,
                 **spec: object) -> tuple[supervisor.Supervisor, RunDir]:
     """A supervisor of run p/r on node n (not connected to any coordinator: nothing listens on port 9)."""
-    rd = RunDir(tmp_path, "p", "r")
+    rd = RunDir(NodeState(tmp_path), "p", "r")
     rd.make()
     rd.write(RunRecord(project="p", experiment="e", run="r", node="n", node_rank=0, nnodes=1, nproc=1,
                        state="starting"))
     run = _node_run(tmp_path, placement=placement, **spec)
     run.write(rd.spec_path)
     assert NodeRun.read(rd.spec_path) == run      # spec.json reads back as it was written
-    return supervisor.Supervisor(tmp_path, rd, run, {}, "t" * 64), rd
+    return supervisor.Supervisor(rd, run, {}, "t" * 64), rd
 
 
 def test_a_kill_landing_just_after_torchrun_starts_still_stops_it(tmp_path: Path) -> None:
@@ -304,7 +307,7 @@ def test_a_kill_landing_just_after_torchrun_starts_still_stops_it(tmp_path: Path
     rd.kill_marker.touch()       # the kill arrived while torchrun started, before its pid was recorded
     t0 = time.monotonic()
     rc, cause = sup._watch(handle)
-    assert time.monotonic() - t0 < 10 and rc != 0 and cause == {"t": "killed"}
+    assert time.monotonic() - t0 < 10 and rc != 0 and cause == Killed()
     assert handle.poll() is not None
 
 
@@ -312,7 +315,7 @@ def test_a_supervisor_without_its_coordinator_fails_the_run_naming_node_0(tmp_pa
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(supervisor, "JOIN_S", 1.0)   # nothing listens on port 9
     sup, rd = _supervisor(tmp_path, nodes=("n0", "n"), node_rank=1)
-    queue_state = tmp_path
+    queue_state = NodeState(tmp_path)
     assert sup.run() == 0
     rec = rd.read()
     assert rec.state == "failed" and rec.failed_node == "n0" and "cannot reach the run's coordinator" in rec.reason
@@ -338,7 +341,7 @@ def test_two_starts_of_one_run_name_at_once_one_is_refused(tmp_path: Path, monke
     def start_one() -> str:
         barrier.wait()
         try:
-            start.start_run(tmp_path / "state", spec, {})
+            start.start_run(NodeState(tmp_path / "state"), StartRequest(spec))
             return "started"
         except RunError as e:
             return str(e)
@@ -356,7 +359,7 @@ def test_two_starts_of_one_run_name_at_once_one_is_refused(tmp_path: Path, monke
 def test_a_start_the_node_cannot_read_is_refused_in_one_line_and_writes_nothing(tmp_path: Path, payload: str,
                                                                                  words: str) -> None:
     if payload == "spec-99":
-        spec = {**_node_run(tmp_path).spec.to_dict(), "version": 99}
+        spec = {**encode(_node_run(tmp_path).spec), "version": 99}
         payload = json.dumps({"spec": spec, "secrets": {"HF_S": "s3cr3t"}, "token": "t" * 64})
     state = tmp_path / "state"
     r = subprocess.run([sys.executable, "-m", "higgsfield", "invoker", "--state-dir", str(state), "start"],
@@ -367,7 +370,7 @@ def test_a_start_the_node_cannot_read_is_refused_in_one_line_and_writes_nothing(
 
 
 def test_logs_are_read_in_bounded_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    rd = RunDir(tmp_path, "p", "r")
+    rd = RunDir(NodeState(tmp_path), "p", "r")
     rd.logs.mkdir(parents=True)
     lines = [f"line {i} " + "x" * 100 for i in range(30000)]   # ~3.2 MB
     rd.rank_log(0).write_text("\n".join(lines) + "\n")
@@ -409,13 +412,13 @@ def test_free_port_is_in_the_rendezvous_range_and_skips_reserved_and_bound(tmp_p
     # two runs of node 0 reserve distinct rendezvous ports (kept in the queue until they end)
     cap = queue.Capacity(2, False)
     for run in ("a", "b"):
-        assert queue.try_acquire(tmp_path, _entry(run, 1, 1.0), cap) is not None
-    pa, pb = queue.reserve_port(tmp_path, ("p", "a")), queue.reserve_port(tmp_path, ("p", "b"))
-    assert pa != pb and queue.reserved_ports(tmp_path) == {pa, pb}
-    assert queue.reserve_port(tmp_path, ("p", "a")) != pb       # re-reserving never takes another run's
-    queue.release(tmp_path, "p", "b")
-    again = queue.reserve_port(tmp_path, ("p", "a"))
-    assert queue.reserved_ports(tmp_path) == {again}
+        assert queue.try_acquire(NodeState(tmp_path), _entry(run, 1, 1.0), cap) is not None
+    pa, pb = queue.reserve_port(NodeState(tmp_path), ("p", "a")), queue.reserve_port(NodeState(tmp_path), ("p", "b"))
+    assert pa != pb and queue.reserved_ports(NodeState(tmp_path)) == {pa, pb}
+    assert queue.reserve_port(NodeState(tmp_path), ("p", "a")) != pb       # re-reserving never takes another run's
+    queue.release(NodeState(tmp_path), "p", "b")
+    again = queue.reserve_port(NodeState(tmp_path), ("p", "a"))
+    assert queue.reserved_ports(NodeState(tmp_path)) == {again}
     # the coordinator's port: in the range, bound (so no one else gets it), never a reserved one
     with coordinator.listen(reserved=set(range(lo, hi - 1))) as sock:
         port = sock.getsockname()[1]

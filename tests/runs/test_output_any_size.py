@@ -220,16 +220,18 @@ def test_names_from_a_node_are_inert_in_the_kill_and_status_tables() -> None:
 
 def _node_run(c, i: int, run: str) -> Path:  # type: ignore[no-untyped-def]
     """A finished run on node ``i`` whose rank 0 printed the 10 MiB line and the rest (files as a run leaves them)."""
+    from higgsfield.contract.codec import encode
     from higgsfield.contract.runspec import RunSpec
+    from higgsfield.node.state.home import NodeState
     from higgsfield.node.state.records import RunDir, RunRecord
 
     node = c.nodes[i]
-    rd = RunDir(c.home(i) / ".hfrt", "hfrt", run)
+    rd = RunDir(NodeState(c.home(i) / ".hfrt"), "hfrt", run)
     rd.make()
     now = time.time()
-    (rd.path / "spec.json").write_text(json.dumps(RunSpec(
+    (rd.path / "spec.json").write_text(json.dumps(encode(RunSpec(
         project="hfrt", experiment="loud", run=run, module="loud", code_dir="/nonexistent", params={},
-        node=node, node_rank=0, nodes=(node,), master_addr="127.0.0.1", submitted_at=now).to_dict()))
+        node=node, node_rank=0, nodes=(node,), master_addr="127.0.0.1", submitted_at=now))))
     rd.write(RunRecord(project="hfrt", experiment="loud", run=run, node=node, node_rank=0, nnodes=1, nproc=1,
                        state="succeeded", exit_code=0, created_at=now, started_at=now, ended_at=now))
     body = [b"big:" + b"x" * BIG + b"\n", *(f"n {k:04d}\n".encode() for k in range(COUNT)),

@@ -176,10 +176,15 @@ def test_a_refusal_stops_only_this_starts_own_part_and_never_the_holder(project:
         "nodes:\n" + "".join(f"  - host: 10.0.0.{i + 1}\n    name: n{i}\n" for i in range(3))))
     cfg = load_config(yml)
     refusal = json.dumps({"name_in_use": True, "run": "x", "state": "running", "node": "n1"})
-    nodes = [_Node("n0", {"start": json.dumps({"state": "starting", "run": "x", "coord_port": 29500}),
+
+    def started(node: str, rank: int, **kw: object) -> str:   # the node's record, as its start answers
+        return json.dumps({"project": "p", "experiment": "e", "run": "x", "node": node, "node_rank": rank,
+                           "state": "starting", "created_at": 1.0, **kw})
+
+    nodes = [_Node("n0", {"start": started("n0", 0, coord_port=29500),
                           "kill": json.dumps({"state": "killed", "run": "x"})}),
              _Node("n1", {"start": CommandError("n1", "'python' exited 2: error: ...", 2, refusal, "error: ...")}),
-             _Node("n2", {"start": json.dumps({"state": "starting", "run": "x"}),
+             _Node("n2", {"start": started("n2", 2),
                           "kill": json.dumps({"missing": True, "run": "x"})})]
     group = Group([Member(n, t, i) for i, (n, t) in enumerate(zip(cfg.nodes, nodes, strict=True))])  # type: ignore[arg-type]
     with pytest.raises(RunNameInUse) as e:

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from higgsfield.contract.codec import encode
 from higgsfield.contract.runspec import RunSpec
 from higgsfield.node.runs import failure
+from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.records import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,11 +57,11 @@ def _run(tmp_path: Path, how: str) -> tuple[int, RunDir, float]:
     code = tmp_path / "code"
     (code / "src").mkdir(parents=True, exist_ok=True)
     (code / "src" / "ending.py").write_text(ENDINGS)
-    rd = RunDir(tmp_path / "state", "p", how)
+    rd = RunDir(NodeState(tmp_path / "state"), "p", how)
     rd.make()
-    rd.spec_path.write_text(json.dumps(RunSpec(
+    rd.spec_path.write_text(json.dumps(encode(RunSpec(
         project="p", experiment="ending", run=how, module="ending", code_dir=str(code), params={"how": how},
-        node="n", node_rank=0, nodes=("n",), master_addr="127.0.0.1", submitted_at=time.time()).to_dict()))
+        node="n", node_rank=0, nodes=("n",), master_addr="127.0.0.1", submitted_at=time.time()))))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(PROJECT_NAME="p", EXPERIMENT_NAME="ending", RUN_NAME=how, PYTHONPATH=str(REPO))
     t0 = time.time()
@@ -106,7 +108,7 @@ def test_a_failing_rank_leaves_when_and_how_it_failed(tmp_path: Path, how: str, 
 
 
 def test_a_node_whose_torchrun_died_reports_torchrun(tmp_path: Path) -> None:
-    rd = RunDir(tmp_path, "p", "r")
+    rd = RunDir(NodeState(tmp_path), "p", "r")
     rd.make()
     (rd.logs / "launcher.log").write_text("[higgsfield] ...\n")
     f = failure.describe(rd, "n2", 137, since=0)

@@ -17,7 +17,7 @@ import pytest
 from helpers_project import assert_one_line_error, run_cli, write
 
 from higgsfield.contract.errors import ConfigError, ParamError, RunError
-from higgsfield.contract.slurmjob import PinnedSlurmRun
+from higgsfield.contract.slurmjob import PinnedSlurmRun, pinned_json
 from higgsfield.control.backends import RunRequest, backend_for
 from higgsfield.control.backends.nodes.backend import NodesBackend
 from higgsfield.control.backends.slurm import preflight as pf
@@ -112,8 +112,8 @@ class Login:
 def _pinned(nodes: tuple[str, ...], nproc: int) -> str:
     """The ``spec.json`` a job pins to its allocation (``nodes`` in SLURM_NODEID order)."""
     spec = template_spec(project="lab", experiment="probe", run="r", module="probe", code_dir="/c", params={})
-    return json.dumps(PinnedSlurmRun(replace(spec, node=nodes[0], nodes=nodes, master_addr=nodes[0],
-                                             nproc=nproc)).to_dict())
+    return json.dumps(pinned_json(PinnedSlurmRun(replace(spec, node=nodes[0], nodes=nodes, master_addr=nodes[0],
+                                                         nproc=nproc))))
 
 
 def test_log_lines_are_tagged_node_slash_rank_from_the_allocation(tmp_path: Path) -> None:
@@ -236,3 +236,25 @@ def test_the_project_environment_is_read_from_its_record(tmp_path: Path, env: st
         asyncio.run(session._deployed())
     assert str(e.value) == ("project 'lab' has no project environment in /shared/me/hf on login: run 'higgsfield "
                             "deploy' (it builds one from requirements.txt)")
+
+
+def test_the_dashboards_slurm_queue_entries_are_typed(tmp_path: Path) -> None:
+    """The node view's queue of a Slurm cluster is QueueEntry, as the SSH nodes' is: the pending run waits
+    with no slot count (the page says 'an allocation' and the run's reason), the running one holds each of
+    its nodes without slots counted (the page says 'the node')."""
+    from higgsfield.contract.codec import decode
+    from higgsfield.contract.feed import QueueEntry
+    from higgsfield.contract.nodepart import NodePart
+    from higgsfield.control.backends.nodes import RunStatus
+    from higgsfield.control.backends.slurm import ClusterNode
+
+    fleet: Any = backend_for(project(tmp_path, SLURM)).fleet(lambda kind: None)
+    fleet._runs = [RunStatus("lab", "probe", "long", "running", {"n1": NodePart("running")}, 1.0),
+                   RunStatus("lab", "probe", "wait", "queued", {}, 2.0, reason="Resources")]
+    fleet._machines = [ClusterNode("n1", "allocated", cpus=4), ClusterNode("n2", "idle", cpus=4)]
+    login, n1, n2 = fleet.nodes()
+    queues = [login["queue"], n1["queue"], n2["queue"]]
+    for q in queues:
+        assert [decode(QueueEntry, e) for e in q] == [QueueEntry(**e) for e in q]   # each decodes, unchanged
+    assert queues == [[{"project": "lab", "run": "wait", "want": None, "slots": None, "committed": False}],
+                      [{"project": "lab", "run": "long", "want": None, "slots": [], "committed": True}], []]

@@ -22,6 +22,7 @@ import pytest
 import yaml
 from helpers_project import cli_env
 
+from higgsfield.contract.codec import decode
 from higgsfield.contract.fabric import EXPERIMENT, FabricResult, sizes
 
 pytestmark = [pytest.mark.slow, pytest.mark.sshd]
@@ -64,7 +65,7 @@ def test_doctor_fabric_on_a_slurm_project_runs_the_benchmark_as_a_job_and_prints
     assert r.returncode == 0, (r.returncode, r.stdout[-3000:], r.stderr[-3000:])
     data = json.loads(r.stdout)
     print(f"\ndoctor --fabric on a Slurm project (2 nodes, a job): {wall:.1f}s")
-    res = FabricResult.from_dict(data)
+    res = decode(FabricResult, data)
     assert sorted(res.nodes) == sorted(set(res.nodes)) and len(res.nodes) == 2 and res.backend == "gloo"
     assert all(n.startswith("n") for n in res.nodes), res.nodes
     assert [x.bytes for x in res.allreduce] == sizes(8, 1 << 20)

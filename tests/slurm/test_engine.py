@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from slurm_helpers import SECRET, Cluster
 
-from higgsfield.contract.slurmjob import SlurmJob, SlurmRequest
+from higgsfield.contract.slurmjob import SlurmJob, decode_job, decode_request
 
 pytestmark = [pytest.mark.slow, pytest.mark.sshd]
 _seq = iter(range(1, 10_000))
@@ -94,8 +94,8 @@ def test_two_nodes_all_reduce_logs_and_success(cluster: Cluster, workdir: Path) 
     s = spec(cluster, workdir, "allreduce")
     job = cluster(cluster.engine.submit(s, {"HF_SLURM_SECRET": SECRET}))
     assert job.job_id.isdigit()
-    assert SlurmJob.from_dict(json.loads(Path(job.paths.job).read_text())).job_id == job.job_id   # kept, typed
-    req = SlurmRequest.from_dict(json.loads(Path(job.paths.request).read_text()))   # what the job read
+    assert decode_job(json.loads(Path(job.paths.job).read_text())).job_id == job.job_id   # kept, typed
+    req = decode_request(json.loads(Path(job.paths.request).read_text()))   # what the job read
     assert req.spec == s and req.secret_names == ["HF_SLURM_SECRET"] and req.checkpoint_dir == job.paths.checkpoints
     st = wait_state(cluster, s, {"succeeded", "failed", "killed"})
     assert st.state == "succeeded", (st.reason, st.error_tail, launcher(cluster, s))

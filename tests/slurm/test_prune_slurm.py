@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from slurm_helpers import make_project
 
+from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.records import RunDir, RunRecord
 
 
@@ -37,7 +38,7 @@ def test_prune_removes_the_workdir_s_old_runs_only(login: Any, workdir: Path, kn
         (wd / "venv").symlink_to(os.readlink(workdir / "venv"))  # the login node's invoker, as setup leaves it
         now = time.time()
         for run, state, days in (("old", "succeeded", 40), ("recent", "failed", 1), ("requeued", "queued", 40)):
-            rd = RunDir(wd, "lab", run)
+            rd = RunDir(NodeState(wd), "lab", run)
             rd.make()
             rd.write(RunRecord("lab", "slurmprobe", run, "n1", 0, 2, 2, state=state, runtime="slurm",
                                created_at=now - days * 86400, ended_at=None if state == "queued" else now - days * 86400))

@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
+from higgsfield.contract.codec import decode, encode
 from higgsfield.contract.nodepart import NodePart
-from higgsfield.contract.runspec import NodeRunView
+from higgsfield.contract.noderuns import NodeRunView
+from higgsfield.contract.runstatus import status_json
 from higgsfield.contract.slurmjob import SlurmJob
 from higgsfield.control.backends.slurm.parse import Job
 from higgsfield.control.backends.slurm.runstatus import merge
@@ -26,7 +28,7 @@ def _record(**changes: Any) -> dict[str, Any]:
     """What the job's Slurm task writes (its own RunRecord), as the login node's ``cat`` brings it back."""
     rec = RunRecord(project="p", experiment="e", run="r", node="n1", node_rank=0, nnodes=2, nproc=2,
                     state="running", created_at=1.5, started_at=2.0, command=["torchrun"], pids={"torchrun": 9})
-    return {**json.loads(json.dumps(rec.to_dict())), **changes}
+    return {**json.loads(json.dumps(encode(rec))), **changes}
 
 
 def test_the_record_the_node_writes_decodes_and_fills_what_slurm_does_not_know() -> None:
@@ -37,9 +39,9 @@ def test_the_record_the_node_writes_decodes_and_fills_what_slurm_does_not_know()
     assert (st.failed_node, st.failed_rank, st.error_tail) == ("n2", 1, ["Traceback", "boom"])
     assert (st.created_at, st.started_at, st.ended_at, st.exit_code) == (1.5, 2.0, 7.0, 1)
     assert st.nodes == {"n1": NodePart("failed")}      # a scheduler's node: its state, nothing else known
-    assert st.stall is not None and st.stall.to_dict() == DIAGNOSIS
-    assert st.to_dict()["node_states"] == {"n1": "failed"} and st.to_dict()["stall"] == DIAGNOSIS
-    assert merge(SlurmJob("4"), None, NodeRunView.from_dict(record)) == st   # decoded already: the same
+    assert st.stall is not None and encode(st.stall) == DIAGNOSIS
+    assert status_json(st)["node_states"] == {"n1": "failed"} and status_json(st)["stall"] == DIAGNOSIS
+    assert merge(SlurmJob("4"), None, decode(NodeRunView, record)) == st   # decoded already: the same
 
 
 def test_slurm_decides_the_state_and_the_record_adds_why() -> None:

@@ -18,10 +18,19 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from higgsfield.contract.codec import encode
 from higgsfield.contract.errors import ConfigError
 from higgsfield.contract.names import MAX_RUN_NAME
 from higgsfield.contract.slurm_syntax import check_time, seconds
-from higgsfield.contract.slurmjob import PinnedSlurmRun, SlurmJob, SlurmRequest
+from higgsfield.contract.slurmjob import (
+    PinnedSlurmRun,
+    SlurmJob,
+    SlurmRequest,
+    decode_job,
+    decode_pinned,
+    decode_request,
+    pinned_json,
+)
 from higgsfield.control.backends.slurm import layout
 from higgsfield.control.backends.slurm.client import template_spec
 from higgsfield.control.backends.slurm.layout import RunPaths
@@ -138,16 +147,16 @@ def test_the_job_reads_its_request_once_typed_and_refuses_another_version(tmp_pa
     rd.path.mkdir(parents=True)
     spec = template_spec(project="p", experiment="e", run="r", module="e", code_dir="/w/code", params={"lr": 1})
     path = rd.path / "request.json"
-    path.write_text(json.dumps(SlurmRequest(spec=spec, secret_names=["A_KEY"], gpus_per_node=2).to_dict()))
+    path.write_text(json.dumps(encode(SlurmRequest(spec=spec, secret_names=["A_KEY"], gpus_per_node=2))))
     req = slurm_task.read_request(rd)
     assert (req.spec, req.secret_names, req.gpus_per_node) == (spec, ["A_KEY"], 2)
-    path.write_text(json.dumps({**req.to_dict(), "version": 2}))
+    path.write_text(json.dumps({**encode(req), "version": 2}))
     with pytest.raises(slurm_task.TaskError) as e:
         slurm_task.read_request(rd)
     assert not isinstance(e.value, slurm_task.BadRequest)
     assert str(e.value) == (f"{path} is not a version-1 request: the login node's higgsfield and the job's "
                             "differ; run 'higgsfield setup'")
-    path.write_text(json.dumps({**req.to_dict(), "max_restarts": "2"}))
+    path.write_text(json.dumps({**encode(req), "max_restarts": "2"}))
     with pytest.raises(slurm_task.BadRequest, match=r"^the run's request: 'max_restarts' must be an integer"):
         slurm_task.read_request(rd)
 
@@ -156,7 +165,7 @@ def test_a_request_with_a_bad_field_is_the_runs_start_failure_its_secrets_gone(t
     rd = slurm_task.run_dir(str(tmp_path / "runs" / "p" / "r"))
     rd.path.mkdir(parents=True)
     spec = template_spec(project="p", experiment="e", run="r", module="e", code_dir="/w/code", params={})
-    bad = {**SlurmRequest(spec=spec, secret_names=["A_KEY"]).to_dict(), "spec": {**spec.to_dict(), "version": 9}}
+    bad = {**encode(SlurmRequest(spec=spec, secret_names=["A_KEY"])), "spec": {**encode(spec), "version": 9}}
     (rd.path / "request.json").write_text(json.dumps(bad))
     (rd.path / "secrets.json").write_text('{"A_KEY": "v"}')
     assert slurm_task.batch(rd, "n1", ["srun", "true"]) == 2
@@ -216,11 +225,11 @@ def test_the_checkpoint_mirror_reaches_the_ranks_as_on_ssh_nodes(mirror: str) ->
     spec.json -> a node's env) and arrives as HIGGSFIELD_CHECKPOINT_MIRROR; its credentials only as secrets."""
     spec = template_spec(project="p", experiment="e", run="r", module="src.e", code_dir="/w/code", params={},
                          checkpoint_mirror=mirror)
-    req = json.loads(json.dumps(SlurmRequest(spec=spec).to_dict()))  # as request.json carries it
-    pinned = slurm_task.pin_spec(SlurmRequest.from_dict(req), ["n1", "n2"], "n1")
-    written = json.loads(json.dumps(PinnedSlurmRun(pinned, checkpoint_dir="/w/checkpoints/p/r").to_dict()))  # spec.json
+    req = json.loads(json.dumps(encode(SlurmRequest(spec=spec))))  # as request.json carries it
+    pinned = slurm_task.pin_spec(decode_request(req), ["n1", "n2"], "n1")
+    written = json.loads(json.dumps(pinned_json(PinnedSlurmRun(pinned, checkpoint_dir="/w/checkpoints/p/r"))))  # spec.json
     base = {"PATH": "/usr/bin", "AWS_SECRET_ACCESS_KEY": "s3cr3t-7f2e", slurm_task.SECRET_NAMES_VAR: "AWS_SECRET_ACCESS_KEY"}
-    env = slurm_task.node_env(PinnedSlurmRun.from_dict(written), slurm_task.run_dir("/w/runs/p/r"), "n2", base)
+    env = slurm_task.node_env(decode_pinned(written), slurm_task.run_dir("/w/runs/p/r"), "n2", base)
     assert env.get("HIGGSFIELD_CHECKPOINT_MIRROR") == (mirror or None), env
     assert env["AWS_SECRET_ACCESS_KEY"] == "s3cr3t-7f2e" and "s3cr3t-7f2e" not in json.dumps(written)
 
@@ -278,8 +287,9 @@ def test_merge_takes_the_rank_and_node_from_the_record_and_the_state_from_slurm(
 
     record = RunRecord(project="p", experiment="e", run="r", node="n1", node_rank=0, nnodes=2, nproc=1,
                        state="failed", reason="rank 3: RuntimeError: boom on node n2", failed_node="n2",
-                       failed_rank=3, error_tail=["boom"], started_at=5.0, ended_at=9.0).to_dict()
-    st = merge(SlurmJob.from_dict({"job_id": "4", "project": "p", "run": "r", "submitted_at": 1.0}),
+                       failed_rank=3, error_tail=["boom"], started_at=5.0, ended_at=9.0)
+    record = encode(record)
+    st = merge(decode_job({"job_id": "4", "project": "p", "run": "r", "submitted_at": 1.0}),
                Job("4", "FAILED", "NonZeroExitCode", 1, ("n1", "n2")), record)
     assert (st.state, st.failed_node, st.failed_rank, st.exit_code) == ("failed", "n2", 3, 1)
     assert st.reason == record["reason"] and list(st.nodes) == ["n1", "n2"]

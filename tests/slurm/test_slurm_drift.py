@@ -26,9 +26,11 @@ from typing import Any
 import pytest
 from slurm_helpers import SECRET, Cluster, offline_backend
 
+from higgsfield.contract.codec import decode, encode
 from higgsfield.contract.drift import NodeFacts
-from higgsfield.contract.slurmjob import PinnedSlurmRun, SlurmRequest
+from higgsfield.contract.slurmjob import PinnedSlurmRun, SlurmRequest, decode_request, pinned_json
 from higgsfield.node import slurm_drift
+from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.records import RunDir
 
 DRIVER = "535.104.05"
@@ -39,7 +41,7 @@ MARKER = "hf-drift-test"
 # -- the pure parts, no cluster ------------------------------------------------------------------
 
 def _rd(tmp_path: Path) -> RunDir:
-    rd = RunDir(tmp_path, "proj", "run1")
+    rd = RunDir(NodeState(tmp_path), "proj", "run1")
     rd.path.mkdir(parents=True)
     return rd
 
@@ -55,7 +57,7 @@ def test_each_node_writes_its_facts_and_a_difference_is_one_line_naming_node_val
                                 packages={**(mine.packages or {}), "numpy": "1.0.0"})
     folder = slurm_drift.attempt_dir(rd, "7.0")
     folder.mkdir(parents=True)
-    (folder / "n2.json").write_text(json.dumps(other.to_dict()))
+    (folder / "n2.json").write_text(json.dumps(encode(other)))
     report = slurm_drift.check(rd, "7.0", ["n1", "n2"], "n1", wait_s=5)
     assert report.unreachable == {}
     lines = [d.line() for d in report.differences]
@@ -67,7 +69,7 @@ def test_each_node_writes_its_facts_and_a_difference_is_one_line_naming_node_val
     assert slurm_drift.reason(report.differences) == \
         "the nodes differ (2 differences), stopped before training; --allow-drift runs anyway"
     assert slurm_drift.lines(report.differences) == lines
-    assert NodeFacts.from_dict(json.loads((folder / "n1.json").read_text())).node == "n1"
+    assert decode(NodeFacts, json.loads((folder / "n1.json").read_text())).node == "n1"
 
 
 @pytest.mark.timeout(30)
@@ -89,14 +91,14 @@ def test_a_node_task_on_drifted_nodes_starts_no_torchrun_unless_drift_is_allowed
     other = dataclasses.replace(slurm_drift.job_facts("n2"), driver=DRIVER)
     folder = slurm_drift.attempt_dir(rd, "9.0")
     folder.mkdir(parents=True)
-    (folder / "n2.json").write_text(json.dumps(other.to_dict()))
+    (folder / "n2.json").write_text(json.dumps(encode(other)))
     monkeypatch.setenv("SLURM_JOB_ID", "9")
     monkeypatch.setenv("SLURM_NODEID", "0")
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
     monkeypatch.delenv(slurm_task.PORT_VAR, raising=False)   # torchrun would need it: never reached
     spec = template_spec(project="proj", experiment="probe", run="run1", module="probe", code_dir="/c", params={})
     pinned = PinnedSlurmRun(slurm_task.pin_spec(SlurmRequest(spec=spec), ["n1", "n2"], "n1"))
-    (rd.path / "spec.json").write_text(json.dumps(pinned.to_dict()))
+    (rd.path / "spec.json").write_text(json.dumps(pinned_json(pinned)))
     assert slurm_task.node(rd, "n1") == slurm_drift.DRIFT_EXIT
     assert f"n1: drift: n2: NVIDIA driver {DRIVER} (the other 1 node: none)" in capsys.readouterr().err
     assert slurm_drift.verdict(rd, "9.0")[0].node == "n2"
@@ -114,9 +116,9 @@ def test_allow_drift_travels_in_the_plan_and_the_request(tmp_path: Path) -> None
     assert backend.plan(RunRequest("probe")).allow_drift is False                    # type: ignore[attr-defined]
     spec = template_spec(project="p", experiment="probe", run="r1", module="probe", code_dir="/c", params={})
     req = SlurmRequest(spec=spec, allow_drift=True)
-    assert SlurmRequest.from_dict(json.loads(json.dumps(req.to_dict()))).allow_drift is True
-    older = {k: v for k, v in req.to_dict().items() if k != "allow_drift"}   # an earlier release's request
-    assert SlurmRequest.from_dict(older).allow_drift is False
+    assert decode_request(json.loads(json.dumps(encode(req)))).allow_drift is True
+    older = {k: v for k, v in encode(req).items() if k != "allow_drift"}   # an earlier release's request
+    assert decode_request(older).allow_drift is False
 
 
 # -- on the cluster --------------------------------------------------------------------------------

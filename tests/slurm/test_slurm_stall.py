@@ -32,6 +32,9 @@ from helpers_project import run_cli
 from slurm_helpers import Cluster
 from test_engine import launcher, run_processes
 
+from higgsfield.contract.codec import encode
+from higgsfield.contract.runstatus import status_json
+
 pytestmark = [pytest.mark.slow, pytest.mark.sshd]
 
 STALL_S = 4.0
@@ -165,8 +168,8 @@ def test_frozen_rank_fails_the_job_named_and_stacks_live(cluster: Cluster, workd
     assert "time.sleep(3600)" in st.reason, st.reason
     assert (st.failed_node, st.failed_rank) == (hosts[0], 1), (st.failed_node, st.failed_rank)
     stall = record["stall"]
-    assert stall["odd"] == [frozen] and st.stall is not None and st.stall.to_dict() == stall, (stall, st.stall)
-    assert st.to_dict()["stall"] == stall   # status --json carries it
+    assert stall["odd"] == [frozen] and st.stall is not None and encode(st.stall) == stall, (stall, st.stall)
+    assert status_json(st)["stall"] == stall   # status --json carries it
     most = stall["groups"][0]
     assert sorted(most["ranks"]) == sorted(f"{s.node}/{s.rank}" for s in live.stacks if s.rank != 1), most
     assert "all_reduce" in most["where"], most

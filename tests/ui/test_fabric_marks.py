@@ -12,17 +12,20 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
+from higgsfield.contract.codec import decode, encode
 from higgsfield.contract.decode import DecodeError
-from higgsfield.contract.fabric import MARKER, FabricResult, GpuRow, NodeRow, PairRow, SizeRow
+from higgsfield.contract.fabric import MARKER, FabricResult, GpuRow, NodeRow, PairRow, SizeRow, outliers
 from higgsfield.contract.fabric_last import LastFabric, newest, node_marks
 from higgsfield.control.backends.nodes.fleet_fabric import FabricWatch
 from higgsfield.node.cli import invoker
+from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.records import RunDir, RunRecord
 
 pytestmark = pytest.mark.timeout(20)
@@ -42,7 +45,7 @@ def _result(slow: str | None = "n3", gpu_health: str = "ok") -> FabricResult:
 
 
 def _fabric_run(state: Path, run: str, log: str, at: float, project: str = "p") -> None:
-    rd = RunDir(state, project, run)
+    rd = RunDir(NodeState(state), project, run)
     rd.make()
     rd.write(RunRecord(project=project, experiment="higgsfield_fabric", run=run, node="n1", node_rank=0,
                        nnodes=3, nproc=1, state="succeeded"))
@@ -54,12 +57,12 @@ def _fabric_run(state: Path, run: str, log: str, at: float, project: str = "p") 
 def _ask(state: Path, project: str = "p") -> LastFabric:
     r = CliRunner().invoke(invoker, ["--state-dir", str(state), "fabric-last", "--project", project])
     assert r.exit_code == 0, r.output
-    return LastFabric.from_dict(json.loads(r.output))
+    return decode(LastFabric, json.loads(r.output))
 
 
 def test_the_node_answers_its_newest_readable_result_and_nothing_when_none(tmp_path: Path) -> None:
     assert _ask(tmp_path) == LastFabric()                   # no test ever: an empty reply, not an error
-    line = MARKER + json.dumps(_result().to_dict())
+    line = MARKER + json.dumps(encode(_result()))
     _fabric_run(tmp_path, "fabric-20261204-100000-aaaa", f"warm-up\n{line}\nbye\n", 1000.0)
     _fabric_run(tmp_path, "fabric-20261204-110000-bbbb", f"{MARKER}{{\"version\": 1, \"nod\n", 2000.0)  # cut short
     _fabric_run(tmp_path, "train-1", f"{line}\n", 3000.0)   # not a fabric test: its lines are no result
@@ -86,7 +89,7 @@ def test_each_node_carries_its_figures_and_the_outlier_is_marked_slow() -> None:
 
 
 def _with_outliers(r: FabricResult) -> FabricResult:
-    return LastFabric.from_dict({"version": 1, "run": "fabric-x", "at": 1.0, "result": r.to_dict()}).result  # type: ignore[return-value]
+    return replace(r, run="fabric-x", outliers=outliers(r.pairs))
 
 
 @pytest.mark.parametrize("bad", [
@@ -95,7 +98,7 @@ def _with_outliers(r: FabricResult) -> FabricResult:
 ])
 def test_a_bad_reply_is_one_decode_error(bad: Any) -> None:
     with pytest.raises(DecodeError):
-        LastFabric.from_dict(bad)
+        decode(LastFabric, bad)
 
 
 def test_the_dashboard_keeps_the_newest_and_asks_again_when_a_test_ends() -> None:

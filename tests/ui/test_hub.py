@@ -19,7 +19,7 @@ pytest.importorskip("starlette")
 
 from starlette.testclient import TestClient  # noqa: E402
 
-from higgsfield.contract import runspec  # noqa: E402
+from higgsfield.contract import states  # noqa: E402
 from higgsfield.contract.errors import HiggsfieldError, ParamError  # noqa: E402
 from higgsfield.contract.feed import FeedLine  # noqa: E402
 from higgsfield.control.config import load_config  # noqa: E402
@@ -162,13 +162,13 @@ def test_the_page_sees_status_json_and_queue_places_but_no_internals(hub: Hub) -
 
 
 def test_the_page_gets_the_run_states_from_the_contract(hub: Hub) -> None:
-    """The state filter's options are runspec.STATES, served with the session; the script writes none of them."""
+    """The state filter's options are states.STATES, served with the session; the script writes none of them."""
     with TestClient(create_app(hub, "t0ken")) as client:
         session = client.get("/api/session").json()
-    assert session["states"] == list(runspec.STATES)
+    assert session["states"] == list(states.STATES)
     script = (STATIC / "app.js").read_text()
     listed = [m for m in re.findall(r"\[([^\[\]]*)\]", script)
-              if all(f'"{s}"' in m or f"'{s}'" in m for s in runspec.STATES)]
+              if all(f'"{s}"' in m or f"'{s}'" in m for s in states.STATES)]
     assert not listed, f"app.js lists the run states itself (take them from /api/session's states): {listed}"
 
 

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from higgsfield.metrics import METRICS_FILE, StepMetrics, latest_per_step, parse_lines
+from higgsfield.contract.codec import encode
+from higgsfield.metrics import METRICS_FILE, StepMetrics, decode_line, latest_per_step, parse_lines
 from higgsfield.node.observe.metrics import read_metrics
 from higgsfield.node.observe.stats import Sampler, parse_smi
+from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.records import RunDir
 
 pytestmark = pytest.mark.timeout(60)
@@ -21,11 +23,11 @@ pytestmark = pytest.mark.timeout(60)
 
 def test_a_step_round_trips_and_a_diverged_loss_is_null() -> None:
     m = StepMetrics(step=3, loss=2.5, tokens_per_s=5400.0, step_time_s=0.2, lr=3e-4, time=1.0)
-    assert StepMetrics.from_dict(json.loads(m.to_json())) == m
+    assert decode_line(m.to_json()) == m
     nan = StepMetrics(step=4, loss=float("nan"), tokens_per_s=float("inf"), step_time_s=0.1)
     d = json.loads(nan.to_json())
     assert d["loss"] is None and d["tokens_per_s"] is None     # valid JSON, never NaN
-    back = StepMetrics.from_dict({**d, "tokens_per_s": 1.0})
+    back = decode_line(json.dumps({**d, "tokens_per_s": 1.0}))
     assert math.isnan(back.loss)
     assert "lr 3.00e-04" in str(m)
 
@@ -42,7 +44,7 @@ def test_foreign_torn_and_repeated_lines() -> None:
 
 
 def test_the_node_reader_waits_for_a_torn_line_and_ends_with_the_run(tmp_path: Path) -> None:
-    rd = RunDir(tmp_path, "p", "r")
+    rd = RunDir(NodeState(tmp_path), "p", "r")
     rd.make()
     path = rd.path / METRICS_FILE
     path.write_text('{"step": 1, "loss": 3.0, "tokens_per_s": 1, "step_time_s": 1}\n{"step": 2, "lo')
@@ -58,7 +60,7 @@ def test_the_node_reader_waits_for_a_torn_line_and_ends_with_the_run(tmp_path: P
     got = [x.step for x in read_metrics(rd, follow=True, is_done=done.is_set) if isinstance(x, StepMetrics)]
     assert got == [1, 2]
     assert [x.step for x in read_metrics(rd, skip=1) if isinstance(x, StepMetrics)] == [2]
-    assert list(read_metrics(RunDir(tmp_path, "p", "other"))) == []   # a node without the file: nothing
+    assert list(read_metrics(RunDir(NodeState(tmp_path), "p", "other"))) == []   # a node without the file: nothing
 
 
 def test_only_rank_0_writes_and_outside_a_run_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -102,9 +104,9 @@ def test_nvidia_smi_lines() -> None:
 
 
 def test_a_machine_sample(tmp_path: Path) -> None:
-    s = Sampler(tmp_path)
+    s = Sampler(NodeState(tmp_path))
     try:
-        d = s.sample().to_dict()
+        d = encode(s.sample())
     finally:
         s.close()
     assert 0 <= d["cpu_percent"] <= 100 and d["cpu_count"] >= 1

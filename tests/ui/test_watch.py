@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 
 from higgsfield.node.observe.watch import WHOLE_EVERY, RunsWatch
+from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.records import RunDir, RunRecord
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def _write(state: Path, run: str, st: str = "succeeded") -> RunDir:
-    rd = RunDir(state, "p", run)
+    rd = RunDir(NodeState(state), "p", run)
     rd.make()
     rd.write(RunRecord(project="p", experiment="e", run=run, node="n", node_rank=0, nnodes=1, nproc=1, state=st))
     return rd
@@ -27,13 +28,13 @@ def _write(state: Path, run: str, st: str = "succeeded") -> RunDir:
 def test_first_everything_then_only_changes(tmp_path: Path) -> None:
     for i in range(3):
         _write(tmp_path, f"r{i}")
-    w = RunsWatch(tmp_path, "p")
+    w = RunsWatch(NodeState(tmp_path), "p")
     got = w.changed()
     assert got is not None and got[1] and sorted(r["run"] for r in got[0]) == ["r0", "r1", "r2"]
     assert all(w.changed() is None for _ in range(2 * WHOLE_EVERY))     # nothing changed: nothing sent
 
     # a new run whose record comes after its directory, then changes state
-    rd = RunDir(tmp_path, "p", "new")
+    rd = RunDir(NodeState(tmp_path), "p", "new")
     rd.make()
     assert w.changed() is None
     _write(tmp_path, "new", "running")
@@ -47,7 +48,7 @@ def test_first_everything_then_only_changes(tmp_path: Path) -> None:
     # a run that goes away: the full list again
     import shutil
 
-    shutil.rmtree(RunDir(tmp_path, "p", "r0").path)
+    shutil.rmtree(RunDir(NodeState(tmp_path), "p", "r0").path)
     got = None
     for _ in range(WHOLE_EVERY + 1):
         got = got or w.changed()

@@ -16,9 +16,9 @@ from higgsfield.control.backends.backend import (
     RunRequest,
     Session,
     StacksResult,
-    StallSettings,
+    stall_settings,
 )
 from higgsfield.control.backends.select import backend_for
 
-__all__ = ["Backend", "Changed", "Fleet", "NoStacks", "RunList", "RunRequest", "Session", "StacksResult", "StallSettings",
-           "backend_for"]
+__all__ = ["Backend", "Changed", "Fleet", "NoStacks", "RunList", "RunRequest", "Session", "StacksResult", "backend_for",
+           "stall_settings"]

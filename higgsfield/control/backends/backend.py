@@ -2,21 +2,22 @@
 
 The CLI (``run``, ``status``, ``logs``, ``kill``, ``deploy``, ``ci ...``) talks to a
 :class:`Backend`, never to the SSH fan-out or the Slurm engine directly, so a new place
-to run (Kubernetes, later) is a new implementation of these two protocols and nothing
-else. Every backend speaks :mod:`higgsfield.contract.runspec`: a run is a ``RunSpec`` going in and
-a ``RunStatus`` coming out, its log lines are :class:`~higgsfield.control.backends.nodes.logs.LogLine`
+to run (Kubernetes, later) is a new implementation of these three protocols (:class:`Backend`,
+:class:`Session`, and :class:`Fleet` for the dashboard) and nothing else. Every backend speaks the
+contract: a run is a :class:`~higgsfield.contract.runspec.RunSpec` going in and a
+:class:`~higgsfield.contract.runstatus.RunStatus` coming out, its log lines are :class:`LogLine`
 tagged ``node/rank``, its step metrics :class:`~higgsfield.metrics.StepMetrics`, so ``status --json``,
 ``logs -f``, ``metrics`` and the dashboard (:mod:`higgsfield.control.ui`) cannot tell which backend holds a run.
 
 - :class:`~higgsfield.control.backends.nodes.backend.NodesBackend`: the nodes of higgsfield.yml
-  over SSH (the orchestrator's own functions);
+  over SSH (the functions of :mod:`higgsfield.control.backends.nodes`);
 - :class:`~higgsfield.control.backends.slurm.backend.SlurmBackend`: one batch job per run on the
   cluster of the ``slurm:`` block, through its login node (:class:`higgsfield.control.backends.slurm.SlurmCluster`).
 
 Use::
 
-    backend = backend_for(cfg)                       # no I/O (orchestrator.backends)
-    plan = backend.plan("alpaca", {"lr": "1e-4"})    # a bad param raises here, before any connection
+    backend = backend_for(cfg)                       # no I/O (higgsfield.control.backends.select)
+    plan = backend.plan(RunRequest("alpaca", {"lr": "1e-4"}))   # a bad param raises here, before any connection
     async with backend.session(plan) as s:           # connections open once for the whole command
         handle = await s.start(plan, secrets={})
         async for line in s.follow(handle): ...
@@ -31,8 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from higgsfield.contract.errors import ConfigError, RunError
-from higgsfield.contract.runspec import ON_STALL, NodeRunView, RunStatus
+from higgsfield.contract.noderuns import NodeRunView
+from higgsfield.contract.runstatus import RunStatus
 from higgsfield.contract.stacks import RankStacks
+from higgsfield.contract.stall_policy import ON_STALL_CHOICES, OnStall, StallPolicy
 from higgsfield.control.config import Config
 from higgsfield.metrics import MetricsItem
 
@@ -122,42 +125,28 @@ class RunRequest:
     exclude: tuple[str, ...] = ()     # nodes left out (SSH: of higgsfield.yml's; Slurm: sbatch --exclude)
     allow_drift: bool = False         # SSH: run even when the nodes differ (the drift check)
 
-    def stall(self, cfg: Config) -> StallSettings:
+    def stall(self, cfg: Config) -> StallPolicy:
         """The watchdog's settings of this run: the request's, else higgsfield.yml's; ConfigError (exit 2) when bad."""
-        return StallSettings.of(cfg, self.stall_timeout, self.startup_timeout, self.on_stall)
+        return stall_settings(cfg, self.stall_timeout, self.startup_timeout, self.on_stall)
 
 
-@dataclass(frozen=True)
-class StallSettings:
-    """What the node side's stall watchdog does for one run (``RunSpec(..., **settings.spec_fields())``).
+def stall_settings(cfg: Config, stall_timeout: float | None = None, startup_timeout: float | None = None,
+                   on_stall: str | None = None) -> StallPolicy:
+    """What the node side's stall watchdog does for one run (``RunSpec(..., **policy.spec_fields())``): the
+    flags given, else higgsfield.yml's; a negative timeout or an unknown ``on_stall``: ConfigError.
 
     Every backend carries these into the spec its nodes (or its Slurm task) get, so the nodes
     find a hang by themselves, with the laptop gone.
     """
-
-    stall_timeout: float = 600.0
-    startup_timeout: float = 1800.0
-    on_stall: str = "fail"
-
-    @classmethod
-    def of(cls, cfg: Config, stall_timeout: float | None = None, startup_timeout: float | None = None,
-           on_stall: str | None = None) -> StallSettings:
-        """The flags given, else higgsfield.yml's; a negative timeout or an unknown ``on_stall``: ConfigError."""
-        out = cls(cfg.stall_timeout if stall_timeout is None else float(stall_timeout),
-                  cfg.startup_timeout if startup_timeout is None else float(startup_timeout),
-                  cfg.on_stall if on_stall is None else on_stall)
-        for name in ("stall_timeout", "startup_timeout"):
-            v = getattr(out, name)
-            if not 0 <= v < float("inf"):
-                raise ConfigError(f"--{name.replace('_', '-')} must be a number of seconds >= 0 (0: off), not {v}")
-        if out.on_stall not in ON_STALL:
-            raise ConfigError(f"--on-stall must be one of {', '.join(ON_STALL)}, not {out.on_stall!r}")
-        return out
-
-    def spec_fields(self) -> dict[str, Any]:
-        """The :class:`~higgsfield.contract.runspec.RunSpec` fields these are."""
-        return {"stall_timeout": self.stall_timeout, "startup_timeout": self.startup_timeout,
-                "on_stall": self.on_stall}
+    timeouts = {"stall_timeout": cfg.stall_timeout if stall_timeout is None else float(stall_timeout),
+                "startup_timeout": cfg.startup_timeout if startup_timeout is None else float(startup_timeout)}
+    for name, v in timeouts.items():
+        if not 0 <= v < float("inf"):
+            raise ConfigError(f"--{name.replace('_', '-')} must be a number of seconds >= 0 (0: off), not {v}")
+    choice = cfg.on_stall if on_stall is None else on_stall
+    if choice not in ON_STALL_CHOICES:
+        raise ConfigError(f"--on-stall must be one of {', '.join(ON_STALL_CHOICES)}, not {choice!r}")
+    return StallPolicy(timeouts["stall_timeout"], timeouts["startup_timeout"], OnStall(choice))
 
 
 class NoStacks(RunError):

@@ -11,7 +11,7 @@ reaches one backend's runs and machines, one per backend and inside its package:
   its queue and nodes, so the login node is asked (squeue/sacct, sinfo) every few seconds
   over one held connection, and right after the page kills or starts a run.
 
-Whatever the fleet, a run is the backend's :class:`~higgsfield.contract.runspec.RunStatus`, and
+Whatever the fleet, a run is the backend's :class:`~higgsfield.contract.runstatus.RunStatus`, and
 every action and every run page (logs, metrics, kill, start) goes through the backend's
 own :class:`~higgsfield.control.backends.backend.Session` (``Fleet.session``), the very calls
 behind ``higgsfield logs``, ``metrics`` and ``kill``.

@@ -3,7 +3,7 @@
 When no rank of a run progresses within its ``stall_timeout``, the run's supervisors
 agree on it through the coordinator, take every rank's stack and write the diagnosis
 (:class:`~higgsfield.contract.stacks.Diagnosis`) into each node's run record (``stall``,
-with ``stalled_at``). A backend's :class:`~higgsfield.contract.runspec.RunStatus` keeps each
+with ``stalled_at``). A backend's :class:`~higgsfield.contract.runstatus.RunStatus` keeps each
 node's part in ``nodes`` (:class:`~higgsfield.contract.nodepart.NodePart`, its stall decoded once by
 the merge); this reads the diagnosis back from them, so every view of a run shows the same words
 whichever backend holds it.
@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from higgsfield.contract.runspec import RunStatus
+from higgsfield.contract.codec import encode
+from higgsfield.contract.runstatus import RunStatus
 from higgsfield.contract.stacks import Diagnosis
 
 
@@ -37,4 +38,4 @@ def stalled_at(status: RunStatus) -> float | None:
 def stall_fields(status: RunStatus) -> dict[str, Any]:
     """What ``status --json`` and the dashboard add to a run: ``stall`` (the diagnosis) and ``stalled_at``."""
     d = diagnosis_of(status)
-    return {"stall": None if d is None else d.to_dict(), "stalled_at": stalled_at(status)}
+    return {"stall": encode(d), "stalled_at": stalled_at(status)}

@@ -44,13 +44,13 @@ def experiment_name(ctx: click.Context, param: click.Parameter, value: str | Non
 
 def run_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """A click callback: ``value`` is a run name (or an experiment name, which is one too)."""
-    from higgsfield.contract.names import is_run_name
+    from higgsfield.contract.names import MAX_RUN_NAME, is_run_name
     from higgsfield.contract.text import shown
 
     if value is None or is_run_name(value):
         return value
-    raise click.BadParameter(f"{shown(value)} is not a run or experiment name: use 1-64 letters, digits, "
-                             "'.', '_' or '-', starting with a letter or digit")
+    raise click.BadParameter(f"{shown(value)} is not a run or experiment name: use 1-{MAX_RUN_NAME} letters, "
+                             "digits, '.', '_' or '-', starting with a letter or digit")
 
 
 def preflight_exclude(cfg: Config, exclude: tuple[str, ...], nodes: int | None) -> tuple[str, ...]:

@@ -1,6 +1,6 @@
 """How ``doctor --fabric`` prints its figures: nccl-tests' all-reduce table, the nodes, the pairs, the outlier.
 
-Every number printed here is in ``--json`` too (:meth:`FabricResult.to_dict`, docs/doctor-fabric.md),
+Every number printed here is in ``--json`` too (the encoded :class:`FabricResult`, docs/doctor-fabric.md),
 with the same units: time in microseconds, bandwidth in GB/s (10^9 bytes a second), write
 throughput in MB/s.
 """

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from higgsfield.contract.runspec import RunStatus
+from higgsfield.contract.runstatus import RunStatus
 from higgsfield.contract.text import one_line
 
 GAP = 2

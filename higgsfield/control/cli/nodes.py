@@ -275,6 +275,7 @@ def doctor(ctx: click.Context, as_json: bool, nodes: tuple[str, ...], fabric: bo
     """Read-only preflight of every node, in parallel: SSH, sudo, Docker, GPUs, disk, clock, invoker, environment.
 
     With --fabric: a real collective benchmark over the nodes, started like a run."""
+    from higgsfield.contract.codec import encode
     from higgsfield.contract.errors import GroupError
     from higgsfield.control.doctor import diagnose
 
@@ -286,7 +287,7 @@ def doctor(ctx: click.Context, as_json: bool, nodes: tuple[str, ...], fabric: bo
         cfg = cfg.on_login_node()
     report = asyncio.run(diagnose(cfg, nodes=nodes or None))
     if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2, sort_keys=True))
+        click.echo(json.dumps(encode(report.as_json()), indent=2, sort_keys=True))
     else:
         _render_doctor(_console(), report)
     if not report.ok:
@@ -299,6 +300,7 @@ def doctor(ctx: click.Context, as_json: bool, nodes: tuple[str, ...], fabric: bo
 def _doctor_fabric(ctx: click.Context, cfg: Any, as_json: bool, nodes: tuple[str, ...], fabric: bool,
                    count: int | None, max_bytes: int | None) -> None:
     """``doctor --fabric``: exit 1 when a node is slow or unhealthy, 2 on bad options."""
+    from higgsfield.contract.codec import encode
     from higgsfield.contract.fabric import MAX_BYTES
     from higgsfield.control.cli._fabric_table import render
     from higgsfield.control.doctor.fabric import run_fabric
@@ -309,7 +311,7 @@ def _doctor_fabric(ctx: click.Context, cfg: Any, as_json: bool, nodes: tuple[str
         raise click.UsageError("--nodes and --node: choose one")
     result = run_fabric(cfg, count, names=nodes, max_bytes=max_bytes or MAX_BYTES)
     if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+        click.echo(json.dumps(encode(result), indent=2, sort_keys=True))
     else:
         render(_console(), result)
     if result.outliers or result.unhealthy:
@@ -320,11 +322,13 @@ def _render_doctor(out: Any, report: DoctorReport) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from higgsfield.control.doctor.report import CheckName
+
     table = Table(title="higgsfield doctor", title_justify="left")
     present = {c for n in report.nodes for c in n.checks}
-    columns = [(c, title) for c, title in _DOCTOR_COLUMNS if c not in _SLURM_COLUMNS or c in present]
-    if "slurm" in present:  # a cluster's login node: no sudo, Docker or local GPUs to check
-        columns = [(c, title) for c, title in columns if c not in ("sudo", "docker", "gpus", "disk", "rendezvous")]
+    columns = [(c, _TITLES.get(c, c)) for c in CheckName.ALL if c not in _SLURM_COLUMNS or c in present]
+    if CheckName.SLURM in present:  # a cluster's login node: no sudo, Docker or local GPUs to check
+        columns = [(c, title) for c, title in columns if c not in _NOT_ON_A_LOGIN_NODE]
     table.add_column("node")
     for _, title in columns:
         table.add_column(title)
@@ -339,11 +343,9 @@ def _render_doctor(out: Any, report: DoctorReport) -> None:
         out.print(f"[green]all {len(report.nodes)} node(s) look ready[/] ({report.seconds:.1f}s)")
 
 
-_DOCTOR_COLUMNS = (("ssh", "ssh"), ("host key", "host key"), ("sudo", "sudo"), ("docker", "docker"),
-                   ("gpus", "GPUs"), ("disk", "free disk"), ("clock", "clock"), ("invoker", "invoker"),
-                   ("environment", "environment"), ("usage", "disk usage"), ("rendezvous", "rendezvous"), ("drift", "drift"),
-                   ("slurm", "slurm"), ("partition", "partition"), ("account", "account"))
-_SLURM_COLUMNS = ("slurm", "partition", "account")
+_TITLES = {"gpus": "GPUs", "disk": "free disk", "usage": "disk usage"}   # else the check's name
+_SLURM_COLUMNS = ("slurm", "partition", "account")        # a cluster's login node's only (CheckName's)
+_NOT_ON_A_LOGIN_NODE = ("sudo", "docker", "gpus", "disk", "rendezvous")
 
 
 def _cell(check: Any) -> str:

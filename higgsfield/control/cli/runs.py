@@ -1,7 +1,8 @@
-"""``higgsfield run | logs | status | kill | deploy``: thin commands over the project's backend.
+"""``higgsfield run | logs | status | kill | deploy | pull``: thin commands over the project's backend.
 
-The backend (:func:`higgsfield.control.backends.nodes.backend_for`) is the SSH nodes, or the Slurm
-cluster of a ``slurm:`` block; these commands never ask which.
+The backend (:func:`higgsfield.control.backends.select.backend_for`) is the SSH nodes, or the Slurm
+cluster of a ``slurm:`` block; these commands never ask which (``pull`` goes through
+:func:`higgsfield.control.backends.select.pull`, which picks the same way).
 """
 
 from __future__ import annotations
@@ -14,16 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from higgsfield.contract.runspec import (
-    FAILED,
-    KILLED,
-    ON_STALL,
-    QUEUED,
-    RUNNING,
-    STALLED,
-    STARTING,
-    SUCCEEDED,
-)
+from higgsfield.contract.runspec import ON_STALL
+from higgsfield.contract.stall_policy import DEFAULT_STALL
+from higgsfield.contract.states import FAILED, KILLED, QUEUED, RUNNING, STALLED, STARTING, SUCCEEDED
 from higgsfield.control.cli._common import console, experiment_name, get_config, preflight_exclude, run_name
 from higgsfield.control.cli._lines import clean, print_stream, since_option
 
@@ -64,13 +58,13 @@ def _node_list(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option("--exclusive", is_flag=True, help="Take whole nodes (every GPU/slot), queueing until they are free.")
 @click.option("--stall-timeout", type=click.FloatRange(min=0, max=1e9), default=None, metavar="SECONDS",
               help="Seconds without progress of any rank before the run counts as hung (0: never); "
-                   "default: stall_timeout in higgsfield.yml (600).")
+                   f"default: stall_timeout in higgsfield.yml ({DEFAULT_STALL.stall_timeout:g}).")
 @click.option("--startup-timeout", type=click.FloatRange(min=0, max=1e9), default=None, metavar="SECONDS",
               help="Seconds the run may take to its first progress (0: no limit); "
-                   "default: startup_timeout in higgsfield.yml (1800).")
+                   f"default: startup_timeout in higgsfield.yml ({DEFAULT_STALL.startup_timeout:g}).")
 @click.option("--on-stall", type=click.Choice(ON_STALL), default=None,
               help="What a hung run does: fail it, restart its workers from the last checkpoint, or wait "
-                   "(shown 'stalled'); default: on_stall in higgsfield.yml (fail).")
+                   f"(shown 'stalled'); default: on_stall in higgsfield.yml ({DEFAULT_STALL.on_stall}).")
 @click.option("--exclude", "exclude", default=None, metavar="NODE[,NODE]", callback=_node_list,
               help="Leave these nodes out (on Slurm: sbatch --exclude); --nodes counts among the others.")
 @click.option("--allow-drift", is_flag=True, help="Run even when the nodes differ (driver, CUDA, NCCL, packages, "
@@ -240,9 +234,10 @@ def status(ctx: click.Context, as_json: bool) -> None:
     for warning in skip_warnings(listed.skipped):
         click.echo(warning, err=True)
     if as_json:
+        from higgsfield.contract.runstatus import status_json
         from higgsfield.control.backends.stall import stall_fields
 
-        click.echo(json.dumps({"runs": [{**r.to_dict(), **stall_fields(r)} for r in runs],
+        click.echo(json.dumps({"runs": [{**status_json(r), **stall_fields(r)} for r in runs],
                                "unreachable": unreachable}, indent=2))
         return
     out = console()

@@ -49,12 +49,13 @@ def build_experiments(ctx: click.Context, src_dir: Path | None, out_dir: Path | 
 @click.pass_context
 def experiments(ctx: click.Context, as_json: bool, src_dir: Path | None) -> None:
     """List the experiments found under src/ with their params."""
+    from higgsfield.contract.codec import encode
     from higgsfield.control.project.discovery import discover
 
     root = get_config(ctx).project_dir
     found = discover(src_dir or root / "src")
     if as_json:
-        click.echo(json.dumps({"experiments": [e.to_dict() for e in found]}, indent=2))
+        click.echo(json.dumps({"experiments": [encode(e.as_json()) for e in found]}, indent=2))
         return
     if not found:
         click.echo("no experiments under src/ (decorate a function with @experiment(\"name\"))")

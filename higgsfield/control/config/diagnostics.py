@@ -63,7 +63,7 @@ def describe(err: ValidationError, line_of: Callable[[tuple[Any, ...]], int | No
         msg = f"must be between 1 and 65535 (got {shown(given)})"
     elif kind in _FRIENDLY:
         msg = f"{_FRIENDLY[kind]} (got {shown(given)})"
-    elif kind == "literal_error":
+    elif kind in ("literal_error", "enum"):   # a Literal's choices, or a contract enum's (on_stall)
         msg = f"must be {e['ctx']['expected']} (got {shown(given)})"
     elif kind == "too_short" and loc == ("nodes",):
         msg = "list at least one node"

@@ -4,7 +4,8 @@ A module of their own so each block of the model can live in a module of its own
 ``slurm:`` block is :mod:`higgsfield.control.config.slurm`) with the same rules:
 unknown keys refused (:class:`Model`), a number never written as true/false
 (:data:`Int`, :data:`Float`, :data:`Port`), a login user never root (:func:`refuse_root`),
-a field's check run on each set value (:func:`checked`).
+a field's check run on each set value (:func:`checked`), a choice of a contract enum read as the
+plain strings it is in the JSON Schema (:data:`OnStallChoice`).
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
 from higgsfield.contract.names import check_user
+from higgsfield.contract.stall_policy import ON_STALL_CHOICES, OnStall
 
-__all__ = ["Float", "Int", "Model", "Port", "checked", "no_bool", "refuse_root"]
+__all__ = ["Float", "Int", "Model", "OnStallChoice", "Port", "checked", "no_bool", "refuse_root"]
 
 
 class Model(BaseModel):
@@ -33,6 +35,8 @@ def no_bool(v: Any) -> Any:
 Int = Annotated[int, BeforeValidator(no_bool)]
 Float = Annotated[float, Field(allow_inf_nan=False), BeforeValidator(no_bool)]   # .inf would overflow a timer
 Port = Annotated[int, Field(ge=1, le=65535), BeforeValidator(no_bool)]
+# The contract's OnStall; in the JSON Schema a plain string enum, as a Literal of its values would be.
+OnStallChoice = Annotated[OnStall, WithJsonSchema({"enum": list(ON_STALL_CHOICES), "type": "string"})]
 
 
 def refuse_root(user: str | None) -> str | None:

@@ -43,9 +43,10 @@ from higgsfield.contract.names import (
     check_secret_name,
     check_text,
 )
+from higgsfield.contract.stall_policy import DEFAULT_STALL
 from higgsfield.contract.text import shown
 from higgsfield.contract.units import FORMS, duration_s
-from higgsfield.control.config.fields import Float, Int, Port
+from higgsfield.control.config.fields import Float, Int, OnStallChoice, Port
 from higgsfield.control.config.fields import Model as _Model
 from higgsfield.control.config.fields import checked as _checked
 from higgsfield.control.config.fields import refuse_root as _refuse_root
@@ -235,14 +236,14 @@ class Config(_Model):
 
     # The stall watchdog (issue 18): the node side finds a run that hangs, laptop or not.
     stall_timeout: Float = Field(
-        600.0, ge=0, description="Seconds without progress of any rank (steps reported through "
+        DEFAULT_STALL.stall_timeout, ge=0, description="Seconds without progress of any rank (steps reported through "
                                  "higgsfield.training.progress, else new output lines) after which a run is "
                                  "stalled; 0 turns the watchdog off. --stall-timeout per run.")
     startup_timeout: Float = Field(
-        1800.0, ge=0, description="Seconds a run may take to its first progress (loading weights, compiling); "
+        DEFAULT_STALL.startup_timeout, ge=0, description="Seconds a run may take to its first progress (loading weights, compiling); "
                                   "0: no limit. --startup-timeout per run.")
-    on_stall: Literal["fail", "restart", "wait"] = Field(
-        "fail", description="What a stalled run does: fail (stop it everywhere, free its GPUs), restart (its "
+    on_stall: OnStallChoice = Field(
+        DEFAULT_STALL.on_stall, title="On Stall", description="What a stalled run does: fail (stop it everywhere, free its GPUs), restart (its "
                             "workers, from the last checkpoint, counted against --max-restarts) or wait (shown "
                             "'stalled' until it progresses again). --on-stall per run.")
 

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, Field, field_validator
 
 from higgsfield.contract.errors import ConfigError
+from higgsfield.contract.layout import VENV
 from higgsfield.contract.names import check_host, check_node_name, check_text
 from higgsfield.contract.slurm_syntax import (
     MAX_GPUS_PER_NODE,
@@ -93,7 +94,7 @@ class SlurmConfig(Model):
     @property
     def interpreter(self) -> str:
         """The compute nodes' python for runs: ``python``, else the project environment's in the workdir."""
-        return self.python or posixpath.join(self.workdir, "venv", "bin", "python")
+        return self.python or posixpath.join(self.workdir, VENV, "bin", "python")
 
     def override(self, *, nodes: int | None = None, time: str | None = None, partition: str | None = None,
                  where: str = "") -> SlurmConfig:

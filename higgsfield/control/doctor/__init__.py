@@ -36,7 +36,7 @@ The package, one concept a module:
 Use::
 
     report = await diagnose(cfg)
-    report.ok, report.problems(), report.to_dict()
+    report.ok, report.problems(), encode(report.as_json())
 """
 
 from __future__ import annotations

@@ -15,18 +15,18 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import higgsfield
+from higgsfield.contract.codec import decode, encode
 from higgsfield.contract.decode import DecodeError
-from higgsfield.contract.replies import EnvReply, Typed
+from higgsfield.contract.replies import EnvReply
 from higgsfield.contract.replies_disk import UsageReply
 from higgsfield.contract.units import human_bytes
 from higgsfield.control.backends.slurm import preflight as pf
 from higgsfield.control.doctor.probe import (
     DF_HOME,
     DF_IMAGES,
-    DOCKER_INFO,
     GPU_QUERY,
     SMI,
     SUDO_OK,
@@ -35,11 +35,12 @@ from higgsfield.control.doctor.probe import (
     _usage_argv,
     _version_argv,
 )
-from higgsfield.control.doctor.report import NodeDiagnosis, Probe
+from higgsfield.control.doctor.report import CheckName, NodeDiagnosis, Probe
 from higgsfield.control.remote.base import CommandResult
+from higgsfield.control.remote.docker_info import DOCKER_INFO, docker_info
 from higgsfield.control.remote.probe import Clock
 
-R = TypeVar("R", bound=Typed)
+R = TypeVar("R")
 
 if TYPE_CHECKING:
     from higgsfield.control.config import Config, NodeConfig
@@ -53,16 +54,16 @@ MAX_SKEW_S = 2.0
 def _slurm(s: SlurmConfig, f: Facts, d: NodeDiagnosis) -> None:
     """The commands, the partition (its nodes, idle ones, GPUs from sinfo), and a run's job accepted."""
     found = pf.commands(f(pf.WHICH).stdout)
-    d.checks["slurm"] = Probe(found.ok, found.summary, found.problem, found.fix)
+    d.checks[CheckName.SLURM] = Probe(found.ok, found.summary, found.problem, found.fix)
     if not found.ok:
         return
     parts = pf.parse_sinfo(f(pf.SINFO).stdout)
     part = pf.partition(s, parts)
-    d.checks["partition"] = Probe(part.ok, part.summary, part.problem, part.fix,
+    d.checks[CheckName.PARTITION] = Probe(part.ok, part.summary, part.problem, part.fix,
                                   {"partitions": [asdict(p) for p in parts]})
     test = f(pf.test_only_argv(s))
     sub = pf.submit(s, test.ok, test.stdout, test.stderr)
-    d.checks["account"] = Probe(sub.ok, sub.summary, sub.problem, sub.fix)
+    d.checks[CheckName.ACCOUNT] = Probe(sub.ok, sub.summary, sub.problem, sub.fix)
 
 
 def _reply(r: CommandResult, reply: type[R]) -> tuple[R | None, str]:
@@ -71,17 +72,9 @@ def _reply(r: CommandResult, reply: type[R]) -> tuple[R | None, str]:
     if not r.ok:
         return None, why
     try:
-        return reply.from_dict(json.loads(r.stdout)), why
+        return decode(reply, json.loads(r.stdout)), why
     except ValueError as e:   # not JSON (the stderr says why), or a reply that does not decode (it says)
         return None, str(e) if isinstance(e, DecodeError) else why
-
-
-def _json(r: CommandResult) -> dict[str, Any]:
-    try:
-        got = json.loads(r.stdout) if r.ok else {}
-    except ValueError:
-        return {}
-    return got if isinstance(got, dict) else {}
 
 
 def _sudo(f: Facts) -> Probe:
@@ -97,7 +90,7 @@ def _sudo(f: Facts) -> Probe:
 
 def _docker(f: Facts) -> Probe:
     r = f(DOCKER_INFO)
-    version = str(_json(r).get("ServerVersion") or "")
+    version = docker_info(r).ServerVersion
     if r.ok and version:
         return Probe(True, version, data={"version": version})
     err = r.stderr.strip().lower()
@@ -121,7 +114,7 @@ def _gpus(f: Facts) -> Probe:
             "cuda": cuda, "memory": [r[2] for r in rows if len(r) > 2]}
     summary = f"{len(rows)} x {rows[0][0]}, driver {data['driver']}, CUDA {cuda or '?'}"
     info = f(DOCKER_INFO)
-    if info.ok and "nvidia" not in (_json(info).get("Runtimes") or {}):
+    if info.ok and not docker_info(info).nvidia:
         return Probe(False, summary, "docker has no nvidia runtime: containers will not see the GPUs",
                      "higgsfield setup --step nvidia", data)
     return Probe(True, summary, data=data)
@@ -176,7 +169,7 @@ def _usage(cfg: Config, node: NodeConfig, f: Facts) -> Probe:
     if got is None or not got.free:
         return Probe(False, "?", f"cannot read the state dir's disk usage ({why})", "higgsfield setup --step invoker")
     data = {"state_dir": got.state_dir, "state_bytes": got.state_bytes, "checkpoint_bytes": got.checkpoint_bytes,
-            "free": [e.to_dict() for e in got.free]}
+            "free": [encode(e) for e in got.free]}
     gib = 1024 ** 3
     low = [e for e in got.free if e.total_bytes > 0 and e.free_bytes < MIN_FREE_FRACTION * e.total_bytes]
     least = min(got.free, key=lambda e: e.free_bytes)

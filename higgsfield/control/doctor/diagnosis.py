@@ -30,7 +30,7 @@ from higgsfield.control.doctor.checks import (
 from higgsfield.control.doctor.drift import check_drift
 from higgsfield.control.doctor.probe import COMMAND_TIMEOUT_S, Facts, reads
 from higgsfield.control.doctor.rendezvous import _rendezvous
-from higgsfield.control.doctor.report import DoctorReport, NodeDiagnosis, Probe
+from higgsfield.control.doctor.report import CheckName, DoctorReport, NodeDiagnosis, Probe
 from higgsfield.control.remote.fanout import Group, Member, NodeResult, select_nodes
 from higgsfield.control.remote.probe import Read, probe
 
@@ -51,7 +51,7 @@ async def diagnose(cfg: Config, nodes: Sequence[str] | None = None) -> DoctorRep
                                                  check_drift(cfg, up, diags) if cfg.slurm is None else _none())
         results: list[NodeResult[Any]] = [*connected, *checked]
         for r in (r for r in results if not r.ok):  # the connection was lost, or a bug: that node's one problem
-            diags[r.node].checks["ssh"] = Probe(False, "error", f"the checks could not run: {r.reason}")
+            diags[r.node].checks[CheckName.SSH] = Probe(False, "error", f"the checks could not run: {r.reason}")
     finally:
         await group.close()
     return DoctorReport(list(diags.values()), time.monotonic() - start, drift=drift)
@@ -65,53 +65,53 @@ async def _check_node(cfg: Config, m: Member, d: NodeDiagnosis) -> None:
     p = await probe(m.transport, [Read(a, timeout=COMMAND_TIMEOUT_S) for a in reads(cfg, m.node)], clock=True,
                     timeout=COMMAND_TIMEOUT_S + 10)
     if p.error is not None:  # every check reads the probe's answers: without python3 none can run
-        d.checks["ssh"] = Probe(False, "no python3", f"cannot probe the node: {p.error}",
+        d.checks[CheckName.SSH] = Probe(False, "no python3", f"cannot probe the node: {p.error}",
                                 "install python3 on the node (higgsfield setup --step invoker does)")
         return
     facts = Facts(m.name, {r.argv: a for r, a in p.answers.items()}, p.uid, p.clock)
     if cfg.slurm is not None:
-        d.checks["clock"] = _clock(facts.clock)
-        d.checks["invoker"] = _invoker(cfg, m.node, facts)
-        d.checks["environment"] = _environment(cfg, m.node, facts)
-        d.checks["usage"] = _usage(cfg, m.node, facts)
+        d.checks[CheckName.CLOCK] = _clock(facts.clock)
+        d.checks[CheckName.INVOKER] = _invoker(cfg, m.node, facts)
+        d.checks[CheckName.ENVIRONMENT] = _environment(cfg, m.node, facts)
+        d.checks[CheckName.USAGE] = _usage(cfg, m.node, facts)
         _slurm(cfg.slurm, facts, d)
         return
-    d.checks["sudo"] = _sudo(facts)
-    d.checks["docker"] = _docker(facts)
-    d.checks["gpus"] = _gpus(facts)
-    d.checks["disk"] = _disk(facts)
-    d.checks["clock"] = _clock(facts.clock)
-    d.checks["invoker"] = _invoker(cfg, m.node, facts)
-    d.checks["environment"] = _environment(cfg, m.node, facts)
-    d.checks["usage"] = _usage(cfg, m.node, facts)
+    d.checks[CheckName.SUDO] = _sudo(facts)
+    d.checks[CheckName.DOCKER] = _docker(facts)
+    d.checks[CheckName.GPUS] = _gpus(facts)
+    d.checks[CheckName.DISK] = _disk(facts)
+    d.checks[CheckName.CLOCK] = _clock(facts.clock)
+    d.checks[CheckName.INVOKER] = _invoker(cfg, m.node, facts)
+    d.checks[CheckName.ENVIRONMENT] = _environment(cfg, m.node, facts)
+    d.checks[CheckName.USAGE] = _usage(cfg, m.node, facts)
 
 
 async def _connect(cfg: Config, m: Member, d: NodeDiagnosis) -> bool:
     node, t = m.node, m.transport
     if node.is_local:
-        d.checks["ssh"] = Probe(True, "local")
-        d.checks["host key"] = Probe(True, "-")
+        d.checks[CheckName.SSH] = Probe(True, "local")
+        d.checks[CheckName.HOST_KEY] = Probe(True, "-")
         return True
     port = cfg.node_port(node)
     start = time.monotonic()
     try:
         await t.connect()
     except HostNotPinnedError as e:
-        d.checks["ssh"] = Probe(True, "reachable")
-        d.checks["host key"] = Probe(False, "not pinned", e.reason,
+        d.checks[CheckName.SSH] = Probe(True, "reachable")
+        d.checks[CheckName.HOST_KEY] = Probe(False, "not pinned", e.reason,
                                      "higgsfield setup (it shows the fingerprint and asks before pinning), "
                                      "then commit the known_hosts file")
         return False
     except HostKeyError as e:
-        d.checks["ssh"] = Probe(True, "reachable")
-        d.checks["host key"] = Probe(False, "CHANGED", e.reason)  # the reason names the re-pin command
+        d.checks[CheckName.SSH] = Probe(True, "reachable")
+        d.checks[CheckName.HOST_KEY] = Probe(False, "CHANGED", e.reason)  # the reason names the re-pin command
         return False
     except ConnectError as e:
-        d.checks["ssh"] = Probe(False, "unreachable", e.reason,
+        d.checks[CheckName.SSH] = Probe(False, "unreachable", e.reason,
                                 f"check that the node is up and sshd listens on {node.host}:{port}; "
                                 "ssh.user / identity_file in higgsfield.yml")
         return False
-    d.checks["ssh"] = Probe(True, f"ok {time.monotonic() - start:.2f}s")
+    d.checks[CheckName.SSH] = Probe(True, f"ok {time.monotonic() - start:.2f}s")
     # connected: the transport accepts pinned keys only
-    d.checks["host key"] = Probe(True, "matches", data={"fingerprint": t.fingerprint})
+    d.checks[CheckName.HOST_KEY] = Probe(True, "matches", data={"fingerprint": t.fingerprint})
     return True

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from higgsfield.contract.codec import encode
 from higgsfield.contract.drift import DriftReport
 from higgsfield.control.backends.nodes.drift import drift_report
-from higgsfield.control.doctor.report import NodeDiagnosis, Probe
+from higgsfield.control.doctor.report import CheckName, NodeDiagnosis, Probe
 
 if TYPE_CHECKING:
     from higgsfield.control.config import Config
@@ -32,15 +33,15 @@ async def check_drift(cfg: Config, up: Group, diags: dict[str, NodeDiagnosis]) -
         return None
     report = await drift_report(up, cfg)
     for f in report.nodes:
-        diags[f.node].checks["drift"] = Probe(True, "same")
+        diags[f.node].checks[CheckName.DRIFT] = Probe(True, "same")
     for node, why in report.unreachable.items():
-        diags[node].checks["drift"] = Probe(False, "unknown", f"its facts could not be read: {why}",
+        diags[node].checks[CheckName.DRIFT] = Probe(False, "unknown", f"its facts could not be read: {why}",
                                             "higgsfield setup (an older invoker has no 'facts')")
     by_node: dict[str, int] = {}
     for d in report.differences:
         by_node[d.node] = by_node.get(d.node, 0) + 1
         diags[d.node].checks[f"drift {d.label}"] = Probe(False, "differs", d.against(),
-                                                          FIX, data=d.to_dict())
+                                                          FIX, data=encode(d))
     for node, n in by_node.items():
-        diags[node].checks["drift"] = Probe(False, f"{n} differ", data={"differences": n})
+        diags[node].checks[CheckName.DRIFT] = Probe(False, f"{n} differ", data={"differences": n})
     return report

@@ -26,8 +26,10 @@ import json
 import secrets
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
+from higgsfield.contract.codec import decode
 from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.errors import RunError
 from higgsfield.contract.fabric import (
@@ -100,12 +102,10 @@ async def _benchmark(session: Session, plan: Any, timeout: float, started: float
         raise FabricFailed(f"the fabric test failed on {status.failed_node or '?'}: {why} "
                            f"(see 'higgsfield logs {plan.run}')", status.failed_node)
     try:
-        result = FabricResult.from_dict(json.loads(line))
+        result = decode(FabricResult, json.loads(line))
     except (ValueError, DecodeError) as e:
         raise FabricFailed(f"the fabric test's result is unreadable: {e}") from None
-    return FabricResult(backend=result.backend, nodes=result.nodes, world_size=result.world_size,
-                        allreduce=result.allreduce, pairs=result.pairs, per_node=result.per_node,
-                        seconds=time.monotonic() - started, run=plan.run, outliers=outliers(result.pairs))
+    return replace(result, seconds=time.monotonic() - started, run=plan.run, outliers=outliers(result.pairs))
 
 
 async def fabric_test(cfg: Config, nodes: Sequence[NodeConfig], *, timeout: float = TIMEOUT_S,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from higgsfield.control.backends.slurm import preflight as pf
 from higgsfield.control.remote.base import CommandResult
+from higgsfield.control.remote.docker_info import DOCKER_INFO
 from higgsfield.control.remote.invoker import invoker_argv, invoker_bin
 from higgsfield.control.remote.probe import Clock
 
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
 COMMAND_TIMEOUT_S = 20.0
 
 SUDO_OK = ("sudo", "-n", "true")
-DOCKER_INFO = ("docker", "info", "--format", "{{json .}}")  # one call: the version and the runtimes
 GPU_QUERY = ("nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader")
 SMI = ("nvidia-smi",)
 DF_HOME = ("df", "-Pk", ".")

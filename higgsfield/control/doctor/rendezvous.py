@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from higgsfield.contract.errors import HiggsfieldError
 from higgsfield.contract.ports import RENDEZVOUS_PORTS
 from higgsfield.control.doctor.probe import COMMAND_TIMEOUT_S
-from higgsfield.control.doctor.report import NodeDiagnosis, Probe
+from higgsfield.control.doctor.report import CheckName, NodeDiagnosis, Probe
 from higgsfield.control.remote.base import CommandResult, Transport
 from higgsfield.control.remote.fanout import Group, Member
 
@@ -69,11 +69,11 @@ async def _rendezvous(cfg: Config, chosen: Group, up: Group, diags: dict[str, No
     if listening is None:
         chose_master = any(m.node is master for m in chosen.members)
         for m in others:
-            diags[m.name].checks["rendezvous"] = Probe(True, "node 0 down" if chose_master else "-")
+            diags[m.name].checks[CheckName.RENDEZVOUS] = Probe(True, "node 0 down" if chose_master else "-")
         return
     if master.is_local and any(not m.node.is_local for m in others):
         for m in others:
-            diags[m.name].checks["rendezvous"] = Probe(
+            diags[m.name].checks[CheckName.RENDEZVOUS] = Probe(
                 False, "localhost", "node 0 is 'localhost', which other machines cannot reach",
                 "list node 0 by an address the other nodes can reach")
         return
@@ -81,7 +81,7 @@ async def _rendezvous(cfg: Config, chosen: Group, up: Group, diags: dict[str, No
     try:
         first = await asyncio.wait_for(listener.__anext__(), COMMAND_TIMEOUT_S)
         if not first.isdigit():
-            diags[mname].checks["rendezvous"] = Probe(False, "no port", f"no free port in {lo}-{hi} on node 0",
+            diags[mname].checks[CheckName.RENDEZVOUS] = Probe(False, "no port", f"no free port in {lo}-{hi} on node 0",
                                                       "free a port in the range (stale runs?)")
             return
         port = int(first)
@@ -95,9 +95,9 @@ async def _rendezvous(cfg: Config, chosen: Group, up: Group, diags: dict[str, No
                          f"allow TCP {lo}-{hi} from the other nodes to {master.host} (firewall / security group)")
 
         for r in await Group(others).run(connect):
-            diags[r.node].checks["rendezvous"] = r.value if r.value is not None else Probe(False, "error", r.reason)
-        diags[mname].checks["rendezvous"] = Probe(True, f"listens :{port}")
+            diags[r.node].checks[CheckName.RENDEZVOUS] = r.value if r.value is not None else Probe(False, "error", r.reason)
+        diags[mname].checks[CheckName.RENDEZVOUS] = Probe(True, f"listens :{port}")
     except (HiggsfieldError, asyncio.TimeoutError, StopAsyncIteration) as e:
-        diags[mname].checks["rendezvous"] = Probe(False, "error", f"cannot listen on node 0: {e}")
+        diags[mname].checks[CheckName.RENDEZVOUS] = Probe(False, "error", f"cannot listen on node 0: {e}")
     finally:
         await listener.aclose()  # type: ignore[attr-defined]

@@ -50,9 +50,23 @@ class DiscoveredExperiment:
     function: str
     line: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "seed": self.seed, "file": str(self.file), "module": self.module,
-                "function": self.function, "line": self.line, "params": [p.to_dict() for p in self.params]}
+    def as_json(self) -> ExperimentJson:
+        """What ``experiments --json`` prints of it (``codec.encode`` it)."""
+        return ExperimentJson(self.name, self.seed, str(self.file), self.module, self.function, self.line,
+                              self.params)
+
+
+@dataclass(frozen=True)
+class ExperimentJson:
+    """An experiment in ``experiments --json``: :class:`DiscoveredExperiment`, its file a string."""
+
+    name: str
+    seed: int | None
+    file: str
+    module: str
+    function: str
+    line: int
+    params: tuple[ParamSpec, ...]
 
 
 def discover(src_dir: Path) -> list[DiscoveredExperiment]:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from higgsfield import __version__
 from higgsfield.contract.errors import ScaffoldError
+from higgsfield.contract.stall_policy import DEFAULT_STALL, ON_STALL_CHOICES
 
 TEMPLATE_PACKAGE = "higgsfield.templates"
 #: Project file -> template under templates/scaffold/.
@@ -118,7 +119,8 @@ def render(name: str) -> dict[str, str]:
 
     env = jinja2.Environment(loader=jinja2.FunctionLoader(load), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, autoescape=False)
-    context = {"name": name, "version": __version__, "key_dir": _display(key_dir(name))}
+    context = {"name": name, "version": __version__, "key_dir": _display(key_dir(name)),
+               "stall": DEFAULT_STALL, "on_stall_choices": ON_STALL_CHOICES}   # the defaults, written once
     return {path: env.get_template(template).render(context) for path, template in FILES.items()}
 
 

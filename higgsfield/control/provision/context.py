@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
 from higgsfield.contract.errors import HiggsfieldError, StepFailed
 from higgsfield.control.provision.wheels import Artifacts
@@ -77,6 +77,16 @@ class NodeLog:
 
 
 @dataclass
+class Learned:
+    """What this run's steps learned of the node, asked once and kept (None: not asked yet)."""
+
+    uid: int | None = None
+    user: str | None = None
+    arch: str = ""                 # ``uname -m``, as the OS step read it
+    apt_updated: bool = False      # ``apt-get update`` ran since the last repository was added
+
+
+@dataclass
 class NodeContext:
     cfg: Config
     node: NodeConfig
@@ -84,7 +94,7 @@ class NodeContext:
     log: NodeLog
     options: SetupOptions
     artifacts: Artifacts
-    facts: dict[str, Any] = field(default_factory=dict)
+    facts: Learned = field(default_factory=Learned)
     reads: list[Read] = field(default_factory=list)
     """What the probe asks the node: the reads of the steps of this run (see the module doc)."""
     probed: Probe | None = None
@@ -118,7 +128,7 @@ class NodeContext:
         self.log.write(f"# probe: {len(got.answers)} read-only commands in one session, {got.seconds:.2f}s"
                        + (f" ({got.error}: each check runs its own commands)" if got.error else ""))
         if got.uid is not None:
-            self.facts["uid"] = got.uid
+            self.facts.uid = got.uid
         for result in got.answers.values():
             self.log.command(result, None)
         return got
@@ -148,14 +158,14 @@ class NodeContext:
         return (await self.run(argv, check=False)).ok
 
     async def uid(self) -> int:
-        if "uid" not in self.facts:
-            self.facts["uid"] = int((await self.read(ID_U)).check().stdout.strip())
-        return int(self.facts["uid"])
+        if self.facts.uid is None:
+            self.facts.uid = int((await self.read(ID_U)).check().stdout.strip())
+        return self.facts.uid
 
     async def user(self) -> str:
-        if "user" not in self.facts:
-            self.facts["user"] = (await self.read(ID_UN)).check().stdout.strip()
-        return str(self.facts["user"])
+        if self.facts.user is None:
+            self.facts.user = (await self.read(ID_UN)).check().stdout.strip()
+        return self.facts.user
 
     async def sudo(self, argv: Sequence[str], *, check: bool = True,
                    timeout: float | None = None) -> CommandResult:
@@ -168,8 +178,8 @@ class NodeContext:
         if not await self.ok(["sh", "-c", "command -v apt-get"]):
             raise StepFailed(f"no apt-get on {self.name}: install {' '.join(packages)} by hand "
                              "(only Debian/Ubuntu nodes are provisioned automatically)")
-        if not self.facts.get("apt_updated"):
+        if not self.facts.apt_updated:
             await self.sudo(["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "update", "-q"], timeout=900)
-            self.facts["apt_updated"] = True
+            self.facts.apt_updated = True
         await self.sudo(["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-q",
                          "--no-install-recommends", *packages], timeout=1800)

@@ -16,9 +16,10 @@ from __future__ import annotations
 import re
 
 import higgsfield
-from higgsfield.contract.decode import DecodeError, from_fields, loads
+from higgsfield.contract.codec import decode
+from higgsfield.contract.decode import DecodeError, loads
 from higgsfield.contract.errors import StepFailed
-from higgsfield.contract.text import shown
+from higgsfield.contract.layout import WHEELS
 from higgsfield.control.provision.context import NodeContext
 from higgsfield.control.provision.step import Check, Step
 from higgsfield.control.provision.wheels import NodePython, build_id
@@ -45,9 +46,7 @@ async def installed_version(ctx: NodeContext) -> str | None:
 def _node_python(stdout: str) -> NodePython:
     """``_PROBE``'s answer, decoded once (typed fields); one that does not decode fails the step in one line."""
     try:
-        py = from_fields(NodePython, loads(stdout), what="the answer")
-        if not re.fullmatch(r"\d+\.\d+", py.version):
-            raise DecodeError(f"'version' {shown(py.version)} is not MAJOR.MINOR")
+        py = decode(NodePython, loads(stdout))
     except DecodeError as e:
         raise StepFailed(f"the node's python3 did not describe itself: {e}") from None
     return py
@@ -95,7 +94,7 @@ class InvokerStep(Step):
         py = await self._python(ctx)
         wheel = await ctx.artifacts.wheel()
         house = await ctx.artifacts.wheelhouse(py) if ctx.options.wheelhouse else None
-        remote = f"{ctx.state_dir}/wheels"
+        remote = f"{ctx.state_dir}/{WHEELS}"
         await ctx.run(["rm", "-rf", remote])
         await ctx.run(["mkdir", "-p", remote])
         await ctx.transport.put_file(str(wheel), f"{remote}/{wheel.name}", mode=0o644)

@@ -228,7 +228,7 @@ async def _provision_node(cfg: Config, m: Member, steps: list[Step], dry_run: bo
             outcomes[step.name] = result.outcome
             report.steps.append(result)
             emit(name, step.name, result.outcome.value, result.detail)
-        report.user = ctx.facts.get("user")
+        report.user = ctx.facts.user
         return report
     finally:
         await transport.close()

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import shlex
-from typing import Any
 
 from higgsfield.contract.errors import StepFailed
+from higgsfield.contract.layout import TMP
 from higgsfield.control.provision.context import NodeContext
 from higgsfield.control.provision.step import Check, Step
-from higgsfield.control.remote.base import CommandResult
+from higgsfield.control.remote.docker_info import DOCKER_INFO, docker_info
 from higgsfield.control.remote.probe import Read
 
 DOCKER_PACKAGES = ("docker.io",)  # the distribution's package: no third-party script, no curl | bash
@@ -21,18 +20,8 @@ UNAME = ("uname", "-sm")
 OS_RELEASE = ("cat", "/etc/os-release")
 SUDO_OK = ("sudo", "-n", "true")
 DOCKER_CLI = ("docker", "--version")
-DOCKER_INFO = ("docker", "info", "--format", "{{json .}}")  # one call: the version, the runtimes, the root dir
 USER_GROUPS = ("sh", "-c", 'id -nG "$(id -un)"')  # the group database's, not this login's (which may predate)
 GPU_NAMES = ("nvidia-smi", "--query-gpu=name", "--format=csv,noheader")
-
-
-def _docker_info(r: CommandResult) -> dict[str, Any]:
-    """``docker info --format {{json .}}``'s answer as a dict (empty when it is not one)."""
-    try:
-        info = json.loads(r.stdout or "{}")
-    except json.JSONDecodeError:
-        return {}
-    return info if isinstance(info, dict) else {}
 
 
 class OsStep(Step):
@@ -49,10 +38,9 @@ class OsStep(Step):
         release = (await ctx.read(OS_RELEASE)).stdout
         fields = dict(ln.split("=", 1) for ln in release.splitlines() if "=" in ln)
         pretty = fields.get("PRETTY_NAME", "Linux").strip('"')
-        ctx.facts["os_id"] = fields.get("ID", "").strip('"')
-        ctx.facts["arch"] = kernel[1] if len(kernel) > 1 else ""
+        ctx.facts.arch = kernel[1] if len(kernel) > 1 else ""
         if await ctx.uid() == 0:
-            return Check(True, f"{pretty}, {ctx.facts['arch']}, root")
+            return Check(True, f"{pretty}, {ctx.facts.arch}, root")
         sudo = await ctx.read(SUDO_OK)
         if not sudo.ok:
             user = await ctx.user()
@@ -62,7 +50,7 @@ class OsStep(Step):
             raise StepFailed(
                 f"passwordless sudo is required for {user} ({why}); on the node run: "
                 f"echo '{user} ALL=(ALL) NOPASSWD:ALL' | sudo tee /etc/sudoers.d/{user}")
-        return Check(True, f"{pretty}, {ctx.facts['arch']}, passwordless sudo")
+        return Check(True, f"{pretty}, {ctx.facts.arch}, passwordless sudo")
 
     async def apply(self, ctx: NodeContext) -> str:
         raise StepFailed("nothing to apply")  # check either passes or raises
@@ -79,8 +67,7 @@ class DockerStep(Step):
     async def check(self, ctx: NodeContext) -> Check:
         if not (await ctx.read(DOCKER_CLI)).ok:
             return Check(False, "docker is not installed")
-        info = await ctx.read(DOCKER_INFO, root=True, user_first=True)
-        version = _docker_info(info).get("ServerVersion") if info.ok else None
+        version = docker_info(await ctx.read(DOCKER_INFO, root=True, user_first=True)).ServerVersion
         if not version:
             return Check(False, "docker is installed but its engine does not answer")
         return Check(True, f"Docker {version}")
@@ -148,8 +135,7 @@ class NvidiaStep(Step):
         return [ln.strip() for ln in r.stdout.splitlines() if ln.strip()] if r.ok else []
 
     async def _runtime(self, ctx: NodeContext) -> bool:
-        r = await ctx.read(DOCKER_INFO, root=True, user_first=True)
-        return r.ok and "nvidia" in (_docker_info(r).get("Runtimes") or {})
+        return docker_info(await ctx.read(DOCKER_INFO, root=True, user_first=True)).nvidia
 
     async def check(self, ctx: NodeContext) -> Check:
         gpus = await self._gpus(ctx)
@@ -164,7 +150,7 @@ class NvidiaStep(Step):
         # NVIDIA's apt repository over HTTPS, its key in a dedicated keyring referenced by signed-by:
         # apt verifies every package; nothing downloaded is executed.
         arch = (await ctx.run(["dpkg", "--print-architecture"])).stdout.strip()
-        tmp = f"{ctx.state_dir}/tmp"
+        tmp = f"{ctx.state_dir}/{TMP}"
         await ctx.run(["mkdir", "-p", tmp])
         await ctx.run(["curl", "-fsSL", "--proto", "=https", "-o", f"{tmp}/nvidia.gpgkey", f"{NVIDIA_REPO}/gpgkey"],
                       timeout=300)
@@ -172,7 +158,7 @@ class NvidiaStep(Step):
         line = f"deb [signed-by={NVIDIA_KEYRING}] {NVIDIA_REPO}/stable/deb/{arch} /\n"
         await ctx.transport.put_bytes(line.encode(), f"{tmp}/nvidia.list", mode=0o644)
         await ctx.sudo(["install", "-m", "644", f"{tmp}/nvidia.list", NVIDIA_LIST])
-        ctx.facts["apt_updated"] = False
+        ctx.facts.apt_updated = False
         await ctx.apt_install("nvidia-container-toolkit")
         await ctx.sudo(["nvidia-ctk", "runtime", "configure", "--runtime=docker"])
         if await ctx.ok(["sh", "-c", "command -v systemctl && test -d /run/systemd/system"]):

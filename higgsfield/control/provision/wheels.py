@@ -31,22 +31,32 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import higgsfield
+from higgsfield.contract.codec import rule
 from higgsfield.contract.errors import WheelError
+from higgsfield.contract.text import shown
 
 DIST = "higgsfield"
 _SOURCE_ITEMS = ("pyproject.toml", "setup.py", "setup.cfg", "MANIFEST.in", "README.md", "LICENSE",
                  "higgsfield", "templates")
 
 
+def _major_minor(v: str) -> None:
+    if not re.fullmatch(r"\d+\.\d+", v):
+        raise ValueError(f"{shown(v)} is not MAJOR.MINOR")
+
+
 @dataclass(frozen=True)
 class NodePython:
-    """The node's interpreter, as far as wheel selection cares."""
+    """The node's interpreter, as far as wheel selection cares (the invoker step's probe answers it as JSON)."""
 
-    version: str  # "3.11"
+    WHAT: ClassVar[str] = "answer"
+
+    version: str = field(metadata=rule(check=_major_minor))  # "3.11"
     machine: str  # "x86_64"
     glibc: str | None  # "2.36"
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
+from higgsfield.contract.layout import VENV
+
 if TYPE_CHECKING:
     from higgsfield.control.config import Config, NodeConfig
 
@@ -30,7 +32,7 @@ def node_state_dir(cfg: Config) -> str:
 
 
 def venv_dir(cfg: Config) -> str:
-    return f"{node_state_dir(cfg)}/venv"
+    return f"{node_state_dir(cfg)}/{VENV}"
 
 
 def invoker_bin(cfg: Config, node: NodeConfig) -> list[str]:

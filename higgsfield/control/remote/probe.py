@@ -36,8 +36,10 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from higgsfield.contract.decode import DecodeError, from_fields, loads
+from higgsfield.contract.codec import decode, rule
+from higgsfield.contract.decode import DecodeError, loads
 from higgsfield.control.remote.base import CommandResult, Transport
 
 READ_TIMEOUT_S = 60.0
@@ -174,14 +176,6 @@ async def probe(transport: Transport, reads: Sequence[Read], *, clock: bool = Fa
     return got
 
 
-@dataclass(frozen=True)
-class _Answer:
-    """The script's last line: the login's uid, and one ``[exit, stdout, stderr, as_root]`` per read, in order."""
-
-    uid: int
-    results: list[tuple[int, str, str, bool]]
-
-
 def _results(v: object) -> list[tuple[int, str, str, bool]]:
     what = "a list of [exit, stdout, stderr, as_root]"
     if not isinstance(v, list):
@@ -198,11 +192,20 @@ def _results(v: object) -> list[tuple[int, str, str, bool]]:
     return out
 
 
+@dataclass(frozen=True)
+class _Answer:
+    """The script's last line: the login's uid, and one ``[exit, stdout, stderr, as_root]`` per read, in order."""
+
+    WHAT: ClassVar[str] = "probe's answer"
+
+    uid: int
+    results: list[tuple[int, str, str, bool]] = field(metadata=rule(decode=_results))
+
+
 def _answer(stdout: str, reads: int) -> _Answer:
     """The probe's answer to ``reads`` reads, decoded once; DecodeError (one line) when it is not one."""
     lines = stdout.strip().splitlines()
-    answer = from_fields(_Answer, loads(lines[-1] if lines else ""), special={"results": _results},
-                         what="the probe's answer")
+    answer = decode(_Answer, loads(lines[-1] if lines else ""))
     if len(answer.results) != reads:
         raise DecodeError(f"the probe answered {len(answer.results)} reads of {reads}")
     return answer

@@ -2,7 +2,7 @@
 
 A thin ASGI layer (Starlette on uvicorn) over the same orchestrator calls as the
 CLI's ``status``, ``logs``, ``kill`` and ``run``, showing the one typed model of a
-run (:class:`higgsfield.contract.runspec.RunStatus`, the JSON of ``status --json``):
+run (:class:`higgsfield.contract.runstatus.RunStatus`, the JSON of ``status --json``):
 
 - :mod:`~higgsfield.control.ui.security`: the token in the URL (then a cookie), CSRF and
   Host/Origin checks on every request, the response headers;

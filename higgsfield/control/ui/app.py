@@ -45,7 +45,7 @@ from starlette.types import Receive, Scope, Send
 
 from higgsfield.contract.errors import HiggsfieldError
 from higgsfield.contract.names import is_run_name
-from higgsfield.contract.runspec import STATES
+from higgsfield.contract.states import STATES
 from higgsfield.contract.text import one_line, shown
 from higgsfield.control.ui.hub import Hub
 from higgsfield.control.ui.runfeed import Event

@@ -3,7 +3,7 @@
 One hub per ``higgsfield ui``. It watches the project's backend through its
 :class:`~higgsfield.control.backends.backend.Fleet` (``Backend.fleet``) for the UI's whole life (the SSH
 nodes' pushed feeds, or a Slurm cluster asked through its login node): a run on the page is the
-backend's :class:`~higgsfield.contract.runspec.RunStatus` (``status --json``'s schema) plus what
+backend's :class:`~higgsfield.contract.runstatus.RunStatus` (``status --json``'s schema) plus what
 only the page shows (each node's queue place and slots).
 
 The actions are the CLI's, through the backend (:mod:`higgsfield.control.backends.backend`):
@@ -42,7 +42,7 @@ import anyio.abc
 
 from higgsfield.contract.errors import RunError
 from higgsfield.contract.nodepart import NodePart
-from higgsfield.contract.runspec import RunStatus
+from higgsfield.contract.runstatus import RunStatus, status_json
 from higgsfield.control.backends import RunRequest, backend_for
 from higgsfield.control.backends.backend import Plan
 from higgsfield.control.backends.stall import stall_fields
@@ -101,7 +101,7 @@ class Hub:
 
     def run_view(self, status: RunStatus) -> dict[str, Any]:
         """``status --json``'s object for one run, plus per-node records, queue places and slots."""
-        return {**status.to_dict(), "node_records": {n: _node_record(p) for n, p in status.nodes.items()},
+        return {**status_json(status), "node_records": {n: _node_record(p) for n, p in status.nodes.items()},
                 **stall_fields(status),      # a stalled run: its diagnosis, shown in the table and on its page
                 **self.fleet.places(status)}
 
@@ -197,19 +197,20 @@ class Hub:
         """``higgsfield kill RUN``, over the dashboard's connections; the killed runs' status."""
         killed = await self.fleet.session().kill(run)
         self.fleet.poke()
-        return [k.to_dict() for k in killed]
+        return [status_json(k) for k in killed]
 
     async def stacks(self, run: str) -> dict[str, Any]:
         """``higgsfield stacks RUN --json``, over the dashboard's connections, with its diagnosis: every rank's
         stack taken now (a live run) or at its stall (``saved``)."""
+        from higgsfield.contract.codec import encode
         from higgsfield.contract.stacks import diagnose
 
         status = next((r for r in self.runs() if r.run == run), None)
         if status is None:
             raise RunError(f"no run named '{run}' (see 'higgsfield status')")
         found = await self.fleet.session(list(status.nodes)).stacks(status)
-        return {"run": run, "saved": found.saved, "stacks": [s.to_dict() for s in found.stacks],
-                "diagnosis": diagnose(found.stacks, silent=list(found.unreachable)).to_dict(),
+        return {"run": run, "saved": found.saved, "stacks": encode(found.stacks),
+                "diagnosis": encode(diagnose(found.stacks, silent=list(found.unreachable))),
                 "unreachable": dict(found.unreachable)}
 
     def form(self, experiment: str, run: str | None = None) -> dict[str, Any]:

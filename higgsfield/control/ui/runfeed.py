@@ -22,10 +22,10 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from higgsfield.contract.runspec import RunStatus
+from higgsfield.contract.runstatus import RunStatus
 from higgsfield.control.backends import Session
 from higgsfield.control.backends.fleet import why
-from higgsfield.metrics import Skipped
+from higgsfield.metrics import Skipped, point
 
 KEEP_LINES = 20000
 FLUSH_S = 0.05
@@ -174,9 +174,9 @@ class RunFeed:
                     self.skipped = m.count
                     self._send(("skipped", {"count": m.count}))
                     continue
-                point = m.to_dict()
-                self.points.append(point)
-                self._send(("points", [point]))
+                p = point(m)
+                self.points.append(p)
+                self._send(("points", [p]))
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - shown on the page

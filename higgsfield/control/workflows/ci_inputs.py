@@ -20,7 +20,7 @@ happens when the experiment changed after the workflow was generated.
 Pure functions over a mapping, so they are tested without GitHub::
 
     inputs = run_inputs(exp, os.environ, total_nodes=len(cfg.nodes))
-    start_run(cfg, exp.name, inputs.params, run_name=inputs.run_name, nodes=inputs.nodes, ...)
+    plan = backend.plan(RunRequest(exp.name, inputs.params, run_name=inputs.run_name, nodes=inputs.nodes, ...))
 """
 
 from __future__ import annotations

@@ -34,13 +34,17 @@ import secrets
 import shutil
 import tarfile
 import time
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
+from higgsfield.contract import layout
+from higgsfield.contract.codec import decode, encode
 from higgsfield.contract.errors import RunError
-from higgsfield.contract.runspec import ACTIVE
+from higgsfield.contract.replies import BuildReply, Deployment
+from higgsfield.contract.states import ACTIVE
 from higgsfield.node.code import image_facts
-from higgsfield.node.code.image_facts import ImageFacts
+from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.placement import read_run_spec
 from higgsfield.node.state.records import list_runs, write_json
 
@@ -48,25 +52,21 @@ COMMIT_FILE = ".higgsfield-commit"
 KEEP_RELEASES = 3
 
 
-def project_root(state_dir: Path, project: str) -> Path:
-    return Path(state_dir) / "projects" / project
-
-
-def deployed(state_dir: Path, project: str) -> dict[str, Any] | None:
+def deployed(home: NodeState, project: str) -> Deployment | None:
     """What is deployed (commit, release, code dir), verified against the tree's commit file; None if nothing."""
-    root = project_root(state_dir, project)
+    root = home.project(project)
     try:
-        info = json.loads((root / "deployed.json").read_text())
-    except (OSError, ValueError):
+        info = decode(Deployment, json.loads((root / layout.DEPLOYED).read_text()))
+    except (OSError, ValueError):   # absent, not JSON, or not a deployment (DecodeError)
         return None
-    code = root / "code"
+    code = home.code(project)
     try:
         on_disk = (code / COMMIT_FILE).read_text().strip()
     except OSError:
         return None
-    if on_disk != info.get("commit"):
+    if on_disk != info.commit:
         return None
-    return {**info, "code_dir": str(code.resolve()), "image": current_image(state_dir, project)}
+    return replace(info, code_dir=str(code.resolve()), image=current_image(home, project))
 
 
 def _inside(root: str, path: str) -> bool:
@@ -113,10 +113,10 @@ def _extract(tar: tarfile.TarFile, m: tarfile.TarInfo, dest: Path) -> None:
         tar.extract(m, dest, set_attrs=not m.issym())
 
 
-def unpack(state_dir: Path, project: str, commit: str, stream: IO[bytes], *, dirty: bool = False) -> dict[str, Any]:
+def unpack(home: NodeState, project: str, commit: str, stream: IO[bytes], *, dirty: bool = False) -> Deployment:
     """Unpack a tar of the project (read from ``stream``) as the new release, then swap ``code`` to it."""
-    root = project_root(state_dir, project)
-    releases = root / "releases"
+    root = home.project(project)
+    releases = root / layout.RELEASES
     releases.mkdir(parents=True, exist_ok=True)
     name = f"{commit[:12]}-{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(2)}"
     tmp = releases / f".incoming-{name}"
@@ -132,26 +132,26 @@ def unpack(state_dir: Path, project: str, commit: str, stream: IO[bytes], *, dir
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     link_tmp = root / f".code-{secrets.token_hex(4)}"
-    os.symlink(Path("releases") / name, link_tmp)
-    os.replace(link_tmp, root / "code")
-    write_json(root / "deployed.json", {"commit": commit, "dirty": dirty, "release": name,
+    os.symlink(Path(layout.RELEASES) / name, link_tmp)
+    os.replace(link_tmp, home.code(project))
+    write_json(root / layout.DEPLOYED, {"commit": commit, "dirty": dirty, "release": name,
                                         "deployed_at": time.time()})
-    prune(state_dir, project)
-    info = deployed(state_dir, project)
-    if info is None or info["commit"] != commit:
+    prune(home, project)
+    info = deployed(home, project)
+    if info is None or info.commit != commit:
         raise RunError(f"deploy of {commit[:12]} did not verify on this node")
     return info
 
 
-def prune(state_dir: Path, project: str, keep: int = KEEP_RELEASES) -> list[str]:
+def prune(home: NodeState, project: str, keep: int = KEEP_RELEASES) -> list[str]:
     """Remove old releases: all but the newest ``keep``, the current one and those of active runs."""
-    root = project_root(state_dir, project)
-    releases = root / "releases"
+    root = home.project(project)
+    releases = root / layout.RELEASES
     if not releases.is_dir():
         return []
-    current = (root / "code").resolve() if (root / "code").exists() else None
+    current = home.code(project).resolve() if home.code(project).exists() else None
     in_use = {current}
-    for rd in list_runs(state_dir, project):
+    for rd in list_runs(home, project):
         with contextlib.suppress(OSError, ValueError, RunError):
             if rd.read().state in ACTIVE:
                 in_use.add(Path(read_run_spec(rd.spec_path).code_dir).resolve())
@@ -168,41 +168,41 @@ def prune(state_dir: Path, project: str, keep: int = KEEP_RELEASES) -> list[str]
     return removed
 
 
-def image_record(state_dir: Path, project: str) -> dict[str, Any]:
+def image_record(home: NodeState, project: str) -> dict[str, Any]:
     """image.json as deploy last wrote it ({} when there is none, or it does not decode)."""
     try:
-        data = json.loads((project_root(state_dir, project) / "image.json").read_text())
+        data = json.loads((home.project(project) / layout.IMAGE).read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
 
 
-def current_image(state_dir: Path, project: str) -> str | None:
-    tag = image_record(state_dir, project).get("tag")
+def current_image(home: NodeState, project: str) -> str | None:
+    tag = image_record(home, project).get("tag")
     return tag if isinstance(tag, str) else None
 
 
-def build(state_dir: Path, project: str, *, code_dir: Path | None = None, dockerfile: str = "Dockerfile",
-          base_image: str | None = None, runtime: str = "auto") -> dict[str, Any]:
+def build(home: NodeState, project: str, *, code_dir: Path | None = None, dockerfile: str = "Dockerfile",
+          base_image: str | None = None, runtime: str = "auto") -> BuildReply:
     """Build the project's image unless an image with its tag exists; returns what happened.
 
     ``runtime: process`` skips; ``auto`` skips when Docker or the Dockerfile is missing.
     """
     from higgsfield.node.runtime import containers
 
-    root = project_root(state_dir, project)
-    code = Path(code_dir) if code_dir else root / "code"
+    root = home.project(project)
+    code = Path(code_dir) if code_dir else home.code(project)
     if runtime == "process":
-        return {"skipped": "runtime: process"}
+        return BuildReply(skipped="runtime: process")
     if not code.is_dir():
         raise RunError(f"project '{project}' is not deployed on this node ({code} is missing)")
     if not (code / dockerfile).is_file():
         if runtime == "auto":
-            return {"skipped": f"no {dockerfile}: runs use the process runtime"}
+            return BuildReply(skipped=f"no {dockerfile}: runs use the process runtime")
         raise RunError(f"runtime 'docker' needs {dockerfile} in the project")
     if not containers.available():
         if runtime == "auto":
-            return {"skipped": "no Docker engine answers: runs use the process runtime"}
+            return BuildReply(skipped="no Docker engine answers: runs use the process runtime")
         raise RunError("no Docker engine answers on this node (is the user in the docker group? "
                        "run 'higgsfield setup')")
     tag = containers.image_tag(project, code.resolve(), dockerfile, base_image)
@@ -211,12 +211,12 @@ def build(state_dir: Path, project: str, *, code_dir: Path | None = None, docker
     if not containers.image_exists(tag):
         args = {"BASE_IMAGE": base_image} if base_image else {}
         containers.build_image(code.resolve(), tag, dockerfile=dockerfile, buildargs=args,
-                               log_path=root / "build.log")
+                               log_path=root / layout.BUILD_LOG)
         built = True
-    before = {} if built else image_record(state_dir, project)
-    known = ImageFacts.from_dict(before) if before.get("tag") == tag else None
+    before = {} if built else image_record(home, project)
+    known = image_facts.facts_of(before) if before.get("tag") == tag else None
     facts = known or image_facts.listed(tag)   # listed once per image: an unchanged one keeps its listing
-    write_json(root / "image.json", {"tag": tag, "dockerfile": dockerfile, "base_image": base_image,
+    write_json(root / layout.IMAGE, {"tag": tag, "dockerfile": dockerfile, "base_image": base_image,
                                      "built_at": time.time() if built else None,
-                                     **(facts.to_dict() if facts is not None else {"packages": None})})
-    return {"tag": tag, "built": built, "seconds": round(time.monotonic() - t0, 3)}
+                                     **(encode(facts) if facts is not None else {"packages": None})})
+    return BuildReply(tag=tag, built=built, seconds=round(time.monotonic() - t0, 3))

@@ -27,7 +27,8 @@ from pathlib import Path
 
 from higgsfield import __version__
 from higgsfield.contract.drift import NodeFacts
-from higgsfield.node.code.image_facts import CUDA_LINE, SEPARATORS, ImageFacts
+from higgsfield.node.code.image_facts import CUDA_LINE, SEPARATORS, facts_of
+from higgsfield.node.state.home import NodeState
 
 NVIDIA = Path("/proc/driver/nvidia")
 _DIST = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._]*?)-(?P<version>[^-]+)\.dist-info$")
@@ -101,34 +102,34 @@ def gpus() -> tuple[str | None, str | None, int | None]:
     return driver, model, len(models)
 
 
-def facts(state_dir: Path, project: str, runtime: str, node: str = "") -> NodeFacts:
+def facts(home: NodeState, project: str, runtime: str, node: str = "") -> NodeFacts:
     """This node's :class:`NodeFacts` for a run of ``project`` with ``runtime`` (auto, docker, process)."""
     from higgsfield.node.code import deploy, environment
 
     driver, model, count = gpus()
     base = {"node": node, "invoker": __version__, "driver": driver, "gpu_model": model, "gpu_count": count}
-    record = {} if runtime == "process" else deploy.image_record(state_dir, project)
+    record = {} if runtime == "process" else deploy.image_record(home, project)
     image = record.get("tag")
     if isinstance(image, str):
-        listed = ImageFacts.from_dict(record)
+        listed = facts_of(record)
         if listed is None:   # deployed before images were listed, or its Python did not answer: not known
             return NodeFacts(runtime="docker", env_key=image, **base)  # type: ignore[arg-type]
         pk = listed.packages
         return NodeFacts(runtime="docker", env_key=image, python=listed.python, torch=pk.get("torch"),
                          cuda=listed.cuda, nccl=nccl(pk), packages=pk, **base)  # type: ignore[arg-type]
-    st = environment.status(state_dir, project)
-    if st.get("state") != "present":
+    st = environment.status(home, project)
+    if st.state != "present":
         # No venv built for the deployed code: the run would use this Python (a localhost node) or refuse.
         site = next((Path(p) for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()), None)
         pkgs = packages(site) if site else {}
         py: str | None = ".".join(str(x) for x in sys.version_info[:3])
         key = None
     else:
-        env_dir = Path(str(st["python"])).parent.parent
+        env_dir = Path(str(st.python)).parent.parent
         site = site_packages(env_dir)
         pkgs = packages(site) if site else {}
         py = _venv_python(env_dir)
-        key = str(st.get("key"))
+        key = str(st.key)
     return NodeFacts(runtime="process", env_key=key, python=py, torch=pkgs.get("torch"),
                      cuda=torch_cuda(site) if site else None, nccl=nccl(pkgs), packages=pkgs,
                      **base)  # type: ignore[arg-type]

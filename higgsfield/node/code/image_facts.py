@@ -15,10 +15,9 @@ answer, keeps ``packages: null`` ("not known"), which the comparison leaves out,
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
-from higgsfield.contract.decode import DecodeError
+from higgsfield.contract.codec import DecodeError, decode, rule
 from higgsfield.contract.drift import package_versions
 
 LIST_TIMEOUT_S = 120.0
@@ -49,29 +48,26 @@ print(json.dumps({{"python": ".".join(map(str, sys.version_info[:3])), "cuda": c
 """
 
 
+def _version(v: object) -> str | None:
+    """A version string; anything else (or a string too long to be one) is not known."""
+    return v if isinstance(v, str) and len(v) < 64 else None
+
+
 @dataclass(frozen=True)
 class ImageFacts:
     """The image's Python (``3.11.7``), ``torch.version.cuda`` (None: a CPU build or no torch), its packages."""
 
-    python: str | None
-    cuda: str | None
-    packages: dict[str, str]
+    packages: dict[str, str] = field(metadata=rule(decode=package_versions))
+    python: str | None = field(default=None, metadata=rule(decode=_version))
+    cuda: str | None = field(default=None, metadata=rule(decode=_version))
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"python": self.python, "cuda": self.cuda, "packages": self.packages}
 
-    @classmethod
-    def from_dict(cls, data: object) -> ImageFacts | None:
-        """The facts in ``data`` (a listing's output, or image.json's), or None for any other shape."""
-        if not isinstance(data, dict):
-            return None
-        py, cuda = data.get("python"), data.get("cuda")
-        try:
-            pk = package_versions(data.get("packages"))
-        except (TypeError, DecodeError):
-            return None
-        return cls(python=py if isinstance(py, str) and len(py) < 64 else None,
-                   cuda=cuda if isinstance(cuda, str) and len(cuda) < 64 else None, packages=pk)
+def facts_of(data: object) -> ImageFacts | None:
+    """The facts in ``data`` (a listing's output, or image.json's), or None for any other shape."""
+    try:
+        return decode(ImageFacts, data)
+    except DecodeError:
+        return None
 
 
 def listed(tag: str) -> ImageFacts | None:
@@ -88,7 +84,7 @@ def listed(tag: str) -> ImageFacts | None:
                 continue
             try:
                 text = out.decode("utf-8", "replace").strip().splitlines()[-1]
-                return ImageFacts.from_dict(json.loads(text))
+                return facts_of(json.loads(text))
             except (IndexError, ValueError):
                 return None
         return None

@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from higgsfield.contract.codec import decode
 from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.fabric import MARKER, FabricResult
 from higgsfield.contract.fabric_last import PREFIX, LastFabric
+from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.records import list_runs
 
 TAIL_BYTES = 8 << 20
@@ -33,10 +35,10 @@ def _result_line(log: Path) -> str | None:
     return found
 
 
-def last_fabric(state_dir: Path, project: str) -> LastFabric:
+def last_fabric(home: NodeState, project: str) -> LastFabric:
     """The newest readable fabric result of ``project`` on this node (an empty reply when none)."""
     logs = []
-    for rd in list_runs(state_dir, project):
+    for rd in list_runs(home, project):
         log = rd.rank_log(0)
         if rd.run.startswith(PREFIX) and log.is_file() and not log.is_symlink():
             logs.append((log.stat().st_mtime, rd.run, log))
@@ -45,7 +47,7 @@ def last_fabric(state_dir: Path, project: str) -> LastFabric:
         if line is None:
             continue
         try:
-            return LastFabric(run, at, FabricResult.from_dict(json.loads(line)))
+            return LastFabric(run, at, decode(FabricResult, json.loads(line)))
         except (ValueError, DecodeError):
             continue
     return LastFabric()

@@ -24,33 +24,37 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from higgsfield.contract import layout
 from higgsfield.contract.errors import RunError
+from higgsfield.contract.replies_disk import FileEntry, FilesReply
+from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.placement import NodeRun
 from higgsfield.node.state.records import RunDir
 
 MARKER = "COMPLETE"     # higgsfield.checkpoint.MARKER (the node agent never imports the training library)
 STEP_RE = re.compile(r"step_\d{8}")
-LOG_FILES = ("run.json", "spec.json")  # besides logs/: the record and the pinned spec (no secrets in either)
+LOG_FILES = (layout.RECORD, layout.SPEC)  # besides logs/: the record and the pinned spec (no secrets in either)
 MARKER_MAX = 1 << 16
 
 
-def describe(state_dir: Path, project: str, run: str, *, step: str | None = None, logs: bool = False) -> dict[str, Any]:
+def describe(home: NodeState, project: str, run: str, *, step: str | None = None, logs: bool = False) -> FilesReply:
     """The reply of ``invoker files`` (see the module docstring); RunError in one line for a run or step not here."""
-    rd = RunDir(state_dir, project, run)
+    rd = RunDir(home, project, run)
     if not rd.exists():
         raise RunError(f"no run '{run}' of project '{project}' on this node")
     if logs:
-        names = [n for n in LOG_FILES if _plain_file(rd.path / n)] + [f"logs/{p}" for p in _walk(rd.logs)]
-        return {"root": str(rd.path), "files": [_entry(rd.path, n) for n in names]}
+        names = [n for n in LOG_FILES if _plain_file(rd.path / n)] + [f"{layout.LOGS}/{p}" for p in _walk(rd.logs)]
+        return FilesReply(root=str(rd.path), files=[_entry(rd.path, n) for n in names])
     root = Path(NodeRun.read(rd.spec_path).placement.checkpoint_dir)
-    reply: dict[str, Any] = {"root": str(root), "steps": complete_steps(root)}
-    if step is not None:
-        if not STEP_RE.fullmatch(step) or step not in reply["steps"]:
-            raise RunError(f"no complete checkpoint {step} of run '{run}' in {root} on this node")
-        names = [f"{step}/{p}" for p in _walk(root / step) if p != MARKER]
-        reply["files"] = [_entry(root, n) for n in names]
-        reply["marker"] = _marker(root / step / MARKER)
-    return reply
+    steps = complete_steps(root)
+    if step is None:
+        return FilesReply(root=str(root), steps=steps)
+    if not STEP_RE.fullmatch(step) or step not in steps:
+        raise RunError(f"no complete checkpoint {step} of run '{run}' in {root} on this node")
+    names = [f"{step}/{p}" for p in _walk(root / step) if p != MARKER]
+    marker = _marker(root / step / MARKER)
+    return FilesReply(root=str(root), steps=steps, files=[_entry(root, n) for n in names],
+                      marker=marker if isinstance(marker, dict) else None)
 
 
 def complete_steps(root: Path) -> list[str]:
@@ -76,7 +80,7 @@ def _walk(base: Path) -> list[str]:
     return found
 
 
-def _entry(root: Path, rel: str) -> dict[str, Any]:
+def _entry(root: Path, rel: str) -> FileEntry:
     """One file: its path under ``root``, size and sha256 (read in chunks: checkpoint shards are large)."""
     digest = hashlib.sha256()
     size = 0
@@ -84,7 +88,7 @@ def _entry(root: Path, rel: str) -> dict[str, Any]:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
             size += len(chunk)
-    return {"path": rel, "size": size, "sha256": digest.hexdigest()}
+    return FileEntry(path=rel, size=size, sha256=digest.hexdigest())
 
 
 def _marker(path: Path) -> Any:

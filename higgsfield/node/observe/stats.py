@@ -12,8 +12,8 @@ the node builds and prints the type the dashboard decodes, so the feed's shape i
 
 Use::
 
-    s = Sampler(state_dir)                 # primes the CPU counters
-    s.sample().to_dict()                   # {"time", "cpu_percent", "mem_used", ..., "gpus": [...]}
+    s = Sampler(home)                      # primes the CPU counters
+    encode(s.sample())                     # {"time", "cpu_percent", "mem_used", ..., "gpus": [...]}
     s.close()
 """
 
@@ -32,6 +32,7 @@ import psutil
 
 from higgsfield.contract.feed import GpuSample, NodeSample
 from higgsfield.node.runtime.gpus import Nvml
+from higgsfield.node.state.home import NodeState
 
 GPU_FIELDS = ("index", "name", "utilization.gpu", "memory.used", "memory.total", "temperature.gpu")
 SMI_TIMEOUT_S = 10.0
@@ -94,8 +95,8 @@ class _SmiLoop:
 class Sampler:
     """Samples this machine; ``every`` (seconds) paces the GPU loop when following."""
 
-    def __init__(self, state_dir: Path, *, every: float | None = None) -> None:
-        self.disk_path = state_dir if state_dir.exists() else Path.home()
+    def __init__(self, home: NodeState, *, every: float | None = None) -> None:
+        self.disk_path = home.root if home.root.exists() else Path.home()
         self.nvml = Nvml.open()
         self.smi = None if self.nvml is not None else shutil.which("nvidia-smi")
         self._loop = _SmiLoop(self.smi, every) if self.smi and every else None

@@ -32,12 +32,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from higgsfield.contract.codec import encode
 from higgsfield.contract.decode import skip_line
 from higgsfield.contract.errors import RunError
-from higgsfield.contract.runspec import TERMINAL
+from higgsfield.contract.states import TERMINAL
 from higgsfield.node.gang import queue
 from higgsfield.node.observe.stats import Sampler
 from higgsfield.node.runs.stop import refresh
+from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.placement import read_run_spec
 from higgsfield.node.state.records import RunDir, scan_runs
 
@@ -48,8 +50,8 @@ WHOLE_EVERY = 10        # every this many looks (5 s) the finished runs' records
 class RunsWatch:
     """The project's run records on this node, and which of them changed since the last look."""
 
-    def __init__(self, state_dir: Path, project: str) -> None:
-        self.state_dir = state_dir
+    def __init__(self, home: NodeState, project: str) -> None:
+        self.home = home
         self.project = project
         self._mtimes: dict[str, float] = {}
         self._known: dict[str, str] = {}          # run -> its record's JSON, as last sent
@@ -69,7 +71,7 @@ class RunsWatch:
         return [*self._bad_dirs, *(why for _, why in self._bad.values())]
 
     def _root(self) -> Path:
-        return self.state_dir / "runs" / self.project
+        return self.home.runs_of(self.project)
 
     def _names(self) -> tuple[list[str], bool]:
         """The run directories to look at now, and whether this is a whole look (every run)."""
@@ -81,7 +83,7 @@ class RunsWatch:
         whole = (not self._sent_once or root_mtime != self._root_mtime or self._tick % WHOLE_EVERY == 0)
         if whole:
             self._root_mtime = root_mtime
-            rds, self._bad_dirs = scan_runs(self.state_dir, self.project, pending=True)
+            rds, self._bad_dirs = scan_runs(self.home, self.project, pending=True)
             self._dirs = [rd.run for rd in rds]
             return self._dirs, True
         # between whole looks: the active runs, and directories whose record was not written yet
@@ -90,7 +92,7 @@ class RunsWatch:
     def changed(self) -> tuple[list[dict[str, Any]], bool] | None:
         """(records, full): every record the first time or after a run vanished, else the changed ones."""
         names, whole = self._names()
-        rds = {n: RunDir(self.state_dir, self.project, n) for n in names}
+        rds = {n: RunDir(self.home, self.project, n) for n in names}
         full = not self._sent_once or (whole and bool(set(self._known) - set(rds)))
         self._sent_once = True
         out: list[dict[str, Any]] = []
@@ -107,7 +109,7 @@ class RunsWatch:
             if self._bad.get(name, (None,))[0] == mtime:
                 continue            # damaged, and not written since: said once
             try:
-                record = refresh(rd).to_dict()
+                record = encode(refresh(rd))
             except FileNotFoundError:
                 continue
             except (OSError, ValueError, RunError) as e:
@@ -136,10 +138,10 @@ class RunsWatch:
     def queue_changed(self, force: bool = False) -> list[dict[str, Any]] | None:
         """The node's queue when it changed since the last look (or ``force``), else None."""
         try:
-            mtime = (self.state_dir / "queue.json").stat().st_mtime
+            mtime = self.home.queue_file.stat().st_mtime
         except OSError:
             mtime = 0.0
-        entries = queue.describe(queue.snapshot(self.state_dir)) if force or mtime != (self._queue_key or (None,))[0] \
+        entries = queue.describe(queue.snapshot(self.home)) if force or mtime != (self._queue_key or (None,))[0] \
             else None
         if entries is None:
             return None
@@ -169,20 +171,20 @@ def _why(e: BaseException) -> str:
     return text.rsplit(".json: ", 1)[-1] if ".json: " in text else text
 
 
-def node_runs(state_dir: Path, project: str | None = None,
+def node_runs(home: NodeState, project: str | None = None,
               run: str | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """What ``invoker status`` replies: the runs' records (refreshed, each with ``params`` from its spec),
     and one skip line per file that does not decode (``runs/p/x/run.json: not JSON (...)``).
 
     A damaged record hides only its own run: every other run of the node still shows.
     """
-    rds, skipped = scan_runs(state_dir, project)
+    rds, skipped = scan_runs(home, project)
     out: list[dict[str, Any]] = []
     for rd in rds:
         if run is not None and rd.run != run:
             continue
         try:
-            record = refresh(rd).to_dict()
+            record = encode(refresh(rd))
         except FileNotFoundError:
             continue                # removed while we looked
         except (OSError, ValueError, RunError) as e:
@@ -195,11 +197,11 @@ def node_runs(state_dir: Path, project: str | None = None,
     return out, skipped
 
 
-def feed(state_dir: Path, *, every: float, project: str | None, emit: Callable[[dict[str, Any]], None],
+def feed(home: NodeState, *, every: float, project: str | None, emit: Callable[[dict[str, Any]], None],
          ticks: int | None = None) -> None:
     """Emit samples every ``every`` s and (with ``project``) runs and queue as they change; ``ticks``: stop after."""
-    sampler = Sampler(state_dir, every=every)
-    watch = RunsWatch(state_dir, project) if project else None
+    sampler = Sampler(home, every=every)
+    watch = RunsWatch(home, project) if project else None
     next_sample = 0.0
     n = 0
     last_skipped: list[str] = []
@@ -212,17 +214,17 @@ def feed(state_dir: Path, *, every: float, project: str | None, emit: Callable[[
                 q = watch.queue_changed(force=runs is not None)
                 skipped = watch.skipped
                 if runs is not None or q is not None or skipped != last_skipped:
-                    msg: dict[str, Any] = {}
+                    update: dict[str, Any] = {}    # a line of the watch feed (not the gang wire)
                     if runs is not None:
-                        msg["runs"], msg["full"] = runs
+                        update["runs"], update["full"] = runs
                     if q is not None:
-                        msg["queue"] = q
+                        update["queue"] = q
                     if skipped != last_skipped:
-                        msg["skipped"] = last_skipped = skipped
-                    emit(msg)
+                        update["skipped"] = last_skipped = skipped
+                    emit(update)
             if now >= next_sample:
                 next_sample = now + every
-                emit({"node": sampler.sample().to_dict()})
+                emit({"node": encode(sampler.sample())})
             time.sleep(min(RECORDS_EVERY_S, every) if watch is not None else every)
     finally:
         sampler.close()

@@ -25,10 +25,12 @@ from __future__ import annotations
 import re
 import signal
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
-from higgsfield.contract.decode import DecodeError, cut, from_fields, read_json
+from higgsfield.contract.codec import decode, rule
+from higgsfield.contract.decode import cut, read_json
 from higgsfield.contract.failure import Failure
 from higgsfield.node.state.records import RunDir
 
@@ -74,21 +76,25 @@ def exit_words(code: int) -> str:
     return f"was killed by {name}" + (" (out of memory?)" if sig == signal.SIGKILL else "")
 
 
+def _counted(v: int) -> None:
+    if v < 0:
+        raise ValueError("must be >= 0")
+
+
+def _one_line(v: str) -> str:
+    return cut(" ".join(v.split()) or "failed", LINE_CHARS * 2)
+
+
 @dataclass(frozen=True)
 class RankError:
     """``rank<N>.error.json``, decoded: the rank, when it failed by its own account, what (one line), how."""
 
-    rank: int
-    time: float
-    error: str = "failed"
-    kind: str | None = None     # "exception" (user code raised) | "died" (no Python exception: a signal)
+    WHAT: ClassVar[str] = "rank's error file"
 
-    @classmethod
-    def from_dict(cls, d: object) -> RankError:
-        e = from_fields(cls, d, what="a rank's error file")
-        if e.rank < 0:
-            raise DecodeError("'rank' must be >= 0")
-        return replace(e, error=cut(" ".join(e.error.split()) or "failed", LINE_CHARS * 2))
+    rank: int = field(metadata=rule(check=_counted))
+    time: float
+    error: str = field(default="failed", metadata=rule(check=_one_line))
+    kind: str | None = None     # "exception" (user code raised) | "died" (no Python exception: a signal)
 
 
 def first_error(rd: RunDir, since: float) -> RankError | None:
@@ -96,7 +102,7 @@ def first_error(rd: RunDir, since: float) -> RankError | None:
     best: RankError | None = None
     for p in rd.logs.glob("rank*.error.json"):
         try:
-            e = RankError.from_dict(read_json(p, root=rd.state_dir))
+            e = decode(RankError, read_json(p, root=rd.home.root))
         except (OSError, ValueError):
             continue
         if e.time >= since and (best is None or e.time < best.time):

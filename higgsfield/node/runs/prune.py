@@ -34,8 +34,8 @@ The dry run is the same plan, not applied: it lists exactly what a real prune re
 
 Use::
 
-    result = prune(state_dir, "my_llama", PrunePolicy(older_than_s=30 * 86400, dry_run=True))
-    result["runs"], result["freed_bytes"]
+    result = prune(home, "my_llama", PrunePolicy(older_than_s=30 * 86400, dry_run=True))
+    result.runs, result.freed_bytes      # a PruneReply (higgsfield.contract.replies_disk)
 """
 
 from __future__ import annotations
@@ -51,58 +51,65 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from higgsfield.contract import layout
 from higgsfield.contract.decode import DecodeError, is_plain_dir
 from higgsfield.contract.names import NAME_RE, is_run_name
 from higgsfield.contract.prunespec import PruneError, PrunePolicy
-from higgsfield.contract.runspec import ACTIVE
+from higgsfield.contract.replies_disk import (
+    FreeSpace,
+    Kept,
+    PrunedCheckpoint,
+    PrunedImage,
+    PrunedRun,
+    PruneReply,
+    UsageReply,
+)
+from higgsfield.contract.states import ACTIVE
 from higgsfield.contract.text import shown
+from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.records import RunDir, RunRecord, scan_runs
-
-TRASH = "trash"
 
 
 @dataclass
 class _Plan:
     runs: list[tuple[RunDir, RunRecord]] = field(default_factory=list)
-    kept: list[dict[str, Any]] = field(default_factory=list)
+    kept: list[Kept] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
 
 
-def prune(state_dir: Path, project: str, policy: PrunePolicy, now: float | None = None) -> dict[str, Any]:
-    """Remove (``policy.dry_run``: list) what ``policy`` selects on this node; what went, as JSON.
-
-    ``{"dry_run", "runs": [{run, experiment, state, ended_at, path, bytes}], "checkpoints": [{run, path,
-    bytes}], "images": [{tag, id, bytes}], "kept": [{run or image, why}], "skipped": [lines],
-    "missing": [names], "notes": [lines], "freed_bytes"}``.
+def prune(home: NodeState, project: str, policy: PrunePolicy, now: float | None = None) -> PruneReply:
+    """Remove (``policy.dry_run``: list) what ``policy`` selects on this node; what went (runs, checkpoints,
+    images), what stayed and why (``kept``), the records skipped, the names not found, and the bytes freed.
     """
     if not NAME_RE.fullmatch(project):
         raise PruneError(f"{shown(project)} is not a project name")
-    state_dir = Path(state_dir)
     now = time.time() if now is None else now
-    plan = _plan_runs(state_dir, project, policy, now)
-    out: dict[str, Any] = {"dry_run": policy.dry_run, "runs": [], "checkpoints": [], "images": [],
-                           "kept": plan.kept, "skipped": plan.skipped, "missing": plan.missing, "notes": []}
+    plan = _plan_runs(home, project, policy, now)
+    runs: list[PrunedRun] = []
+    checkpoints: list[PrunedCheckpoint] = []
+    images: list[PrunedImage] = []
+    notes: list[str] = []
     if not policy.dry_run:
-        _empty_trash(state_dir)
+        _empty_trash(home)
     for rd, record in plan.runs:
-        ckpts = checkpoint_dirs(state_dir, record) if policy.checkpoints else []
-        entry = {"run": record.run, "experiment": record.experiment, "state": record.state,
-                 "ended_at": finished_at(record), "path": str(rd.path), "bytes": du(rd.path)}
+        ckpts = checkpoint_dirs(home, record) if policy.checkpoints else []
+        entry = PrunedRun(run=record.run, experiment=record.experiment, state=record.state,
+                          ended_at=finished_at(record), path=str(rd.path), bytes=du(rd.path))
         sizes = [(p, du(p)) for p in ckpts]
         if not policy.dry_run:
-            why = _remove_run(state_dir, rd, ckpts)
+            why = _remove_run(rd, ckpts)
             if why is not None:
-                plan.kept.append({"run": record.run, "why": why})
+                plan.kept.append(Kept(run=record.run, why=why))
                 continue
-        out["runs"].append(entry)
-        out["checkpoints"] += [{"run": record.run, "path": str(p), "bytes": n} for p, n in sizes]
+        runs.append(entry)
+        checkpoints += [PrunedCheckpoint(run=record.run, path=str(p), bytes=n) for p, n in sizes]
     if policy.images:
-        _images(state_dir, project, policy.dry_run, out)
-    out["freed_bytes"] = sum(int(e["bytes"]) for k in ("runs", "checkpoints", "images") for e in out[k])
-    return out
+        _images(home, project, policy.dry_run, images, plan.kept, notes)
+    freed = sum(e.bytes for e in runs) + sum(e.bytes for e in checkpoints) + sum(e.bytes for e in images)
+    return PruneReply(runs=runs, freed_bytes=freed, dry_run=policy.dry_run, checkpoints=checkpoints, images=images,
+                      kept=plan.kept, skipped=plan.skipped, missing=plan.missing, notes=notes)
 
 
 def finished_at(record: RunRecord) -> float:
@@ -110,10 +117,10 @@ def finished_at(record: RunRecord) -> float:
     return record.ended_at or record.started_at or record.created_at
 
 
-def _plan_runs(state_dir: Path, project: str, policy: PrunePolicy, now: float) -> _Plan:
+def _plan_runs(home: NodeState, project: str, policy: PrunePolicy, now: float) -> _Plan:
     """The finished runs that ``policy`` selects, newest first; active ones asked for by name are ``kept``."""
     plan = _Plan()
-    dirs, plan.skipped = scan_runs(state_dir, project)
+    dirs, plan.skipped = scan_runs(home, project)
     finished: list[tuple[RunDir, RunRecord]] = []
     found: set[str] = set()
     for rd in dirs:
@@ -126,7 +133,7 @@ def _plan_runs(state_dir: Path, project: str, policy: PrunePolicy, now: float) -
             continue
         if record.state in ACTIVE:
             if record.run in policy.runs:
-                plan.kept.append({"run": record.run, "why": record.state})
+                plan.kept.append(Kept(run=record.run, why=record.state))
             continue
         finished.append((rd, record))
     plan.missing = [r for r in policy.runs if r not in found]
@@ -142,13 +149,13 @@ def _plan_runs(state_dir: Path, project: str, policy: PrunePolicy, now: float) -
     return plan
 
 
-def _remove_run(state_dir: Path, rd: RunDir, checkpoints: list[Path]) -> str | None:
+def _remove_run(rd: RunDir, checkpoints: list[Path]) -> str | None:
     """Remove one run's directory and ``checkpoints`` under its start lock; why it was kept instead (None: removed).
 
     The checkpoints go first, while the lock is held: a start of the same name (which resumes
     from them) waits for it, and once the directory is renamed away a new start no longer would.
     """
-    with _try_lock(rd.path / ".lock") as held:
+    with _try_lock(rd.lock_file) as held:
         if not held:
             return "a start of this run name holds its lock"
         try:
@@ -158,7 +165,7 @@ def _remove_run(state_dir: Path, rd: RunDir, checkpoints: list[Path]) -> str | N
             return "its record no longer decodes"
         for ckpt in checkpoints:
             shutil.rmtree(ckpt, ignore_errors=True)
-        trash = state_dir / TRASH
+        trash = rd.home.trash
         trash.mkdir(mode=0o700, exist_ok=True)
         dest = trash / f"{rd.project}-{rd.run}-{secrets.token_hex(4)}"
         try:
@@ -189,9 +196,9 @@ def _try_lock(lock_file: Path) -> Iterator[bool]:
         os.close(fd)
 
 
-def _empty_trash(state_dir: Path) -> None:
+def _empty_trash(home: NodeState) -> None:
     """What an interrupted prune left in ``<state>/trash/``."""
-    trash = state_dir / TRASH
+    trash = home.trash
     if is_plain_dir(trash):
         for entry in os.scandir(trash):
             with contextlib.suppress(OSError):
@@ -203,20 +210,20 @@ def _empty_trash(state_dir: Path) -> None:
 
 # -- checkpoints ----------------------------------------------------------------------------------
 
-def checkpoint_roots(state_dir: Path, project: str) -> list[Path]:
+def checkpoint_roots(home: NodeState, project: str) -> list[Path]:
     """Where this node keeps the project's checkpoints: ``~/.cache/higgsfield/<project>`` (SSH nodes, see
     :func:`higgsfield.node.runs.start.place`) and ``<state>/checkpoints/<project>`` (a Slurm workdir)."""
-    return [Path.home() / ".cache" / "higgsfield" / project, Path(state_dir) / "checkpoints" / project]
+    return [layout.cache_dir(project), home.slurm_checkpoints(project)]
 
 
-def checkpoint_dirs(state_dir: Path, record: RunRecord) -> list[Path]:
+def checkpoint_dirs(home: NodeState, record: RunRecord) -> list[Path]:
     """The run's checkpoint directories that exist, each a real directory under a checkpoint root
     reached through no symlink below the root (a link there could point anywhere)."""
     exp, run = record.experiment, record.run
     if "/" in exp or exp in (".", "..") or not is_run_name(run):
         return []
-    root_cache, root_slurm = checkpoint_roots(state_dir, record.project)
-    wanted = [(root_cache, ("experiments", exp, run)), (root_slurm, (run,))]
+    root_cache, root_slurm = checkpoint_roots(home, record.project)
+    wanted = [(root_cache, (layout.EXPERIMENTS, exp, run)), (root_slurm, (run,))]
     out = []
     for root, parts in wanted:
         real_root = os.path.realpath(root)
@@ -228,15 +235,17 @@ def checkpoint_dirs(state_dir: Path, record: RunRecord) -> list[Path]:
 
 # -- images ---------------------------------------------------------------------------------------
 
-def _images(state_dir: Path, project: str, dry_run: bool, out: dict[str, Any]) -> None:
-    """The project's images that no release, active run or container uses: removed (or listed)."""
+def _images(home: NodeState, project: str, dry_run: bool, images: list[PrunedImage], kept: list[Kept],
+            notes: list[str]) -> None:
+    """The project's images that no release, active run or container uses: removed (or listed) into ``images``;
+    those that stay into ``kept``."""
     from higgsfield.node.runtime import containers
 
     if not containers.available():
-        out["notes"].append("no Docker engine answers here: no image to prune")
+        notes.append("no Docker engine answers here: no image to prune")
         return
     docker = containers._sdk()
-    keep = _images_in_use(state_dir, project)
+    keep = _images_in_use(home, project)
     cl = containers.client()
     try:
         used_ids = {c.attrs.get("ImageID") for c in cl.containers.list(all=True, sparse=True)}
@@ -244,38 +253,38 @@ def _images(state_dir: Path, project: str, dry_run: bool, out: dict[str, Any]) -
         for img in cl.images.list(name=repo):
             tags = [t for t in img.tags if t.split(":")[0] == repo]
             if img.id in used_ids:
-                out["kept"] += [{"image": t, "why": "a container uses it"} for t in tags]
+                kept += [Kept(image=t, why="a container uses it") for t in tags]
                 continue
             going = [t for t in tags if t not in keep]
-            out["kept"] += [{"image": t, "why": keep[t]} for t in tags if t in keep]
+            kept += [Kept(image=t, why=keep[t]) for t in tags if t in keep]
             whole = len(going) == len(img.tags)   # its last tag goes: the image itself goes
             for i, tag in enumerate(going):
                 if not dry_run:
                     try:
                         cl.images.remove(tag)
                     except docker.errors.APIError as e:
-                        out["kept"].append({"image": tag, "why": str(e.explanation or e)[:200]})
+                        kept.append(Kept(image=tag, why=str(e.explanation or e)[:200]))
                         continue
                 size = int(img.attrs.get("Size") or 0) if whole and i == len(going) - 1 else 0
-                out["images"].append({"tag": tag, "id": img.id, "bytes": size})
+                images.append(PrunedImage(tag=tag, id=img.id, bytes=size))
     finally:
         cl.close()
 
 
-def _images_in_use(state_dir: Path, project: str) -> dict[str, str]:
+def _images_in_use(home: NodeState, project: str) -> dict[str, str]:
     """tag -> why it stays: the current release's image, those of the releases kept on disk, those
     of queued, starting and running runs."""
     from higgsfield.node.code import deploy
     from higgsfield.node.runtime import containers
 
     keep: dict[str, str] = {}
-    root = deploy.project_root(state_dir, project)
+    root = home.project(project)
     try:
-        info = json.loads((root / "image.json").read_text())
+        info = json.loads((root / layout.IMAGE).read_text())
     except (OSError, ValueError):
         info = {}
     info = info if isinstance(info, dict) else {}
-    releases = root / "releases"
+    releases = root / layout.RELEASES
     if is_plain_dir(releases) and isinstance(info.get("dockerfile", "Dockerfile"), str):
         for rel in sorted(releases.iterdir()):
             if is_plain_dir(rel) and not rel.name.startswith("."):
@@ -284,10 +293,10 @@ def _images_in_use(state_dir: Path, project: str) -> dict[str, str]:
                                                info.get("base_image") if isinstance(info.get("base_image"), str)
                                                else None)
                     keep.setdefault(tag, "a release on this node uses it")
-    current = deploy.current_image(state_dir, project)
+    current = deploy.current_image(home, project)
     if current:
         keep[current] = "the current release's image"
-    for rd in scan_runs(state_dir, project)[0]:
+    for rd in scan_runs(home, project)[0]:
         with contextlib.suppress(DecodeError, OSError):
             record = rd.read()
             if record.state in ACTIVE and record.image:
@@ -314,17 +323,16 @@ def du(path: Path) -> int:
     return total
 
 
-def usage(state_dir: Path, project: str) -> dict[str, Any]:
+def usage(home: NodeState, project: str) -> UsageReply:
     """What doctor shows: the state dir's and the project's checkpoints' bytes, and the free space of the
     filesystems they are on (``free``: one entry per filesystem)."""
-    state_dir = Path(state_dir)
-    roots = checkpoint_roots(state_dir, project) if NAME_RE.fullmatch(project) else []
-    state_bytes = du(state_dir)
+    roots = checkpoint_roots(home, project) if NAME_RE.fullmatch(project) else []
+    state_bytes = du(home.root)
     # the Slurm checkpoint root lies inside the state dir: counted there, and again as checkpoints
     ckpt_bytes = sum(du(r) for r in roots if is_plain_dir(r))
-    free: list[dict[str, Any]] = []
+    free: list[FreeSpace] = []
     seen: set[int] = set()
-    for what, p in (("state", state_dir), *(("checkpoints", r) for r in roots)):
+    for what, p in (("state", home.root), *(("checkpoints", r) for r in roots)):
         here = _existing(p)
         try:
             dev = os.stat(here).st_dev
@@ -334,9 +342,9 @@ def usage(state_dir: Path, project: str) -> dict[str, Any]:
             du_ = shutil.disk_usage(here)
         except OSError:
             continue
-        free.append({"what": what, "path": str(here), "free_bytes": du_.free, "total_bytes": du_.total})
-    return {"state_dir": str(state_dir), "state_bytes": state_bytes,
-            "checkpoint_dirs": [str(r) for r in roots], "checkpoint_bytes": ckpt_bytes, "free": free}
+        free.append(FreeSpace(what=what, path=str(here), free_bytes=du_.free, total_bytes=du_.total))
+    return UsageReply(state_dir=str(home.root), state_bytes=state_bytes, checkpoint_dirs=[str(r) for r in roots],
+                      checkpoint_bytes=ckpt_bytes, free=free)
 
 
 def _existing(p: Path) -> Path:

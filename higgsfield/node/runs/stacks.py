@@ -36,25 +36,37 @@ import subprocess
 import threading
 import time
 from collections.abc import Collection
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
 from higgsfield.contract import layout
+from higgsfield.contract.codec import decode, encode
 from higgsfield.contract.decode import DecodeError, read_json
-from higgsfield.contract.stacks import Frame, RankStacks, Thread, parse_faulthandler
+from higgsfield.contract.stacks import Frame, RankStacks, SavedStacks, Thread, parse_faulthandler
 from higgsfield.node.state.records import RunDir, write_json
 
 STACKS_SIGNAL = signal.SIGRTMIN + 7
 SETTLE_S = 0.15          # a dump whose size stayed the same this long is complete
 PY_SPY_S = 3.0
-STACKS_VERSION = 1
 RUN_DIR_VAR = layout.RUN_DIR_VAR
 
 _armed: IO[str] | None = None   # the worker's dump file: kept open for faulthandler
 
 
 # -- the worker's side ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Armed:
+    """``stacks/rank<N>.json``: how the node finds an armed worker (its pid, its main thread's ident)."""
+
+    WHAT: ClassVar[str] = "armed rank"
+
+    pid: int
+    main: int
+    time: float = 0.0
+
+
 
 def arm(run_dir: Path, rank: int) -> None:
     """In a worker: dump all threads to ``stacks/rank<N>`` on :data:`STACKS_SIGNAL`; say how to find it."""
@@ -66,17 +78,17 @@ def arm(run_dir: Path, rank: int) -> None:
         f = os.fdopen(fd, "w")
         faulthandler.register(STACKS_SIGNAL, file=f, all_threads=True, chain=False)
         _armed = f
-        meta = {"pid": os.getpid(), "main": threading.main_thread().ident, "time": time.time()}
-        write_json(path.with_name(f"rank{rank}.json"), meta)
+        main = threading.main_thread().ident or 0
+        write_json(path.with_name(f"rank{rank}.json"), encode(Armed(pid=os.getpid(), main=main, time=time.time())))
     except (OSError, ValueError, RuntimeError):
         pass   # no stacks for this rank: the run itself goes on
 
 
 # -- the node's side -----------------------------------------------------------------------------
 
-def _ranks(rd: RunDir) -> dict[int, dict[str, Any]]:
+def _ranks(rd: RunDir) -> dict[int, Armed]:
     """Each rank that armed: its ``rank<N>.json`` (pid, main thread ident)."""
-    out: dict[int, dict[str, Any]] = {}
+    out: dict[int, Armed] = {}
     d = rd.path / layout.STACKS
     try:
         names = os.listdir(d)
@@ -86,11 +98,9 @@ def _ranks(rd: RunDir) -> dict[int, dict[str, Any]]:
         if not (name.startswith("rank") and name.endswith(".json") and name[4:-5].isdigit()):
             continue
         try:
-            meta = read_json(d / name, root=rd.state_dir)
+            out[int(name[4:-5])] = decode(Armed, read_json(d / name, root=rd.home.root))
         except (OSError, DecodeError):
             continue
-        if isinstance(meta, dict) and isinstance(meta.get("pid"), int) and isinstance(meta.get("main"), int):
-            out[int(name[4:-5])] = meta
     return out
 
 
@@ -143,7 +153,7 @@ def live_workers(rd: RunDir, ranks: Collection[int] | None = None) -> dict[int, 
     for rank, meta in sorted(_ranks(rd).items()):
         if ranks is not None and rank not in ranks:
             continue
-        pid = _host_pid(rd, rank, meta["pid"])
+        pid = _host_pid(rd, rank, meta.pid)
         if pid is not None:
             out[rank] = pid
     return out
@@ -166,7 +176,7 @@ def take(rd: RunDir, node: str, *, timeout: float = 3.0, ranks: Collection[int] 
     ``timeout`` is listed with no threads. ``ranks``: only those (a Slurm run's directory is shared by
     every node of its job: each node takes its own ranks)."""
     metas = _ranks(rd)
-    targets = [(rank, pid, int(metas[rank]["main"])) for rank, pid in live_workers(rd, ranks).items()]
+    targets = [(rank, pid, metas[rank].main) for rank, pid in live_workers(rd, ranks).items()]
     signalled = []
     for rank, pid, main in targets:
         dump = layout.stacks_dump_path(rd.path, rank)
@@ -261,25 +271,19 @@ def _py_spy(pids: list[int], timeout: float) -> dict[int, _Native]:
 
 def save(rd: RunDir, stacks: list[RankStacks]) -> None:
     """Keep ``stacks`` (taken at a stall) as ``RUN_DIR/stacks.json``."""
-    write_json(rd.path / layout.STACKS_FILE, {"version": STACKS_VERSION, "taken_at": time.time(),
-                                              "ranks": [s.to_dict() for s in stacks]})
+    write_json(rd.path / layout.STACKS_FILE, encode(SavedStacks(ranks=tuple(stacks), taken_at=time.time())))
 
 
 def saved(rd: RunDir) -> list[RankStacks] | None:
     """The stacks saved at the run's stall on this node; None when it never stalled here (or the file does not
     decode)."""
     try:
-        data = read_json(rd.path / layout.STACKS_FILE, root=rd.state_dir, limit=32 << 20)
+        return list(decode(SavedStacks, read_json(rd.path / layout.STACKS_FILE, root=rd.home.root,
+                                                  limit=32 << 20)).ranks)
     except (OSError, DecodeError):
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("ranks"), list):
-        return None
-    try:
-        return [RankStacks.from_dict(r) for r in data["ranks"]]
-    except DecodeError:
         return None
 
 
 def dumps(stacks: list[RankStacks]) -> str:
-    """The JSON of ``stacks`` (a list of :meth:`RankStacks.to_dict`)."""
-    return json.dumps([s.to_dict() for s in stacks])
+    """The JSON of ``stacks`` (a list of :class:`RankStacks`)."""
+    return json.dumps(encode(stacks))

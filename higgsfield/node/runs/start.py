@@ -30,7 +30,6 @@ the node user (umask 0077; the run's directories 0700).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -38,12 +37,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+from higgsfield.contract import layout
+from higgsfield.contract.codec import decode, encode
 from higgsfield.contract.errors import RunError, RunNameInUse
-from higgsfield.contract.runspec import ACTIVE, STARTING, RunSpec
+from higgsfield.contract.replies import StartReply
+from higgsfield.contract.runspec import RunSpec, StartRequest
+from higgsfield.contract.states import ACTIVE, STARTING
 from higgsfield.node.gang import queue
 from higgsfield.node.runs.stop import refresh
 from higgsfield.node.runtime.gpus import Nvml
 from higgsfield.node.state import pids
+from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.locks import exclusive
 from higgsfield.node.state.placement import NodeRun, Placement
 from higgsfield.node.state.records import RunDir, RunRecord
@@ -79,14 +83,14 @@ def _home_path(p: str | os.PathLike[str]) -> Path:
     return path if path.is_absolute() else Path.home() / path
 
 
-def choose_runtime(state_dir: Path, spec: RunSpec) -> tuple[str, str | None]:
+def choose_runtime(home: NodeState, spec: RunSpec) -> tuple[str, str | None]:
     """("docker", image) or ("process", None) for this node, per ``spec.runtime``."""
     from higgsfield.node.code import deploy
     from higgsfield.node.runtime import containers
 
     if spec.runtime == "process":
         return "process", None
-    image = deploy.current_image(state_dir, spec.project)
+    image = deploy.current_image(home, spec.project)
     if spec.runtime == "docker":
         if not containers.available():
             raise RunError("runtime 'docker' but no Docker engine answers on this node "
@@ -99,42 +103,42 @@ def choose_runtime(state_dir: Path, spec: RunSpec) -> tuple[str, str | None]:
     return "process", None
 
 
-def start_run(state_dir: Path, spec: RunSpec, secrets: dict[str, str], token: str = "") -> RunRecord:
-    """Check, record the run and start its supervisor; returns the record (state ``starting``).
+def start_run(home: NodeState, request: StartRequest) -> StartReply:
+    """Check, record the run and start its supervisor; returns the reply: its record (state ``starting``).
 
-    ``token`` authenticates the run's nodes to its coordinator (node 0's record
-    carries the coordinator's port in ``coord_port``). Two starts of the same run
+    The request's ``token`` authenticates the run's nodes to its coordinator (node 0's
+    record carries the coordinator's port in ``coord_port``). Two starts of the same run
     name at once are serialised (a per-run lock): the second finds the first's record
     and is refused with :class:`RunNameInUse`, before it writes anything.
     """
+    spec = request.spec
     os.umask(0o077)
-    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with contextlib.suppress(OSError):
-        state_dir.chmod(0o700)
-    rd = RunDir(state_dir, spec.project, spec.run)
+    home.make()
+    rd = RunDir(home, spec.project, spec.run)
     rd.make()
-    with exclusive(rd.path / ".lock"):  # held while this start checks and records the run
+    with exclusive(rd.lock_file):  # held while this start checks and records the run
         if rd.exists():
             old = refresh(rd)
             if old.state in ACTIVE:
                 raise RunNameInUse(spec.run, old.state, spec.node)
-        run = place(state_dir, spec)
+        run = place(home, spec)
         _clear_previous(rd)
-        return _start_supervisor(state_dir, rd, run, secrets, token)
+        record = _start_supervisor(rd, run, request.secrets, request.token)
+    return decode(StartReply, encode(record))   # the record as the control side reads it (a NodeRunView)
 
 
-def place(state_dir: Path, spec: RunSpec) -> NodeRun:
+def place(home: NodeState, spec: RunSpec) -> NodeRun:
     """Pin ``spec`` on this node (code, nproc, runtime) and decide its placement; RunError if it cannot run here."""
     code_dir = _home_path(spec.code_dir or ".")
     if not code_dir.is_dir():
         raise RunError(f"project '{spec.project}' is not deployed on this node ({code_dir} is missing): "
                        "run 'higgsfield deploy'")
-    runtime, image = choose_runtime(state_dir, spec)
+    runtime, image = choose_runtime(home, spec)
     python = None
     if runtime == "process":  # torchrun in the project environment that deploy built (never the invoker's venv)
         from higgsfield.node.code.environment import python_for_run
 
-        python = python_for_run(state_dir, spec.project, code_dir)
+        python = python_for_run(home, spec.project, code_dir)
     gpus = detect_gpus()
     nproc = resolve_nproc(spec.nproc, gpus)
     cap = queue.capacity(gpus)
@@ -142,11 +146,11 @@ def place(state_dir: Path, spec: RunSpec) -> NodeRun:
         raise RunError(f"nproc_per_node {nproc} > {cap.slots} GPU(s) on this node")
     from higgsfield.node.runtime.containers import container_name
 
-    cache_dir = Path.home() / ".cache" / "higgsfield" / spec.project
+    ckpt = layout.checkpoint_dir(spec.project, spec.experiment, spec.run)   # under the project's cache dir
     pinned = spec.replace(code_dir=str(code_dir.resolve()),  # a later deploy does not change a running run
                           nproc=nproc, runtime=runtime)
     return NodeRun(pinned, Placement(
-        gpus=gpus, cache_dir=str(cache_dir), checkpoint_dir=str(cache_dir / "experiments" / spec.experiment / spec.run),
+        gpus=gpus, cache_dir=str(layout.cache_dir(spec.project)), checkpoint_dir=str(ckpt),
         container=container_name(spec.project, spec.experiment, spec.run, spec.node), image=image, python=python))
 
 
@@ -161,8 +165,7 @@ def _clear_previous(rd: RunDir) -> None:
     rd.make()
 
 
-def _start_supervisor(state_dir: Path, rd: RunDir, run: NodeRun, secrets: dict[str, str],
-                      token: str) -> RunRecord:
+def _start_supervisor(rd: RunDir, run: NodeRun, secrets: dict[str, str], token: str) -> RunRecord:
     """Write spec.json and the record, start ``invoker supervise`` detached, hand it the secrets on stdin."""
     spec = run.spec
     listener = None
@@ -171,7 +174,7 @@ def _start_supervisor(state_dir: Path, rd: RunDir, run: NodeRun, secrets: dict[s
 
         from higgsfield.node.gang.coordinator import listen
 
-        listener = listen(queue.reserved_ports(state_dir))
+        listener = listen(queue.reserved_ports(rd.home))
         run = NodeRun(spec, replace(run.placement, coord_port=listener.getsockname()[1]))
     run.write(rd.spec_path)
     record = RunRecord(project=spec.project, experiment=spec.experiment, run=spec.run, node=spec.node,
@@ -179,7 +182,7 @@ def _start_supervisor(state_dir: Path, rd: RunDir, run: NodeRun, secrets: dict[s
                        runtime=spec.runtime, image=run.placement.image, exclusive=spec.exclusive,
                        coord_port=run.placement.coord_port, container=run.placement.container if run.docker else None,
                        attempt=spec.attempt or None)
-    argv = [sys.executable, "-m", "higgsfield", "invoker", "--state-dir", str(state_dir), "supervise",
+    argv = [sys.executable, "-m", "higgsfield", "invoker", "--state-dir", str(rd.home.root), "supervise",
             spec.project, spec.run]
     if listener is not None:
         argv += ["--listen-fd", str(listener.fileno())]

@@ -28,16 +28,18 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
-from pathlib import Path
-from typing import Any
 
 import psutil
 
+from higgsfield.contract.codec import decode, encode
 from higgsfield.contract.errors import RunError
-from higgsfield.contract.runspec import ACTIVE, FAILED, KILLED, QUEUED, STARTING
+from higgsfield.contract.noderuns import NodeRunView
+from higgsfield.contract.replies import KillReply, KillTargetReply
+from higgsfield.contract.states import ACTIVE, FAILED, KILLED, QUEUED, STARTING
 from higgsfield.node.gang import queue
 from higgsfield.node.runtime.torchrun import workers
 from higgsfield.node.state import pids
+from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.locks import exclusive
 from higgsfield.node.state.placement import STOP_GRACE_S
 from higgsfield.node.state.records import RunDir, RunRecord, finish, list_runs
@@ -46,7 +48,7 @@ RECORD_WAIT_S = 2.0   # after the run's processes ended: how long its supervisor
 ORPHAN_AGE_S = 5.0    # a record younger than this may not have its supervisor's pid yet
 
 
-def kill_attempt(state_dir: Path, project: str, run: str, attempt: str,
+def kill_attempt(home: NodeState, project: str, run: str, attempt: str,
                  grace: float = STOP_GRACE_S) -> RunRecord | None:
     """Stop ``run`` only if start ``attempt`` made its record here; None if that start left nothing here.
 
@@ -54,20 +56,20 @@ def kill_attempt(state_dir: Path, project: str, run: str, attempt: str,
     can take the name in between, and this attempt's own start, if still under way
     here, is waited for and then stopped.
     """
-    rd = RunDir(state_dir, project, run)
+    rd = RunDir(home, project, run)
     if not rd.path.is_dir():
         return None
-    with exclusive(rd.path / ".lock"):
+    with exclusive(rd.lock_file):
         record = _readable(rd)
         if record is None or record.attempt != attempt:  # none, or not provably this start's
             return None
         if record.terminal:
             return record
         rd.kill_marker.touch()
-    return kill(state_dir, project, run, grace, attempt=attempt)
+    return kill(home, project, run, grace, attempt=attempt)
 
 
-def kill(state_dir: Path, project: str, run: str, grace: float = STOP_GRACE_S,
+def kill(home: NodeState, project: str, run: str, grace: float = STOP_GRACE_S,
          attempt: str | None = None) -> RunRecord:
     """Stop the run: SIGTERM (``docker stop``), then SIGKILL after ``grace`` seconds; returns the final record.
 
@@ -75,7 +77,7 @@ def kill(state_dir: Path, project: str, run: str, grace: float = STOP_GRACE_S,
     nodes too (as killed), should this kill not reach them. With ``attempt``, a record
     that another start made in the meantime is left alone.
     """
-    rd = RunDir(state_dir, project, run)
+    rd = RunDir(home, project, run)
     if not rd.exists():
         raise RunError(f"no run '{run}' of project '{project}'")
     record = rd.read()
@@ -101,28 +103,41 @@ def kill(state_dir: Path, project: str, run: str, grace: float = STOP_GRACE_S,
         _stop_containers(rd, record, 0)
     if not _ended(rd, RECORD_WAIT_S):  # the supervisor is gone: finish the record here
         finish(rd, KILLED)
-    queue.release(state_dir, project, run)
+    queue.release(home, project, run)
     return rd.read()
 
 
-def kill_target(state_dir: Path, project: str, target: str, grace: float = STOP_GRACE_S) -> dict[str, Any]:
+def kill_target(home: NodeState, project: str, target: str, grace: float = STOP_GRACE_S) -> KillTargetReply:
     """Kill the active runs ``target`` names on this node (a run name, else an experiment), all at once.
 
-    Returns ``{"matched": N, "killed": [final records]}``: one call per node is all a
+    Returns how many runs it matched and their final records: one call per node is all a
     kill costs the control side.
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    rds = list_runs(state_dir, project)
+    rds = list_runs(home, project)
     chosen = [rd for rd in rds if rd.path.name == target]
     if not chosen:
         chosen = [rd for rd in rds if _experiment_of(rd) == target]
     active = [rd for rd in chosen if refresh(rd).state in ACTIVE]
     if not active:
-        return {"matched": len(chosen), "killed": []}
+        return KillTargetReply(matched=len(chosen))
     with ThreadPoolExecutor(max_workers=len(active)) as pool:
-        records = list(pool.map(lambda rd: kill(state_dir, project, rd.path.name, grace), active))
-    return {"matched": len(chosen), "killed": [r.to_dict() for r in records]}
+        records = list(pool.map(lambda rd: kill(home, project, rd.path.name, grace), active))
+    return KillTargetReply(matched=len(chosen), killed=[decode(NodeRunView, encode(r)) for r in records])
+
+
+def kill_run(home: NodeState, project: str, run: str, *, grace: float = STOP_GRACE_S, missing_ok: bool = False,
+             attempt: str | None = None) -> KillReply:
+    """``invoker kill --run``: stop ``run`` and return its final record; ``missing`` where there is no such
+    run and ``missing_ok``, or (``attempt``) where that start made no record here (:func:`kill_attempt`)."""
+    if attempt is not None:
+        record = kill_attempt(home, project, run, attempt, grace=grace)
+    elif missing_ok and not RunDir(home, project, run).exists():
+        record = None
+    else:
+        record = kill(home, project, run, grace=grace)
+    return KillReply(run=run, missing=True) if record is None else decode(KillReply, encode(record))
 
 
 def refresh(rd: RunDir) -> RunRecord:

@@ -44,22 +44,41 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.errors import RunError
 from higgsfield.contract.failure import Failure, Verdict
-from higgsfield.contract.runspec import FAILED, KILLED, QUEUED, RUNNING, STALLED, SUCCEEDED
-from higgsfield.contract.stacks import Diagnosis
+from higgsfield.contract.gang import (
+    Abort,
+    Admission,
+    Admitted,
+    Cancel,
+    Failed,
+    Finished,
+    Go,
+    Killed,
+    Message,
+    Prepare,
+    Progress,
+    Progressing,
+    Ready,
+    Restart,
+    Stacks,
+    Stall,
+    Stalled,
+    Stopped,
+    Unadmitted,
+)
+from higgsfield.contract.stall_policy import OnStall, StallPolicy
+from higgsfield.contract.states import FAILED, KILLED, QUEUED, RUNNING, STALLED, SUCCEEDED
 from higgsfield.node.gang import queue, wire
 from higgsfield.node.gang.coordinator import Coordinator, lost_failure
-from higgsfield.node.gang.member import Member
-from higgsfield.node.gang.stall import StallPolicy
+from higgsfield.node.gang.member import Inbox, Lost, Member
 from higgsfield.node.runs import failure, progress
 from higgsfield.node.runs import stacks as rank_stacks
 from higgsfield.node.runtime import torchrun
 from higgsfield.node.state import pids
+from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.placement import NodeRun
 from higgsfield.node.state.records import RunDir, finish, stalled
 
@@ -82,30 +101,30 @@ class Outcome:
     failure: Failure | None = None
 
 
-def supervise(state_dir: Path, project: str, run: str, listen_fd: int | None = None) -> int:
+def supervise(home: NodeState, project: str, run: str, listen_fd: int | None = None) -> int:
     """Body of the supervisor process (``higgsfield invoker supervise``)."""
     os.umask(0o077)
     payload = json.loads(sys.stdin.read() or "{}")
-    rd = RunDir(state_dir, project, run)
+    rd = RunDir(home, project, run)
     listener = None
     if listen_fd is not None:
         import socket
 
         listener = socket.socket(fileno=listen_fd)
-    sup = Supervisor(state_dir, rd, NodeRun.read(rd.spec_path), payload.get("secrets") or {},
+    sup = Supervisor(rd, NodeRun.read(rd.spec_path), payload.get("secrets") or {},
                      str(payload.get("token") or ""), listener)
     return sup.run()
 
 
 class Supervisor:
-    def __init__(self, state_dir: Path, rd: RunDir, run: NodeRun, secrets: dict[str, str], token: str,
+    def __init__(self, rd: RunDir, run: NodeRun, secrets: dict[str, str], token: str,
                  listener: Any = None) -> None:
         spec = run.spec
-        self.state_dir, self.rd, self.node_run = state_dir, rd, run
+        self.home, self.rd, self.node_run = rd.home, rd, run
         self.secrets, self.token = secrets, token
         self.node = spec.node
         self.nodes = list(spec.nodes)
-        self.inbox: _queue.Queue[dict[str, Any]] = _queue.Queue()
+        self.inbox: Inbox = _queue.Queue()
         self.stop_asked = threading.Event()
         self.cap = queue.capacity(run.placement.gpus)
         self.entry = queue.Entry(project=spec.project, run=spec.run,
@@ -114,14 +133,13 @@ class Supervisor:
         self.coordinator = None
         if listener is not None:  # node 0 hosts the coordinator and reaches it on the loopback
             self.coordinator = Coordinator(listener, token=token, run=spec.run, nodes=self.nodes,
-                                           pick_port=lambda: queue.reserve_port(state_dir, self.entry.key), say=say,
-                                           stall=StallPolicy(spec.stall_timeout, spec.startup_timeout, spec.on_stall,
-                                                             spec.max_restarts))
+                                           pick_port=lambda: queue.reserve_port(rd.home, self.entry.key), say=say,
+                                           stall=StallPolicy.from_spec(spec), max_restarts=spec.max_restarts)
             host, port = "127.0.0.1", run.placement.coord_port or 0
         else:
             host, port = (spec.coordinator.host, spec.coordinator.port) if spec.coordinator else ("", 0)
         self.member = Member(host, port, token=token, run=spec.run, rank=spec.node_rank, node=self.node,
-                             coordinator_node=self.nodes[0], inbox=self.inbox)
+                             coordinator_node=self.nodes[0], inbox=self.inbox, say=say)
 
     # -- life ----------------------------------------------------------------------------------------
 
@@ -136,7 +154,7 @@ class Supervisor:
             say(f"supervisor error: {type(e).__name__}: {e}")
             outcome = Outcome(FAILED, None, self._own_failure(f"the supervisor failed: {e}"))
         finish(self.rd, outcome.state, outcome.rc, outcome.failure)
-        queue.release(self.state_dir, *self.entry.key)
+        queue.release(self.home, *self.entry.key)
         if self.coordinator is not None:  # node 0 serves the others until each has said its last word
             self.coordinator.wait(DONE_WAIT_S)
             self.coordinator.close()
@@ -145,12 +163,12 @@ class Supervisor:
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.stop_asked.set()
-        self.inbox.put({"t": "wake"})
+        self.inbox.put(None)    # wake up: look at the stop flag now
 
     def _stopping(self) -> bool:
         return self.stop_asked.is_set() or self.rd.kill_marker.exists()
 
-    def _next(self, timeout: float) -> dict[str, Any] | None:
+    def _next(self, timeout: float) -> Message | Lost | None:
         try:
             return self.inbox.get(timeout=timeout)
         except _queue.Empty:
@@ -176,27 +194,27 @@ class Supervisor:
 
     def _admit(self) -> tuple[list[int], int] | Outcome:
         """Queue here, say admitted, commit on prepare: (slots, port) on go; an Outcome if it ended first."""
-        state, slots = "waiting", None
+        state, slots = Admission.WAITING, None
         said_queued = said_gang = False
         while True:
             if self._stopping():
-                self.member.send("killed")
+                self.member.send(Killed())
                 return Outcome(KILLED)
-            if state == "waiting":
-                slots = queue.try_acquire(self.state_dir, self.entry, self.cap)
+            if state is Admission.WAITING:
+                slots = queue.try_acquire(self.home, self.entry, self.cap)
                 if slots is not None:
-                    state = "admitted"
-                    self.member.send("admitted")
+                    state = Admission.ADMITTED
+                    self.member.send(Admitted())
                 elif not said_queued:
-                    holders = ", ".join(f"{e.run} ({len(e.slots or [])})" for e in queue.snapshot(self.state_dir)
+                    holders = ", ".join(f"{e.run} ({len(e.slots or [])})" for e in queue.snapshot(self.home)
                                         if e.slots is not None and e.key != self.entry.key)
                     say(f"queued: wants {self.entry.want} of {self.cap.slots} {'GPU' if self.cap.gpus else 'CPU'} "
                         f"slot(s); held by: {holders or '-'}")
-            elif state == "admitted":
-                slots = queue.holds(self.state_dir, self.entry, self.cap)
+            elif state is Admission.ADMITTED:
+                slots = queue.holds(self.home, self.entry, self.cap)
                 if slots is None:  # an older run took them back: wait again
-                    state = "waiting"
-                    self.member.send("unadmitted")
+                    state = Admission.WAITING
+                    self.member.send(Unadmitted())
                 elif not said_gang and len(self.nodes) > 1:
                     said_gang = True
                     say("holds its slots; waiting for the run's other nodes")
@@ -204,32 +222,30 @@ class Supervisor:
                 said_queued = True
                 self._set_state(QUEUED)
             msg = self._next(0.5)
-            if msg is not None and msg["t"] in ("abort", "lost"):
-                self.member.send("stopped")
+            if isinstance(msg, (Abort, Lost)):
+                self.member.send(Stopped())
                 return self._ended_elsewhere(msg)
-            if msg is None:
-                continue
-            if msg["t"] == "prepare":
-                if state == "admitted" and queue.commit(self.state_dir, self.entry.key):
-                    state = "ready"
-                    self.member.send("ready")
+            if isinstance(msg, Prepare):
+                if state is Admission.ADMITTED and queue.commit(self.home, self.entry.key):
+                    state = Admission.READY
+                    self.member.send(Ready())
                 else:
-                    state = "waiting"
-                    self.member.send("unadmitted")
-            elif msg["t"] == "cancel" and state == "ready":
-                queue.uncommit(self.state_dir, self.entry.key)
-                state = "admitted"
-            elif msg["t"] == "go" and state == "ready" and slots is not None:
-                return slots, int(msg["port"])
+                    state = Admission.WAITING
+                    self.member.send(Unadmitted())
+            elif isinstance(msg, Cancel) and state is Admission.READY:
+                queue.uncommit(self.home, self.entry.key)
+                state = Admission.ADMITTED
+            elif isinstance(msg, Go) and state is Admission.READY and slots is not None:
+                return slots, msg.port
 
-    def _ended_elsewhere(self, msg: dict[str, Any]) -> Outcome:
+    def _ended_elsewhere(self, msg: Abort | Lost) -> Outcome:
         """The run ended on another node (or node 0 was lost) before or while this node ran it."""
-        if msg["t"] != "lost":
+        if not isinstance(msg, Lost):
             self.member.verdict_final.wait(VERDICT_WAIT_S)
-        verdict: Verdict = self.member.verdict or msg["verdict"]
+        verdict: Verdict = self.member.verdict or msg.verdict
         if verdict.kind == "killed":
             return Outcome(KILLED)
-        return Outcome(FAILED, None, verdict.failure or msg["verdict"].failure)
+        return Outcome(FAILED, None, verdict.failure or msg.verdict.failure)
 
     # -- running ---------------------------------------------------------------------------------------
 
@@ -258,24 +274,24 @@ class Supervisor:
         self.rd.write(record)
         rc, cause = self._watch(handle)
         code = rc if isinstance(rc, int) else None
-        if self._stopping() or (cause is not None and cause["t"] == "killed"):
-            self.member.send("killed")
+        if self._stopping() or isinstance(cause, Killed):
+            self.member.send(Killed())
             return Outcome(KILLED, code)
         if cause is not None:
-            self.member.send("stopped")
+            self.member.send(Stopped())
             outcome = self._ended_elsewhere(cause)
             outcome.rc = code
             return outcome
         if code == 0:
-            self.member.send("finished")
+            self.member.send(Finished())
             return Outcome(SUCCEEDED, 0)
         if code is None:  # the Docker engine went away
             return self._own_end(Outcome(FAILED, 1, self._own_failure(str(rc))))
         return self._own_end(Outcome(FAILED, code, failure.describe(self.rd, self.node, code, since)))
 
-    def _watch(self, handle: Any) -> tuple[int | str, dict[str, Any] | None]:
-        """Wait for torchrun; stop it on a kill or an abort. (exit code or engine error, what stopped it)."""
-        cause: dict[str, Any] | None = None
+    def _watch(self, handle: Any) -> tuple[int | str, Abort | Lost | Killed | None]:
+        """Wait for torchrun; stop it on a kill (Killed) or an abort. (exit code or engine error, what stopped it)."""
+        cause: Abort | Lost | Killed | None = None
         stop_at = grace = 0.0
         hard = False
         sent_progress, read_progress = 0.0, 0.0
@@ -293,16 +309,16 @@ class Supervisor:
                     p = progress.latest(self.rd)
                     if p is not None and p.at > sent_progress:
                         sent_progress = p.at
-                        self.member.send("progress", at=p.at, steps=p.steps)
-                if cause is None and msg is not None and msg["t"] in ("stall", "stalled", "progressing", "restart"):
+                        self.member.send(Progress(at=p.at, steps=p.steps))
+                if cause is None and isinstance(msg, (Stall, Stalled, Progressing, Restart)):
                     self._on_stall(msg)
                     continue
                 if cause is None:
                     if self._stopping():
-                        cause, grace = {"t": "killed"}, self.node_run.placement.stop_grace
-                    elif msg is not None and msg["t"] in ("abort", "lost"):
+                        cause, grace = Killed(), self.node_run.placement.stop_grace
+                    elif isinstance(msg, (Abort, Lost)):
                         cause, grace = msg, ABORT_GRACE_S
-                        told: Verdict = msg["verdict"]
+                        told = msg.verdict
                         why = told.failure.reason if told.failure else told.kind
                         say(f"stopping: {why}")
                     if cause is not None:
@@ -314,34 +330,31 @@ class Supervisor:
         finally:
             handle.cleanup()
 
-    def _on_stall(self, msg: dict[str, Any]) -> None:
+    def _on_stall(self, msg: Stall | Stalled | Progressing | Restart) -> None:
         """The coordinator's stall messages (see the module doc); nothing here may stop the watch."""
-        t = msg["t"]
         try:
-            if t == "stall":
-                taken = rank_stacks.take(self.rd, self.node)
-                rank_stacks.save(self.rd, taken)
-                self.member.send("stacks", ranks=[s.to_dict() for s in taken])
-            elif t == "stalled":
-                d = Diagnosis.from_dict(msg.get("diagnosis"))
-                at = msg.get("at")
-                wait = self.node_run.spec.on_stall == "wait"
-                stalled(self.rd, d, float(at) if isinstance(at, (int, float)) else time.time(),
-                        STALLED if wait else None)
-                say(f"stalled: {d.summary}")
-            elif t == "progressing":
-                self._set_state(RUNNING)
-                say("progressing again")
-            elif t == "restart":
-                killed = rank_stacks.kill_workers(self.rd)
-                say(f"restarting the workers after the stall ({killed} killed)")
-        except (OSError, DecodeError, ValueError) as e:
-            say(f"stall handling ({t}): {type(e).__name__}: {e}")
+            match msg:
+                case Stall():
+                    taken = rank_stacks.take(self.rd, self.node)
+                    rank_stacks.save(self.rd, taken)
+                    self.member.send(Stacks(tuple(taken)))
+                case Stalled(diagnosis=d, at=at):
+                    wait = self.node_run.spec.on_stall == OnStall.WAIT
+                    stalled(self.rd, d, at, STALLED if wait else None)
+                    say(f"stalled: {d.summary}")
+                case Progressing():
+                    self._set_state(RUNNING)
+                    say("progressing again")
+                case Restart():
+                    killed = rank_stacks.kill_workers(self.rd)
+                    say(f"restarting the workers after the stall ({killed} killed)")
+        except (OSError, ValueError) as e:
+            say(f"stall handling ({msg.TAG}): {type(e).__name__}: {e}")
 
     def _own_end(self, outcome: Outcome) -> Outcome:
         """This node's part failed: report it, then take the coordinator's verdict (the run's first failure)."""
         say(f"failed: {outcome.failure.reason if outcome.failure else None}")
-        self.member.send("failed", failure=outcome.failure.to_dict() if outcome.failure else None)
+        self.member.send(Failed(outcome.failure))
         self.member.verdict_final.wait(VERDICT_WAIT_S)
         verdict = self.member.verdict
         if verdict and verdict.kind == "failed" and verdict.failure:

@@ -45,9 +45,11 @@ import os
 import re
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from higgsfield.contract.codec import DecodeError, decode
 from higgsfield.contract.errors import RunError
 from higgsfield.node.state.placement import NodeRun
 from higgsfield.node.state.records import RunDir
@@ -124,6 +126,30 @@ def image_exists(tag: str) -> bool:
         cl.close()
 
 
+@dataclass(frozen=True)
+class BuildChunk:
+    """One object of the Docker engine's build stream: a line of output (``stream``), a pull's ``status``, or
+    the ``error`` that ended the build (its other keys are not read)."""
+
+    WHAT: ClassVar[str] = "build output"
+
+    stream: str = ""
+    status: str = ""
+    error: str = ""
+
+    @property
+    def text(self) -> str:
+        """What goes into the build's log."""
+        return f"ERROR: {self.error}\n" if self.error else self.stream or self.status
+
+
+def _chunk(raw: object) -> BuildChunk:
+    try:
+        return decode(BuildChunk, raw)
+    except DecodeError:
+        return BuildChunk()   # a shape this engine's version adds: nothing to show
+
+
 def build_image(code_dir: Path, tag: str, *, dockerfile: str = "Dockerfile", buildargs: dict[str, str] | None = None,
                 log_path: Path | None = None, timeout: float | None = None) -> None:
     """``docker build`` of ``code_dir`` as ``tag``; the output goes to ``log_path``; raises RunError on failure."""
@@ -136,19 +162,18 @@ def build_image(code_dir: Path, tag: str, *, dockerfile: str = "Dockerfile", bui
         stream = cl.api.build(path=str(code_dir), dockerfile=dockerfile, tag=tag, buildargs=buildargs or {},
                               network_mode="host", rm=True, forcerm=True, pull=False, decode=True,
                               labels={f"{LABEL}.image": "1"})
-        for chunk in stream:
-            text = chunk.get("stream") or chunk.get("status") or ""
-            if chunk.get("error"):
-                text = f"ERROR: {chunk['error']}\n"
-                tail.append(chunk["error"].strip())
+        for chunk in map(_chunk, stream):
+            text = chunk.text
+            if chunk.error:
+                tail.append(chunk.error.strip())
             if text:
                 if log:
                     log.write(text)
                     log.flush()
                 tail.extend(t for t in text.strip().splitlines() if t.strip())
                 del tail[:-20]
-            if chunk.get("error"):
-                raise RunError(f"docker build of {tag} failed: {chunk['error'].strip()}"
+            if chunk.error:
+                raise RunError(f"docker build of {tag} failed: {chunk.error.strip()}"
                                + (f" (log: {log_path})" if log_path else ""))
     except _sdk().errors.APIError as e:
         raise RunError(f"docker build of {tag} failed: {e.explanation or e}") from None

@@ -10,7 +10,7 @@ file while nodes upgrade with runs in flight.
 
 Use::
 
-    with exclusive(state_dir / "queue.lock"):
+    with exclusive(home.queue_lock):
         ...  # read, change, write
 """
 

@@ -14,19 +14,21 @@ supervisor, the torchrun command and environment, the container and the worker's
 entrypoint read it back typed (:meth:`NodeRun.read`, :func:`read_run_spec`). The file
 is one flat JSON object, the spec's fields and the placement's side by side (the
 layout the node has always written, so a run started by an older invoker reads the
-same). It holds no secret and no coordinator token.
+same): each half is encoded and decoded by :mod:`higgsfield.contract.codec` on its own.
+It holds no secret and no coordinator token.
 
 Stdlib only: the worker's entrypoint reads it, inside the project's image too.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from higgsfield.contract.decode import DecodeError, from_fields, read_json
-from higgsfield.contract.runspec import RunSpec, SpecError
+from higgsfield.contract.codec import decode, encode
+from higgsfield.contract.decode import DecodeError, read_json
+from higgsfield.contract.runspec import SPEC_KEYS, RunSpec, SpecError, read_spec
 
 STOP_GRACE_S = 3.0  # SIGTERM (``docker stop``) to SIGKILL when a run is killed
 SPEC_MAX_BYTES = 16 << 20  # params are the user's: more room than a record gets, still a bound
@@ -35,6 +37,8 @@ SPEC_MAX_BYTES = 16 << 20  # params are the user's: more room than a record gets
 @dataclass(frozen=True)
 class Placement:
     """What this node adds to a run's spec (see the module's docstring)."""
+
+    WHAT: ClassVar[str] = "node's run spec"
 
     gpus: int                       # GPUs on this node (0: the run gets CPU slots)
     cache_dir: str                  # ~/.cache/higgsfield/<project>: mounted read-write into the container
@@ -45,19 +49,9 @@ class Placement:
     stop_grace: float = STOP_GRACE_S
     coord_port: int | None = None   # node 0: the port of the run's coordinator
 
-    @classmethod
-    def from_dict(cls, d: object) -> Placement:
-        """The placement's fields of ``spec.json``, each checked for its type (SpecError says which is wrong)."""
-        try:
-            p = from_fields(cls, d, what="the node's run spec")
-        except DecodeError as e:
-            raise SpecError(f"the node's run spec is malformed: {e}") from None
-        if p.gpus < 0 or p.stop_grace < 0 or (p.coord_port is not None and not 0 < p.coord_port < 65536):
-            raise SpecError("the node's run spec is malformed: 'gpus', 'stop_grace' or 'coord_port' out of range")
-        return p
-
-
-_SPEC_FIELDS = frozenset(f.name for f in fields(RunSpec))
+    def check(self) -> None:
+        if self.gpus < 0 or self.stop_grace < 0 or (self.coord_port is not None and not 0 < self.coord_port < 65536):
+            raise ValueError("'gpus', 'stop_grace' or 'coord_port' out of range")
 
 
 @dataclass(frozen=True)
@@ -76,21 +70,16 @@ class NodeRun:
         """Processes on this node (pinned at start, so never None here)."""
         return self.spec.nproc or 1
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.spec.to_dict(), **asdict(self.placement)}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> NodeRun:
-        return cls(spec=_spec_of(d), placement=Placement.from_dict(d))
-
     def write(self, path: Path) -> None:
+        """``spec.json``: the spec's keys and the placement's, side by side."""
         from higgsfield.node.state.records import write_json
 
-        write_json(path, self.to_dict())
+        write_json(path, {**encode(self.spec), **encode(self.placement)})
 
     @classmethod
     def read(cls, path: Path) -> NodeRun:
-        return cls.from_dict(_load(path))
+        d = _load(path)
+        return cls(spec=_spec_of(d), placement=_placement_of(d))
 
 
 def read_run_spec(path: Path) -> RunSpec:
@@ -100,7 +89,15 @@ def read_run_spec(path: Path) -> RunSpec:
 
 def _spec_of(d: dict[str, Any]) -> RunSpec:
     # The placement's keys (and those an older node wrote, such as the derived 'nnodes') are not the spec's.
-    return RunSpec.from_dict({k: v for k, v in d.items() if k in _SPEC_FIELDS})
+    return read_spec({k: v for k, v in d.items() if k in SPEC_KEYS})
+
+
+def _placement_of(d: dict[str, Any]) -> Placement:
+    """The placement's fields of ``spec.json``, each checked for its type (SpecError says which is wrong)."""
+    try:
+        return decode(Placement, d)
+    except DecodeError as e:
+        raise SpecError(f"the node's run spec is malformed: {e}") from None
 
 
 def _load(path: Path) -> dict[str, Any]:

@@ -33,16 +33,16 @@ import os
 import stat
 import tempfile
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from higgsfield.contract import layout
+from higgsfield.contract.codec import decode, encode, rule
 from higgsfield.contract.decode import (
     TAIL_LINES,
     DecodeError,
     cut,
-    from_fields,
     is_plain_dir,
     read_json,
     skip_line,
@@ -51,9 +51,10 @@ from higgsfield.contract.decode import (
 from higgsfield.contract.errors import RunError
 from higgsfield.contract.failure import Failure
 from higgsfield.contract.names import NAME_RE, check_node_name, is_run_name
-from higgsfield.contract.runspec import FAILED, QUEUED, STATES, TERMINAL
 from higgsfield.contract.stacks import Diagnosis
+from higgsfield.contract.states import FAILED, QUEUED, STATES, TERMINAL
 from higgsfield.contract.text import has_control, one_line, shown
+from higgsfield.node.state.home import NodeState
 
 
 def write_json(path: Path, data: Any, mode: int = 0o600) -> None:
@@ -72,7 +73,11 @@ def write_json(path: Path, data: Any, mode: int = 0o600) -> None:
 
 @dataclass
 class RunRecord:
-    """The state of one run on one node."""
+    """The state of one run on one node (``run.json``), decoded with :func:`higgsfield.contract.codec.decode`:
+    names checked as if typed (they become paths and terminal output on the control side), the error tail
+    bounded (:func:`higgsfield.contract.decode.tail`)."""
+
+    WHAT: ClassVar[str] = "record"
 
     project: str
     experiment: str
@@ -98,54 +103,31 @@ class RunRecord:
     failed_rank: int | None = None
     failed_at: float | None = None
     failed_node: str | None = None     # the node of the run's first failure (the same on every node)
-    error_tail: list[str] = field(default_factory=list)   # the last lines of that failure's error
+    error_tail: list[str] = field(default_factory=list, metadata=rule(decode=tail))  # that failure's last lines
     master_port: int | None = None     # the rendezvous port, chosen by node 0 when every node is admitted
     coord_port: int | None = None      # node 0: the port of the run's coordinator
     attempt: str | None = None         # the start that made this record (a failed start stops only its own)
-    stall: dict[str, Any] | None = None   # the diagnosis at the run's (latest) stall: Diagnosis.to_dict(), kept
+    stall: Diagnosis | None = None        # the diagnosis at the run's (latest) stall, kept
     stalled_at: float | None = None       # when the coordinator found it stalled
 
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL
 
-    def to_dict(self) -> dict[str, Any]:
-        # asdict() deep-copies every value; the fields are flat (lists and dicts of scalars): one level is enough
-        return {f.name: _copy(getattr(self, f.name)) for f in fields(self)}
-
-    @classmethod
-    def from_dict(cls, d: object) -> RunRecord:
-        """The record in ``d`` (parsed JSON), checked field by field: DecodeError names the field.
-
-        Names are checked as if typed (they become paths and terminal output on the
-        control side); the error tail is bounded (:func:`higgsfield.contract.decode.tail`).
-        """
-        rec = from_fields(cls, d, special={"error_tail": tail, "stall": _diagnosis}, what="the record")
-        if not NAME_RE.fullmatch(rec.project):
-            raise DecodeError(f"'project' {shown(rec.project)} is not a project name")
-        if not is_run_name(rec.run):
-            raise DecodeError(f"'run' {shown(rec.run)} is not a run name")
-        try:
-            check_node_name(rec.node)
-            if rec.failed_node is not None:
-                check_node_name(rec.failed_node)
-        except ValueError as e:
-            raise DecodeError(str(e)) from None
+    def check(self) -> None:
+        if not NAME_RE.fullmatch(self.project):
+            raise DecodeError(f"'project' {shown(self.project)} is not a project name")
+        if not is_run_name(self.run):
+            raise DecodeError(f"'run' {shown(self.run)} is not a run name")
+        check_node_name(self.node)
+        if self.failed_node is not None:
+            check_node_name(self.failed_node)
         for key in ("experiment", "runtime"):
-            value = getattr(rec, key)
+            value = getattr(self, key)
             if not value or len(value) > 200 or has_control(value):
                 raise DecodeError(f"'{key}' {shown(value)} is not a name")
-        if rec.state not in STATES:
-            raise DecodeError(f"'state' {shown(rec.state)} is not a run state")
-        return rec
-
-
-def _diagnosis(v: object) -> dict[str, Any]:
-    """A stall's diagnosis, checked by its contract type (a record holds only one that decodes)."""
-    try:
-        return Diagnosis.from_dict(v).to_dict()
-    except DecodeError as e:
-        raise TypeError(f"a stall diagnosis ({e})") from None
+        if self.state not in STATES:
+            raise DecodeError(f"'state' {shown(self.state)} is not a run state")
 
 
 class RecordError(DecodeError, RunError):
@@ -155,22 +137,29 @@ class RecordError(DecodeError, RunError):
     """
 
 
-def _copy(v: Any) -> Any:
-    return list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v
-
-
 class RunDir:
-    """Paths of one run's directory."""
+    """Paths of one run's directory, in the node's state directory ``home``."""
 
-    def __init__(self, state_dir: Path, project: str, run: str) -> None:
-        self.state_dir = Path(state_dir)
+    def __init__(self, home: NodeState, project: str, run: str) -> None:
+        self.home = home
         self.project, self.run = project, run
-        self.path = self.state_dir / layout.RUNS / project / run
+        self.path = home.root / layout.run_dir(project, run)
+
+    @classmethod
+    def of_path(cls, path: str | os.PathLike[str]) -> RunDir:
+        """The RunDir of ``<state>/runs/<project>/<run>`` (a Slurm job is given its run's directory)."""
+        p = Path(path)
+        return cls(NodeState(p.parents[2]), p.parent.name, p.name)
 
     @property
     def rel(self) -> str:
         """The directory relative to the state dir (``runs/<project>/<run>``), as skip lines name it."""
-        return f"{layout.RUNS}/{self.project}/{self.run}"
+        return layout.run_dir(self.project, self.run)
+
+    @property
+    def lock_file(self) -> Path:
+        """``.lock``: flock'd while a start checks and records the run (a prune takes it too)."""
+        return self.path / layout.LOCK
 
     @property
     def record_path(self) -> Path:
@@ -204,10 +193,10 @@ class RunDir:
         return self.logs / f"rank{rank}.error.json"
 
     def read(self) -> RunRecord:
-        """The record, decoded (:meth:`RunRecord.from_dict`) from a file inside the state dir reached through
+        """The record, decoded (:class:`RunRecord`) from a file inside the state dir reached through
         no symlink; DecodeError when it does not decode or names another run than its directory."""
         try:
-            record = RunRecord.from_dict(read_json(self.record_path, root=self.state_dir))
+            record = decode(RunRecord, read_json(self.record_path, root=self.home.root))
         except DecodeError as e:
             raise RecordError(f"{one_line(self.rel, 300)}/run.json: {e}") from None
         if record.run != self.run or record.project != self.project:
@@ -216,7 +205,7 @@ class RunDir:
         return record
 
     def write(self, record: RunRecord) -> None:
-        write_json(self.record_path, record.to_dict())
+        write_json(self.record_path, encode(record))
 
     def make(self) -> None:
         """Create the run's directories, private to the node user (0700 up to the state dir)."""
@@ -252,7 +241,7 @@ def finish(rd: RunDir, state: str, rc: int | None = None, fail: Failure | None =
 def stalled(rd: RunDir, diagnosis: Diagnosis, at: float, state: str | None = None) -> RunRecord:
     """Keep the run's stall (its diagnosis and when) in the record; ``state``: the run's new state, if any."""
     record = rd.read()
-    record.stall, record.stalled_at = diagnosis.to_dict(), at
+    record.stall, record.stalled_at = diagnosis, at
     if state is not None and not record.terminal:
         record.state = state
     rd.write(record)
@@ -265,12 +254,12 @@ def _tail_of(v: object) -> list[str]:
     return [cut(str(x)) for x in lines[-TAIL_LINES:]]
 
 
-def list_runs(state_dir: Path, project: str | None = None) -> list[RunDir]:
+def list_runs(home: NodeState, project: str | None = None) -> list[RunDir]:
     """The run directories with a record (damaged ones left out: :func:`scan_runs` says which)."""
-    return scan_runs(state_dir, project)[0]
+    return scan_runs(home, project)[0]
 
 
-def scan_runs(state_dir: Path, project: str | None = None, *,
+def scan_runs(home: NodeState, project: str | None = None, *,
               pending: bool = False) -> tuple[list[RunDir], list[str]]:
     """The run directories with a record (``pending``: and those without one yet), and one skip line
     for each entry that cannot be one.
@@ -280,7 +269,7 @@ def scan_runs(state_dir: Path, project: str | None = None, *,
     record (nothing outside the state dir is read). A directory without a record
     yet (a start in progress) is no run and no skip.
     """
-    root = Path(state_dir) / "runs"
+    root = home.runs
     if not is_plain_dir(root):
         return [], []
     out: list[RunDir] = []
@@ -289,13 +278,13 @@ def scan_runs(state_dir: Path, project: str | None = None, *,
         pdir = root / pname
         if not is_plain_dir(pdir):
             if os.path.islink(pdir):
-                skipped.append(skip_line(f"runs/{pname}", "a symlink (not followed)"))
+                skipped.append(skip_line(layout.runs_dir(pname), "a symlink (not followed)"))
             continue
         if not NAME_RE.fullmatch(pname):
-            skipped.append(skip_line(f"runs/{pname}", "not a project name"))
+            skipped.append(skip_line(layout.runs_dir(pname), "not a project name"))
             continue
         for rname in _names(pdir):
-            rd = RunDir(Path(state_dir), pname, rname)
+            rd = RunDir(home, pname, rname)
             why = _not_a_run(rd)
             if why is not None:
                 skipped.append(skip_line(rd.rel, why))

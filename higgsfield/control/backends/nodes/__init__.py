@@ -8,15 +8,14 @@ re-attach), :mod:`.metrics` (a run's step metrics, from its node 0), :mod:`.kill
 for the SSH nodes, and :mod:`.fleet` is the dashboard's live view of them (one feed per node), as
 :mod:`higgsfield.control.backends.slurm` does for a Slurm cluster. The async calls take a connected
 :class:`~higgsfield.control.remote.Group` (:func:`connect`), so one command reuses its
-connections for all its steps; ``start_run``, ``list_runs``, ``get_run`` and ``kill``
-run their own event loop, for callers that do one thing.
+connections for all its steps.
 """
 
 from higgsfield.contract.errors import NodeLost
-from higgsfield.contract.runspec import RunStatus
+from higgsfield.contract.runstatus import RunStatus
 from higgsfield.control.backends.nodes.connect import connect
 from higgsfield.control.backends.nodes.deploy import DeployResult, NodeDeploy, deploy
-from higgsfield.control.backends.nodes.kill import kill, kill_runs, stop_run
+from higgsfield.control.backends.nodes.kill import kill_runs, stop_run
 from higgsfield.control.backends.nodes.logs import LOST_AFTER_S, NOTICE, LogLine, follow, stream_logs
 from higgsfield.control.backends.nodes.metrics import metrics_node, read_metrics
 from higgsfield.control.backends.nodes.start import (
@@ -24,14 +23,10 @@ from higgsfield.control.backends.nodes.start import (
     RunPlan,
     launch,
     plan_run,
-    start_run,
-    start_run_async,
 )
 from higgsfield.control.backends.nodes.status import (
     final_status,
     find_run,
-    get_run,
-    list_runs,
     merge,
     query_runs,
     resolve_target,
@@ -40,7 +35,6 @@ from higgsfield.control.backends.nodes.status import (
 __all__ = [
     "LOST_AFTER_S", "NOTICE", "DeployResult", "LogLine", "NodeDeploy", "NodeLost", "RunHandle",
     "RunPlan", "RunStatus", "connect", "deploy",
-    "final_status", "find_run", "follow", "get_run", "kill", "kill_runs", "launch", "list_runs", "merge",
-    "metrics_node", "plan_run", "query_runs", "read_metrics", "resolve_target", "start_run",
-    "start_run_async", "stop_run", "stream_logs",
+    "final_status", "find_run", "follow", "kill_runs", "launch", "merge",
+    "metrics_node", "plan_run", "query_runs", "read_metrics", "resolve_target", "stop_run", "stream_logs",
 ]

@@ -1,7 +1,11 @@
 """The SSH nodes of higgsfield.yml as a :class:`~higgsfield.control.backends.backend.Backend`.
 
-A thin wrapper: every call is one of the orchestrator's own functions over one
-connected :class:`~higgsfield.control.remote.Group`, so the SSH path stays exactly what it was.
+A thin wrapper over the functions of :mod:`higgsfield.control.backends.nodes`: :meth:`NodesBackend.plan`
+is :func:`~higgsfield.control.backends.nodes.start.plan_run`, :meth:`NodesBackend.session` connects the
+plan's nodes (:func:`~higgsfield.control.backends.nodes.connect.connect`, one
+:class:`~higgsfield.control.remote.Group`) for a :class:`~higgsfield.control.backends.nodes.session.NodesSession`,
+:meth:`NodesBackend.deploy` is :func:`~higgsfield.control.backends.nodes.deploy.deploy`, and
+:meth:`NodesBackend.fleet` the dashboard's :class:`~higgsfield.control.backends.nodes.fleet.NodesFleet`.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ every ``SAMPLE_EVERY_S``, and the project's run records and the node's queue whe
 they change. Nothing is polled and no process is started per refresh, on either side.
 Each line is decoded once, as it arrives (:class:`~higgsfield.contract.feed.FeedLine`: a
 :class:`~higgsfield.contract.feed.NodeSample`, typed records and queue entries); the page
-gets their ``to_dict()``, the JSON the node printed.
+gets a :class:`NodeView` of each node, encoded (``codec.encode``): the JSON the node printed.
 
 A node is *up* while its feed speaks. A feed that ends or breaks marks the node down
 at once (with the reason); one that goes silent (a frozen node, a dropped network that
@@ -34,8 +34,11 @@ from typing import TYPE_CHECKING, Any
 
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
+from higgsfield.contract.codec import encode
 from higgsfield.contract.feed import FeedLine, NodeSample, QueueEntry
-from higgsfield.contract.runspec import ACTIVE, NodeRunView, RunStatus
+from higgsfield.contract.noderuns import NodeRunView
+from higgsfield.contract.runstatus import RunStatus
+from higgsfield.contract.states import ACTIVE
 from higgsfield.control.backends.backend import Changed, Plan, RunHandle
 from higgsfield.control.backends.fleet import CONNECTING, DOWN, HISTORY, UP, why
 from higgsfield.control.backends.nodes.fleet_drift import DriftWatch
@@ -72,12 +75,10 @@ class NodeState:
     queue: list[QueueEntry] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)   # the node's files that do not decode, one line each
 
-    def to_dict(self) -> dict[str, Any]:
-        """The page's view of the node (no secret: host name, figures, which run holds which slot)."""
-        return {"name": self.name, "host": self.host, "state": self.state, "reason": self.reason,
-                "since": self.since, "sample": None if self.sample is None else self.sample.to_dict(),
-                "history": list(self.history), "queue": [e.to_dict() for e in self.queue],
-                "skipped": list(self.skipped)}
+    def view(self, drift: list[str], fabric: dict[str, Any] | None) -> NodeView:
+        """The page's view of the node, with its drift and fabric marks."""
+        return NodeView(self.name, self.host, self.state, self.reason, self.since, self.sample, list(self.history),
+                        list(self.queue), list(self.skipped), drift, fabric)
 
     def positions(self, project: str) -> dict[str, Place]:
         """``project``'s runs -> their place in this node's queue: the slots held, or the position among
@@ -93,6 +94,25 @@ class NodeState:
 
 
 @dataclass(frozen=True)
+class NodeView:
+    """What the page gets of a node (no secret: host name, figures, which run holds which slot)."""
+
+    name: str
+    host: str
+    state: str
+    reason: str | None
+    since: float
+    sample: NodeSample | None
+    history: list[list[float | None]]
+    queue: list[QueueEntry]
+    skipped: list[str]
+    drift: list[str]
+    """The node's differences from the others (``fleet_drift``), one line each."""
+    fabric: dict[str, Any] | None
+    """Its figures from the last fabric test, ``slow`` when it was the outlier (``contract.fabric_last``)."""
+
+
+@dataclass(frozen=True)
 class Place:
     """A run's place in one node's queue, as the page shows it (``position`` 0: it holds ``slots``)."""
 
@@ -100,9 +120,6 @@ class Place:
     slots: list[int] | None
     want: int | None
     committed: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"position": self.position, "slots": self.slots, "want": self.want, "committed": self.committed}
 
 
 class _Down(Exception):
@@ -267,8 +284,8 @@ class NodesFleet:
 
     def nodes(self) -> list[dict[str, Any]]:
         # the Nodes view marks a drifted node, and shows its last fabric figures (a slow one marked)
-        return [{**f.state.to_dict(), "drift": self.drift.marks(f.state.name),
-                 "fabric": self.fabric.marks(f.state.name)} for f in self.feeds]
+        return [encode(f.state.view(self.drift.marks(f.state.name), self.fabric.marks(f.state.name)))
+                for f in self.feeds]
 
     def places(self, status: RunStatus) -> dict[str, Any]:
         down = {f.state.name for f in self.feeds if f.state.state != UP}
@@ -279,7 +296,7 @@ class NodesFleet:
                 if place is not None:
                     queue[f.state.name] = place
         waiting = [p.position for p in queue.values() if p.position]
-        return {"stale_nodes": sorted(down & set(status.nodes)), "queue": {n: p.to_dict() for n, p in queue.items()},
+        return {"stale_nodes": sorted(down & set(status.nodes)), "queue": encode(queue),
                 "queue_position": max(waiting) if waiting and status.state in ACTIVE else None}
 
     def session(self, nodes: Sequence[str] | None = None) -> NodesSession:

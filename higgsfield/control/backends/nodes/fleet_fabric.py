@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from higgsfield.contract.codec import decode
 from higgsfield.contract.fabric_last import PREFIX, LastFabric, newest, node_marks
 from higgsfield.control.backends.nodes.output import invoke
 from higgsfield.control.backends.nodes.periodic import Periodic
@@ -54,7 +55,7 @@ class FabricWatch(Periodic):
 
     async def check(self) -> None:
         async def one(m: Member) -> LastFabric:
-            return LastFabric.from_dict(await invoke(m.transport, self.cfg, ["fabric-last", "--project",
+            return decode(LastFabric, await invoke(m.transport, self.cfg, ["fabric-last", "--project",
                                                                               self.cfg.name]))
         up = self.members()
         if up:

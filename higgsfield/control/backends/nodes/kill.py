@@ -9,21 +9,18 @@ Use::
 
     async with connect(cfg) as group:
         stopped = await kill_runs(group, cfg, "tiny_llama")   # a run, or an experiment's active runs
-    stopped = kill(cfg, "tiny_llama")                         # the same, with its own event loop
 """
 
 from __future__ import annotations
 
-import asyncio
-
 from higgsfield.contract.errors import NoSuchRun, RunError
 from higgsfield.contract.replies import KillReply, KillTargetReply
-from higgsfield.contract.runspec import RunStatus
+from higgsfield.contract.runstatus import RunStatus
 from higgsfield.control.backends.nodes.output import invoke_reply
 from higgsfield.control.backends.nodes.status import merge
 from higgsfield.control.backends.timeouts import QUERY_S, step_timeout
 from higgsfield.control.config import Config
-from higgsfield.control.remote import Group, Member, NodeResult, open_group
+from higgsfield.control.remote import Group, Member, NodeResult
 
 
 async def stop_run(group: Group, cfg: Config, run: str, *, missing_ok: bool = False,
@@ -68,12 +65,3 @@ async def kill_runs(group: Group, cfg: Config, target: str) -> list[RunStatus]:
     if failed:
         Group.check(results, f"kill {target} (stopped on {len(results) - len(failed)} node(s))")
     return merge(records)
-
-
-def kill(cfg: Config, target: str) -> list[RunStatus]:
-    """:func:`kill_runs` on every node of the project, with its own event loop."""
-    async def go() -> list[RunStatus]:
-        async with open_group(cfg) as group:
-            return await kill_runs(group, cfg, target)
-
-    return asyncio.run(go())

@@ -25,7 +25,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 
 from higgsfield.contract.errors import NodeLost, RunError
-from higgsfield.contract.runspec import RunStatus
+from higgsfield.contract.runstatus import RunStatus
 from higgsfield.control.backends.backend import LogLine
 from higgsfield.control.config import Config
 from higgsfield.control.remote import Group, Member

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from higgsfield.contract.errors import RunError
-from higgsfield.contract.runspec import RunStatus
+from higgsfield.contract.runstatus import RunStatus
 from higgsfield.control.config import Config
 from higgsfield.control.remote import Group
 from higgsfield.control.remote.invoker import invoker_argv

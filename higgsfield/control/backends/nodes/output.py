@@ -1,5 +1,6 @@
 """Calling a node's invoker and decoding what it prints: the verb's typed reply
-(:mod:`higgsfield.contract.replies`), or one clear error naming the node.
+(:mod:`higgsfield.contract.replies`, read by :func:`higgsfield.contract.codec.decode` once, here),
+or one clear error naming the node.
 
 Use::
 
@@ -12,9 +13,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from higgsfield.contract import codec
 from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.errors import CommandError
-from higgsfield.contract.replies import Typed
 from higgsfield.control.remote.invoker import invoker_argv
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 
 UPGRADE_HINT = "run 'higgsfield setup' to upgrade the invoker"
 
-R = TypeVar("R", bound=Typed)
+R = TypeVar("R")
 
 
 def decode(node: str, stdout: str, *, expect: type | None = None, keys: tuple[str, ...] = (),
@@ -75,7 +76,7 @@ def decode_reply(node: str, stdout: str, reply: type[R]) -> R:
 def as_reply(node: str, data: object, reply: type[R], *, stdout: str | None = None) -> R:
     """Parsed JSON as ``reply`` (:func:`decode_reply`'s error)."""
     try:
-        return reply.from_dict(data)
+        return codec.decode(reply, data)
     except DecodeError as e:
         raise CommandError(node, f"unexpected invoker output: {e} ({UPGRADE_HINT})", stdout=stdout or "") from None
 

@@ -58,7 +58,7 @@ class NodePrune:
     freed_bytes: int = 0
 
     @classmethod
-    def from_reply(cls, node: str, r: PruneReply) -> NodePrune:
+    def of(cls, node: str, r: PruneReply) -> NodePrune:
         return cls(node, runs=list(r.runs), checkpoints=list(r.checkpoints), images=list(r.images),
                    kept=list(r.kept), skipped=list(r.skipped), missing=list(r.missing), notes=list(r.notes),
                    freed_bytes=r.freed_bytes)
@@ -100,7 +100,7 @@ async def prune_node(t: Transport, cfg: Config, policy: PrunePolicy) -> NodePrun
     """``invoker prune`` on one node; what it removed."""
     got = await invoke_reply(t, cfg, ["prune", "--project", cfg.name], PruneReply, input=policy.to_json(),
                              timeout=PRUNE_S)
-    return NodePrune.from_reply(t.node, got)
+    return NodePrune.of(t.node, got)
 
 
 async def prune_group(group: Group, cfg: Config, policy: PrunePolicy) -> PruneResult:

@@ -48,9 +48,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from higgsfield.contract.codec import encode
 from higgsfield.contract.errors import RunError
 from higgsfield.contract.replies_disk import FilesReply
-from higgsfield.contract.runspec import RunStatus
+from higgsfield.contract.runstatus import RunStatus
 from higgsfield.control.backends.nodes.output import decode_reply
 from higgsfield.control.backends.nodes.status import find_run
 from higgsfield.control.config import Config
@@ -208,7 +209,7 @@ def _files(node: str, reply: FilesReply) -> list[RemoteFile]:
     out = []
     for f in reply.files:
         if not (safe_rel(f.path) and f.size >= 0 and SHA_RE.fullmatch(f.sha256)):
-            raise RunError(f"{node}: unexpected invoker output: a bad file entry {str(f.to_dict())[:120]!r}")
+            raise RunError(f"{node}: unexpected invoker output: a bad file entry {str(encode(f))[:120]!r}")
         out.append(RemoteFile(node, f"{reply.root.rstrip('/')}/{f.path}", f.path, f.size, f.sha256))
     return out
 

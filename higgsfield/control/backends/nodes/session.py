@@ -2,15 +2,17 @@
 :class:`~higgsfield.control.backends.nodes.backend.NodesBackend` (and of the dashboard's
 :class:`~higgsfield.control.backends.nodes.fleet.NodesFleet`, over the connections it holds).
 
-Every call is one of the orchestrator's own functions over one connected
-:class:`~higgsfield.control.remote.Group`.
+Every call is a function of :mod:`higgsfield.control.backends.nodes` over one connected
+:class:`~higgsfield.control.remote.Group`: ``start`` is :mod:`.drift`'s ``admit`` (the nodes checked and
+picked), then :mod:`.start`'s ``launch``; the others are :mod:`.status`, :mod:`.logs`, :mod:`.metrics`,
+:mod:`.kill` and :mod:`.stacks`. ``doctor --fabric`` runs its benchmark through one too.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 
-from higgsfield.contract.runspec import RunStatus
+from higgsfield.contract.runstatus import RunStatus
 from higgsfield.control.backends.backend import RunList, StacksResult
 from higgsfield.control.backends.nodes.drift import admit
 from higgsfield.control.backends.nodes.kill import kill_runs

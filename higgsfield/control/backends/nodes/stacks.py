@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from higgsfield.contract.errors import RunError
 from higgsfield.contract.replies import StacksReply
-from higgsfield.contract.runspec import RunStatus
+from higgsfield.contract.runstatus import RunStatus
 from higgsfield.control.backends.backend import NoStacks, StacksResult
 from higgsfield.control.backends.nodes.output import invoke_reply
 from higgsfield.control.config import Config

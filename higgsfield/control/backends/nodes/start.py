@@ -28,32 +28,38 @@ Use::
     plan = plan_run(cfg, "tiny_llama", {"steps": "50"})     # no I/O; a bad param raises here
     async with connect(cfg, plan.nodes) as group:           # keep the group to follow the run
         handle = await launch(group, cfg, plan, secrets={"HF_TOKEN": "..."})
-    handle = start_run(cfg, "tiny_llama", {"steps": "50"})  # the same, with its own event loop
+
+The CLI and the dashboard start through the backend seam
+(:meth:`~higgsfield.control.backends.nodes.session.NodesSession.start`), which checks the
+candidates first and then calls :func:`launch`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets as _random
 import time
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from higgsfield.contract.codec import decode, encode
 from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.errors import CommandError, RunError, RunNameInUse
+from higgsfield.contract.layout import code_dir
+from higgsfield.contract.noderuns import NodeRunView
 from higgsfield.contract.params import check_run_name, resolve
 from higgsfield.contract.replies import NameInUseReply, StartReply
-from higgsfield.contract.runspec import ACTIVE, Coordinator, RunSpec
+from higgsfield.contract.runspec import Coordinator, RunSpec, StartRequest
+from higgsfield.contract.stall_policy import StallPolicy
+from higgsfield.contract.states import ACTIVE
 from higgsfield.control.backends import pick
-from higgsfield.control.backends.backend import RunHandle, StallSettings
+from higgsfield.control.backends.backend import RunHandle, stall_settings
 from higgsfield.control.backends.nodes.kill import stop_run
 from higgsfield.control.backends.nodes.output import UPGRADE_HINT, invoke_reply
-from higgsfield.control.backends.nodes.status import views
 from higgsfield.control.backends.timeouts import START_S, step_timeout
 from higgsfield.control.config import Config, NodeConfig
 from higgsfield.control.project.discovery import find_experiment
-from higgsfield.control.remote import Group, Member, NodeResult, open_group, select_nodes
+from higgsfield.control.remote import Group, Member, NodeResult, select_nodes
 from higgsfield.control.remote.invoker import node_state_dir
 
 
@@ -68,7 +74,7 @@ class RunPlan:
     nodes: list[NodeConfig]         # in node-rank order
     max_restarts: int = 0
     exclusive: bool = False
-    stall: StallSettings = StallSettings()
+    stall: StallPolicy = StallPolicy()
     """The node side's stall watchdog for this run (higgsfield.yml's, or the run's flags)."""
     candidates: list[NodeConfig] = field(default_factory=list)
     """The nodes the run may take (higgsfield.yml's, less ``--exclude``); empty: exactly ``nodes``."""
@@ -89,7 +95,7 @@ def new_run_name(experiment: str) -> str:
 
 def plan_run(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: str | None = None,
              nodes: int | None = None, max_restarts: int = 0, exclusive: bool = False,
-             stall: StallSettings | None = None, exclude: tuple[str, ...] = (),
+             stall: StallPolicy | None = None, exclude: tuple[str, ...] = (),
              allow_drift: bool = False) -> RunPlan:
     """Find ``experiment``, validate its params, the run name and the node count; raise before any I/O.
 
@@ -107,7 +113,7 @@ def plan_run(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: 
         raise RunError(f"--nodes {nodes}: the project has {len(cfg.nodes)} node(s) in {cfg.path}{left}")
     return RunPlan(experiment=experiment, module=exp.module, params=values,
                    run=run_name or new_run_name(experiment), nodes=candidates[:nodes],
-                   max_restarts=max_restarts, exclusive=exclusive, stall=stall or StallSettings.of(cfg),
+                   max_restarts=max_restarts, exclusive=exclusive, stall=stall or stall_settings(cfg),
                    candidates=candidates, count=nodes, allow_drift=allow_drift)
 
 
@@ -138,7 +144,7 @@ async def launch(group: Group, cfg: Config, plan: RunPlan, *,
                 nproc=_nproc(cfg, m.node), coordinator=coordinator, max_restarts=plan.max_restarts,
                 runtime=cfg.runtime, exclusive=plan.exclusive, attempt=attempt,
                 checkpoint_mirror=cfg.checkpoint.mirror or "", **plan.stall.spec_fields())
-            payload = json.dumps({"spec": spec.to_dict(), "secrets": secrets or {}, "token": token})
+            payload = json.dumps(encode(StartRequest(spec, secrets=dict(secrets or {}), token=token)))
             try:
                 return await invoke_reply(m.transport, cfg, ["start"], StartReply, input=payload)
             except CommandError as e:
@@ -160,14 +166,14 @@ async def launch(group: Group, cfg: Config, plan: RunPlan, *,
         results += await group[1:].run(launcher(coordinator), timeout=timeout)
     if any(not r.ok for r in results):
         await _clean_up(group, cfg, plan.run, attempt, results)
-    return RunHandle(cfg.name, plan.experiment, plan.run, names,
-                     views(r.value.record() for r in results if r.value is not None))   # decoded once, here
+    records: list[NodeRunView] = [r.value for r in results if r.value is not None]   # decoded once, by invoke_reply
+    return RunHandle(cfg.name, plan.experiment, plan.run, names, records)
 
 
 def _name_in_use(err: CommandError, run: str, node: str) -> RunNameInUse | None:
     """The node's refusal of a name an active run holds ({"name_in_use": true} on its stdout), else None."""
     try:
-        reply = NameInUseReply.from_dict(json.loads(err.stdout)) if err.stdout else None
+        reply = decode(NameInUseReply, json.loads(err.stdout)) if err.stdout else None
     except (ValueError, DecodeError):
         return None
     if reply is None:
@@ -204,24 +210,6 @@ async def _clean_up(group: Group, cfg: Config, run: str, attempt: str,
                    + (f"; could not stop it on {unkilled} (run 'higgsfield kill {run}')" if unkilled else ""))
 
 
-async def start_run_async(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: str | None = None,
-                          nodes: int | None = None, max_restarts: int = 0,
-                          secrets: dict[str, str] | None = None, exclusive: bool = False) -> RunHandle:
-    """Validate, connect the selected nodes, launch; the connections close when it returns."""
-    plan = plan_run(cfg, experiment, params, run_name=run_name, nodes=nodes, max_restarts=max_restarts,
-                    exclusive=exclusive)
-    async with open_group(cfg, plan.nodes) as group:
-        return await launch(group, cfg, plan, secrets=secrets)
-
-
-def start_run(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: str | None = None,
-              nodes: int | None = None, max_restarts: int = 0, secrets: dict[str, str] | None = None,
-              exclusive: bool = False) -> RunHandle:
-    """:func:`start_run_async` with its own event loop (for ``higgsfield ci run`` and scripts)."""
-    return asyncio.run(start_run_async(cfg, experiment, params, run_name=run_name, nodes=nodes,
-                                       max_restarts=max_restarts, secrets=secrets, exclusive=exclusive))
-
-
 def _nproc(cfg: Config, node: NodeConfig) -> int | None:
     """Processes on ``node``: a number, or None for one per GPU (``auto``), which the node works out."""
     n = cfg.node_nproc(node)
@@ -231,4 +219,4 @@ def _nproc(cfg: Config, node: NodeConfig) -> int | None:
 def _code_dir(cfg: Config, node: NodeConfig) -> str:
     if node.is_local:
         return str(cfg.project_dir)
-    return f"{node_state_dir(cfg)}/projects/{cfg.name}/code"
+    return f"{node_state_dir(cfg)}/{code_dir(cfg.name)}"

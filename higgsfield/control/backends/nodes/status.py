@@ -1,7 +1,7 @@
 """A run's status across its nodes: every node's records merged into one :class:`RunStatus`.
 
 Each node keeps its own record of its part of a run (``invoker status``, decoded here
-once into :class:`~higgsfield.contract.runspec.NodeRuns`: typed views, and the node's skip lines
+once into :class:`~higgsfield.contract.noderuns.NodeRuns`: typed views, and the node's skip lines
 for files it could not decode); the run's
 state is the merge: failed if any part failed, queued until every node admitted it,
 and so on. The first failure is the one the nodes agree on (the run's coordinator
@@ -12,37 +12,25 @@ Use::
     async with connect(cfg) as group:                 # the connections are reused by every call below
         runs, results = await query_runs(group, cfg)  # results: per node (the unreachable ones)
         status = await find_run(group, cfg, "tiny_llama")
-    runs, _ = list_runs(cfg)                          # the same, with its own event loop
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any
 
 from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.errors import CommandError, NoSuchRun
-from higgsfield.contract.nodepart import NodePart, stall_of
-from higgsfield.contract.runspec import (
-    ACTIVE,
-    FAILED,
-    KILLED,
-    QUEUED,
-    RUNNING,
-    STARTING,
-    SUCCEEDED,
-    NodeRuns,
-    NodeRunView,
-    RunStatus,
-)
+from higgsfield.contract.nodepart import NodePart
+from higgsfield.contract.noderuns import NodeRuns, NodeRunView, read_node_runs
+from higgsfield.contract.runstatus import RunStatus
+from higgsfield.contract.states import ACTIVE, FAILED, KILLED, QUEUED, RUNNING, STARTING, SUCCEEDED
 from higgsfield.control.backends.nodes.output import UPGRADE_HINT, invoke
 from higgsfield.control.backends.timeouts import FINAL_POLL_S, FINAL_WAIT_S, QUERY_S, step_timeout
 from higgsfield.control.config import Config
-from higgsfield.control.remote import Group, Member, NodeResult, open_group
+from higgsfield.control.remote import Group, Member, NodeResult
 
 
 async def query_records(group: Group, cfg: Config) -> tuple[list[NodeRunView], list[NodeResult[NodeRuns]]]:
@@ -51,7 +39,7 @@ async def query_records(group: Group, cfg: Config) -> tuple[list[NodeRunView], l
     async def one(m: Member) -> NodeRuns:
         reply = await invoke(m.transport, cfg, ["status", "--project", cfg.name], timeout=QUERY_S, expect=None)
         try:
-            return NodeRuns.from_reply(reply)
+            return read_node_runs(reply)
         except DecodeError as e:
             raise CommandError(m.name, f"unexpected invoker output: {e} ({UPGRADE_HINT})") from None
 
@@ -92,23 +80,11 @@ async def final_status(group: Group, cfg: Config, run: str, *, wait: float = FIN
     return status
 
 
-def views(records: Iterable[NodeRunView | Mapping[str, Any]]) -> list[NodeRunView]:
-    """Records as typed views: decoded where they are still dicts (a start's or a kill's reply, the
-    dashboard's feed); one that does not decode is left out (``invoker status`` names such files)."""
-    out = []
-    for rec in records:
-        if isinstance(rec, NodeRunView):
-            out.append(rec)
-            continue
-        with contextlib.suppress(DecodeError):
-            out.append(NodeRunView.from_dict(dict(rec)))
-    return out
-
-
-def merge(records: Iterable[NodeRunView | Mapping[str, Any]]) -> list[RunStatus]:
-    """Node records (of any runs) -> one status per run, oldest first."""
+def merge(records: Iterable[NodeRunView]) -> list[RunStatus]:
+    """Node records (of any runs; decoded where they arrived: ``invoker status``, a start's or a kill's reply,
+    the dashboard's feed) -> one status per run, oldest first."""
     by_run: dict[str, list[NodeRunView]] = {}
-    for rec in views(records):
+    for rec in records:
         by_run.setdefault(rec.run, []).append(rec)
     out = []
     for run, recs in by_run.items():
@@ -139,7 +115,7 @@ def part_of(view: NodeRunView) -> NodePart:
     """A node's part of a run, as its decoded record describes it."""
     return NodePart(state=view.state, slots=tuple(view.slots), nproc=view.nproc, exclusive=view.exclusive,
                     exit_code=view.exit_code, reason=view.reason, started_at=view.started_at,
-                    ended_at=view.ended_at, stall=stall_of(view.stall), stalled_at=view.stalled_at)
+                    ended_at=view.ended_at, stall=view.stall, stalled_at=view.stalled_at)
 
 
 def _merged_state(states: set[str]) -> str:
@@ -177,18 +153,3 @@ def resolve_target(runs: list[RunStatus], target: str) -> list[RunStatus]:
     if not of_exp:
         raise NoSuchRun(f"no run or experiment named '{target}' (see 'higgsfield status')")
     return [of_exp[-1]]
-
-
-def list_runs(cfg: Config) -> tuple[list[RunStatus], list[NodeResult[NodeRuns]]]:
-    """All runs of the project across every node (oldest first), and the per-node query results."""
-    async def go() -> tuple[list[RunStatus], list[NodeResult[NodeRuns]]]:
-        async with open_group(cfg) as group:
-            return await query_runs(group, cfg)
-
-    return asyncio.run(go())
-
-
-def get_run(cfg: Config, target: str) -> RunStatus:
-    """The run named by ``target``, asked of every node (its own event loop)."""
-    runs, _ = list_runs(cfg)
-    return resolve_target(runs, target)[0]

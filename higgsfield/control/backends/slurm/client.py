@@ -33,15 +33,19 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from higgsfield.contract.codec import encode
 from higgsfield.contract.decode import MAX_FILE_BYTES, DecodeError, loads
 from higgsfield.contract.errors import RunError
-from higgsfield.contract.layout import STACKS_FILE
-from higgsfield.contract.runspec import ACTIVE, RunSpec, RunStatus
+from higgsfield.contract.layout import KILL, SPEC, STACKS_FILE, runs_dir, slurm_cache_dir
+from higgsfield.contract.runspec import RunSpec
+from higgsfield.contract.runstatus import RunStatus
 from higgsfield.contract.slurm_stacks import SRUN_WAIT_S as STACKS_SRUN_WAIT_S
 from higgsfield.contract.slurm_stacks import parse_saved, parse_srun
 from higgsfield.contract.slurm_stacks import srun_argv as stacks_srun_argv
-from higgsfield.contract.slurmjob import PinnedSlurmRun, SlurmJob, SlurmRequest
+from higgsfield.contract.slurmjob import PinnedSlurmRun, SlurmJob, SlurmRequest, decode_job, decode_pinned
 from higgsfield.contract.stacks import RankStacks
+from higgsfield.contract.stall_policy import DEFAULT_STALL
+from higgsfield.contract.states import ACTIVE
 from higgsfield.control.backends.slurm.layout import RunPaths
 from higgsfield.control.backends.slurm.listing import _LIST_RUNS, listed_runs
 from higgsfield.control.backends.slurm.machines import ClusterNode, parse_sinfo_nodes, sinfo_nodes_argv
@@ -78,7 +82,9 @@ class Submitted:
 def template_spec(*, project: str, experiment: str, run: str, module: str, code_dir: str,
                   params: Mapping[str, Any], nproc: int | None = None, max_restarts: int = 0,
                   src_dir: str = "src", submitted_at: float | None = None, checkpoint_mirror: str = "",
-                  stall_timeout: float = 600.0, startup_timeout: float = 1800.0, on_stall: str = "fail") -> RunSpec:
+                  stall_timeout: float = DEFAULT_STALL.stall_timeout,
+                  startup_timeout: float = DEFAULT_STALL.startup_timeout,
+                  on_stall: str = DEFAULT_STALL.on_stall) -> RunSpec:
     """A RunSpec for a Slurm run: the node fields say ``pending`` until the job pins them to its allocation.
     ``checkpoint_mirror`` (higgsfield.yml's URL, never its credentials: those are secrets) reaches the ranks;
     the stall watchdog's settings reach the job's batch step (:mod:`higgsfield.node.slurm_stall`)."""
@@ -130,9 +136,9 @@ class SlurmCluster:
         submitted_at = time.time()
         request = SlurmRequest(spec=spec, secret_names=sorted(secrets or {}), max_restarts=spec.max_restarts,
                                gpus_per_node=self.settings.gpus_per_node, checkpoint_dir=paths.checkpoints,
-                               cache_dir=posixpath.join(self.settings.workdir, "cache", spec.project),
+                               cache_dir=posixpath.join(self.settings.workdir, slurm_cache_dir(spec.project)),
                                submitted_at=submitted_at, allow_drift=allow_drift)
-        await t.put_bytes(_json(request.to_dict()), paths.request, mode=0o600)
+        await t.put_bytes(_json(encode(request)), paths.request, mode=0o600)
         if secrets:
             await t.put_bytes(_json(dict(secrets)), paths.secrets, mode=0o600)
         await t.put_bytes(script.encode(), paths.script, mode=0o700)
@@ -148,7 +154,7 @@ class SlurmCluster:
             raise SlurmError(f"sbatch on {t.node} printed {result.stdout.strip()[:100]!r}, not a job id")
         record = SlurmJob(job_id=job_id, submitted_at=submitted_at, login=t.node, sbatch=job.sbatch_options(),
                           project=spec.project, experiment=spec.experiment, run=spec.run, params=dict(spec.params))
-        await t.put_bytes(_json(record.to_dict()), paths.job, mode=0o600)
+        await t.put_bytes(_json(encode(record)), paths.job, mode=0o600)
         return Submitted(job_id, paths, submitted_at)
 
     def _hint(self, stderr: str) -> str:
@@ -207,7 +213,7 @@ class SlurmCluster:
         try:
             if len(r.stdout) > MAX_FILE_BYTES:
                 raise DecodeError(f"too big (over {MAX_FILE_BYTES} bytes)")
-            return SlurmJob.from_dict(loads(r.stdout))
+            return decode_job(loads(r.stdout))
         except DecodeError as e:
             raise SlurmError(f"{paths.job} on {self.transport.node}: {e}") from None
 
@@ -237,7 +243,7 @@ class SlurmCluster:
 
     async def listing(self, project: str) -> tuple[list[RunStatus], list[str]]:
         """:meth:`statuses`, and one line for each run directory whose ``job.json`` does not decode (skipped)."""
-        root = posixpath.join(self.settings.workdir, "runs", project)
+        root = posixpath.join(self.settings.workdir, runs_dir(project))
         r = await self.transport.run(["python3", "-c", _LIST_RUNS, root], check=False)
         if not r.ok:
             raise SlurmError(f"cannot list the runs in {self.settings.workdir} on {self.transport.node}: "
@@ -253,9 +259,9 @@ class SlurmCluster:
     async def placement(self, project: str, run: str) -> PinnedSlurmRun | None:
         """The spec the job pinned to its allocation (``spec.json``: its nodes in node-rank order, nproc);
         None while there is none, or one that does not decode (the job has not placed its ranks)."""
-        r = await self.transport.run(["cat", self.paths(project, run).file("spec.json")], check=False)
+        r = await self.transport.run(["cat", self.paths(project, run).file(SPEC)], check=False)
         try:
-            return PinnedSlurmRun.from_dict(loads(r.stdout)) if r.ok else None
+            return decode_pinned(loads(r.stdout)) if r.ok else None
         except DecodeError:
             return None
 
@@ -298,7 +304,7 @@ class SlurmCluster:
         paths = self.paths(project, run)
         job_id = await self.job_id(project, run)
         t = self.transport
-        await t.run(["touch", paths.file("kill")])
+        await t.run(["touch", paths.file(KILL)])
         await t.run(["rm", "-f", paths.secrets])  # a pending job never takes them
         r = await t.run(["scancel", job_id], check=False)
         if not r.ok:

@@ -27,8 +27,11 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
+from higgsfield.contract.codec import encode
 from higgsfield.contract.errors import RunError
-from higgsfield.contract.runspec import QUEUED, RUNNING, RunStatus
+from higgsfield.contract.feed import QueueEntry
+from higgsfield.contract.runstatus import RunStatus, status_json
+from higgsfield.contract.states import QUEUED, RUNNING
 from higgsfield.control.backends.backend import Changed, Plan, RunHandle
 from higgsfield.control.backends.fleet import CONNECTING, DOWN, HISTORY, UP, why
 from higgsfield.control.backends.slurm import ClusterNode
@@ -107,8 +110,8 @@ class ClusterFleet:
     async def _look(self) -> None:
         s = self.session()
         runs = (await s.runs()).runs
-        if [r.to_dict() | {"duration": None} for r in runs] != \
-                [r.to_dict() | {"duration": None} for r in self._runs]:
+        if [status_json(r) | {"duration": None} for r in runs] != \
+                [status_json(r) | {"duration": None} for r in self._runs]:
             self._runs = runs
             self.changed("runs")
         now = time.monotonic()
@@ -136,8 +139,8 @@ class ClusterFleet:
         login = {"name": self.login_name, "host": f"{self.login_host} (login node)", "state": self.state,
                  "reason": self.reason, "since": self.since, "sample": None, "history": [],
                  "label": {UP: "up", DOWN: "not answering"}.get(self.state, "connecting"),
-                 "queue": [{"project": self.cfg.name, "run": r.run, "slots": None, "committed": False,
-                            "want": f"an allocation ({r.reason or 'pending'})"} for r in pending]}
+                 # waiting for an allocation (no slot count: the page shows the run's reason, Slurm's)
+                 "queue": [encode(QueueEntry(self.cfg.name, r.run)) for r in pending]}
         holders: dict[str, list[str]] = {}
         for r in self._runs:
             if r.state == RUNNING:
@@ -157,8 +160,8 @@ class ClusterFleet:
                 "label": n.state + ("" if n.responding else " (not responding)"),
                 "reason": n.reason or (None if n.usable else n.state), "since": self.since, "sample": sample,
                 "history": list(self._history.get(n.name, ())), "note": f"Slurm: {gpus}",
-                "queue": [{"project": self.cfg.name, "run": run, "slots": ["the node"], "want": None,
-                           "committed": True} for run in runs]}
+                # the run holds the node: Slurm allocated it, no higgsfield slots are counted (slots [])
+                "queue": [encode(QueueEntry(self.cfg.name, run, slots=[], committed=True)) for run in runs]}
 
     def places(self, status: RunStatus) -> dict[str, Any]:
         return {"stale_nodes": sorted(status.nodes) if self.state == DOWN else [], "queue": {},

@@ -22,7 +22,17 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-from higgsfield.contract.layout import JOB, LAUNCHER_LOG, LOGS, RECORD, REQUEST, RUNS, SCRIPT, SECRETS
+from higgsfield.contract.layout import (
+    JOB,
+    LAUNCHER_LOG,
+    LOGS,
+    RECORD,
+    REQUEST,
+    SCRIPT,
+    SECRETS,
+    run_dir,
+    slurm_checkpoint_dir,
+)
 
 __all__ = ["JOB", "LAUNCHER_LOG", "LOGS", "RECORD", "REQUEST", "SCRIPT", "SECRETS", "RunPaths"]
 
@@ -37,7 +47,7 @@ class RunPaths:
 
     @property
     def dir(self) -> str:
-        return posixpath.join(self.workdir, RUNS, self.project, self.run)
+        return posixpath.join(self.workdir, run_dir(self.project, self.run))
 
     def file(self, name: str) -> str:
         return posixpath.join(self.dir, name)
@@ -72,4 +82,4 @@ class RunPaths:
 
     @property
     def checkpoints(self) -> str:
-        return posixpath.join(self.workdir, "checkpoints", self.project, self.run)
+        return posixpath.join(self.workdir, slurm_checkpoint_dir(self.project, self.run))

@@ -10,12 +10,13 @@ not decode skipped with one line naming it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-from higgsfield.contract.decode import DecodeError, from_fields, kind, loads, skip_line
+from higgsfield.contract.codec import decode, rule
+from higgsfield.contract.decode import DecodeError, kind, loads, skip_line
 from higgsfield.contract.layout import JOB, RUNS
-from higgsfield.contract.slurmjob import SlurmJob
+from higgsfield.contract.slurmjob import SlurmJob, decode_job
 
 #: Run on the login node: every run directory's job.json and run.json, as one JSON list (one round trip).
 _LIST_RUNS = """\
@@ -49,17 +50,19 @@ class Listed:
     record: dict[str, Any] | None = None
 
 
+def _object_or_none(v: object) -> dict[str, Any] | None:
+    return v if isinstance(v, dict) else None   # a run.json that is no object: as if not written yet
+
+
 @dataclass(frozen=True)
 class _Item:
     """One item of the script's answer, as it prints it (``job``: job.json's JSON, decoded after)."""
 
+    WHAT: ClassVar[str] = "listed item"
+
     run: str
     job: dict[str, Any]
-    record: dict[str, Any] | None = None
-
-
-def _object_or_none(v: object) -> dict[str, Any] | None:
-    return v if isinstance(v, dict) else None   # a run.json that is no object: as if not written yet
+    record: dict[str, Any] | None = field(default=None, metadata=rule(decode=_object_or_none))
 
 
 def listed_runs(text: str, project: str) -> tuple[list[Listed], list[str]]:
@@ -72,12 +75,12 @@ def listed_runs(text: str, project: str) -> tuple[list[Listed], list[str]]:
     skipped: list[str] = []
     for i, raw in enumerate(data):
         try:
-            item = from_fields(_Item, raw, special={"record": _object_or_none}, what=f"listed item {i}")
+            item = decode(_Item, raw)
         except DecodeError as e:
-            skipped.append(skip_line(f"{RUNS}/{project}", str(e)))
+            skipped.append(skip_line(f"{RUNS}/{project}", f"listed item {i}: {e}"))
             continue
         try:
-            out.append(Listed(item.run, SlurmJob.from_dict(item.job), item.record))
+            out.append(Listed(item.run, decode_job(item.job), item.record))
         except DecodeError as e:
             skipped.append(skip_line(f"{RUNS}/{project}/{item.run}/{JOB}", str(e)))
     return out, skipped

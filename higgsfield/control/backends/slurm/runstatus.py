@@ -14,19 +14,13 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
+from higgsfield.contract.codec import decode
 from higgsfield.contract.decode import DecodeError
-from higgsfield.contract.nodepart import NodePart, stall_of
-from higgsfield.contract.runspec import (
-    ACTIVE,
-    FAILED,
-    KILLED,
-    QUEUED,
-    RUNNING,
-    STALLED,
-    NodeRunView,
-    RunStatus,
-)
+from higgsfield.contract.nodepart import NodePart
+from higgsfield.contract.noderuns import NodeRunView
+from higgsfield.contract.runstatus import RunStatus
 from higgsfield.contract.slurmjob import SlurmJob
+from higgsfield.contract.states import ACTIVE, FAILED, KILLED, QUEUED, RUNNING, STALLED
 from higgsfield.control.backends.slurm.parse import Job
 from higgsfield.control.backends.slurm.states import map_state
 
@@ -72,12 +66,12 @@ def merge(submitted: SlurmJob, job: Job | None, record: NodeRunView | Mapping[st
                   else rec.ended_at if rec is not None else None),
         exit_code=(job.exit_code if job and job.exit_code is not None else rec.exit_code if rec is not None else None),
         failed_node=failed_node, failed_rank=failed_rank, reason=reason, error_tail=tail,
-        params=dict(submitted.params), stall=stall_of(rec.stall) if rec is not None else None)
+        params=dict(submitted.params), stall=rec.stall if rec is not None else None)
 
 
 def _decoded(record: Mapping[str, Any]) -> NodeRunView | None:
     """The job's ``run.json`` (its parsed JSON) as the typed record the node side wrote; one that does not
     decode counts as none, as one that is not JSON does (the state then is Slurm's, or queued)."""
     with contextlib.suppress(DecodeError):
-        return NodeRunView.from_dict(dict(record))
+        return decode(NodeRunView, dict(record))
     return None

@@ -17,12 +17,16 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from higgsfield.contract.codec import decode
 from higgsfield.contract.decode import DecodeError, loads
 from higgsfield.contract.errors import NoSuchRun, RunError
+from higgsfield.contract.layout import code_dir, env_record, node_of_rank
 from higgsfield.contract.replies import EnvReply
-from higgsfield.contract.runspec import ACTIVE, QUEUED, RunStatus
+from higgsfield.contract.runstatus import RunStatus
 from higgsfield.contract.stacks import RankStacks
-from higgsfield.control.backends.backend import RunList, StacksResult, StallSettings
+from higgsfield.contract.stall_policy import StallPolicy
+from higgsfield.contract.states import ACTIVE, QUEUED
+from higgsfield.control.backends.backend import RunList, StacksResult
 from higgsfield.control.backends.nodes.logs import LogLine
 from higgsfield.control.backends.nodes.metrics import parse_metrics
 from higgsfield.control.backends.nodes.start import RunHandle
@@ -50,7 +54,7 @@ class SlurmPlan:
     run: str
     max_restarts: int
     settings: SlurmConfig
-    stall: StallSettings = StallSettings()
+    stall: StallPolicy = StallPolicy()
     allow_drift: bool = False
     """``run --allow-drift``: the job's own drift check (its nodes compared before torchrun) reports and goes on."""
 
@@ -66,17 +70,17 @@ class SlurmSession:
 
     async def _deployed(self) -> tuple[str, str | None]:
         """(the release ``code`` points at now, the project environment's python): what a run starts with."""
-        root = posixpath.join(self.settings.workdir, "projects", self.cfg.name)
+        workdir = self.settings.workdir
         t = self.transport
-        code = await t.run(["readlink", "-e", posixpath.join(root, "code")], check=False)
+        code = await t.run(["readlink", "-e", posixpath.join(workdir, code_dir(self.cfg.name))], check=False)
         if not code.ok or not code.stdout.strip():
             raise RunError(f"project '{self.cfg.name}' is not deployed in {self.settings.workdir} on {t.node}: "
                            "run 'higgsfield deploy' first")
         if self.settings.python:
             return code.stdout.strip(), None
-        env = await t.run(["cat", posixpath.join(root, "env.json")], check=False)
+        env = await t.run(["cat", posixpath.join(workdir, env_record(self.cfg.name))], check=False)
         try:   # the environment's record: the shape of ``invoker env``'s result (an absent or damaged one: none)
-            python = EnvReply.from_dict(loads(env.stdout)).python if env.ok else None
+            python = decode(EnvReply, loads(env.stdout)).python if env.ok else None
         except DecodeError:
             python = None
         if not python:
@@ -128,8 +132,7 @@ class SlurmSession:
         if not await self._started(run, follow):
             return
         placed = await self.cluster.placement(project, run)
-        # torchrun's c10d rendezvous orders the nodes by name (each is --local_addr its own): as slurm_task does
-        hosts = sorted(placed.spec.nodes) if placed else []
+        hosts = list(placed.spec.nodes) if placed else []   # each rank's host: the contract's rule, as slurm_task's
         nproc = max(1, (placed.spec.nproc if placed else None) or 1)
         argv = self.cluster.logs_argv(project, run, follow=follow, since=since)
         for r in ranks:
@@ -141,7 +144,7 @@ class SlurmSession:
                 if not rank_text.lstrip("-").isdigit():
                     continue  # a heartbeat
                 rank = int(rank_text)
-                who = hosts[rank // nproc] if 0 <= rank < nproc * len(hosts) else LAUNCHER_NODE
+                who = node_of_rank(hosts, nproc, rank) or LAUNCHER_NODE
                 if node is None or who == node:
                     yield LogLine(who, rank, text)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from higgsfield.contract.runspec import FAILED, KILLED, QUEUED, RUNNING, SUCCEEDED
+from higgsfield.contract.states import FAILED, KILLED, QUEUED, RUNNING, SUCCEEDED
 
 _QUEUED = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
 _RUNNING = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "RESIZING", "SIGNALING", "STAGE_OUT",

@@ -494,8 +494,8 @@ function renderNodes() {
     const holds = q.filter((e) => e.slots), waits = q.filter((e) => !e.slots);
     const ql = el("div", {class: "queue-list"}, el("div", {class: "k", text: "slots"}));
     if (!q.length) ql.append(el("div", {class: "muted", text: "idle"}));
-    for (const e of holds) ql.append(el("div", {class: "holder"}, runLink(e), document.createTextNode(` holds ${e.slots.join(", ")}`)));
-    waits.forEach((e, i) => ql.append(el("div", {class: "waiter"}, document.createTextNode(`#${i + 1} `), runLink(e), document.createTextNode(` waits for ${e.want}`))));
+    for (const e of holds) ql.append(el("div", {class: "holder"}, runLink(e), document.createTextNode(` holds ${held(e)}`)));
+    waits.forEach((e, i) => ql.append(el("div", {class: "waiter"}, document.createTextNode(`#${i + 1} `), runLink(e), document.createTextNode(` waits for ${wanted(e)}`))));
     card.append(ql);
     frag.append(card);
   }
@@ -512,6 +512,14 @@ function fabricLine(f) {
     el("span", {class: "fab-write", text: ` · write ${f.write_mbps == null ? "–" : `${f.write_mbps.toFixed(0)} MB/s`}`}),
     el("span", {class: `fab-gpu${f.gpu_ok ? "" : " bad"}`, text: ` · ${gpu}`}),
     el("span", {class: "fab-at muted", text: ` · ${f.at ? when(f.at) : "?"}`}));
+}
+// A queue entry (higgsfield.contract.feed.QueueEntry): an SSH node's names its slots and how many it wants;
+// a Slurm node's holds the whole node (no slots counted: []) and waits for an allocation (no count).
+function held(e) { return e.slots.length ? e.slots.join(", ") : "the node"; }
+function wanted(e) {
+  if (e.want != null) return e.want;
+  const r = e.project === S.project ? S.runs.find((x) => x.run === e.run) : null;
+  return `an allocation (${(r && r.reason) || "pending"})`;
 }
 function runLink(e) {
   if (e.project !== S.project) return el("span", {class: "muted", text: `${e.project}/${e.run}`});
@@ -550,7 +558,7 @@ async function main() {
   $("#project").textContent = s.project;
   $("#project").title = `runs on ${s.where}`;
   $("#where").textContent = s.where;
-  fillSelect($("#f-state"), s.states);   // the run states of higgsfield.contract.runspec.STATES
+  fillSelect($("#f-state"), s.states);   // the run states of higgsfield.contract.states.STATES
   document.title = `higgsfield · ${s.project}`;
   $("#f-exp").onchange = $("#f-state").onchange = renderRuns;
   $("#l-node").onchange = $("#l-rank").onchange = rerenderLines;
