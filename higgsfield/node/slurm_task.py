@@ -37,38 +37,33 @@ shared run directory, the layout ``higgsfield invoker logs`` follows on an SSH n
 Node side: this module imports nothing of the control side (``.importlinter``); the
 file names it shares with :mod:`higgsfield.control.backends.slurm.layout` are checked equal by the tests.
 
-Why one module over 400 lines: it is one concept, the program a job script names (its
-module path is in every queued job's argv, so it cannot move without a shim), and its
-three roles share the run's setup and end; what each role does beyond that lives in
-:mod:`~higgsfield.node.slurm_stall` and :mod:`~higgsfield.node.slurm_drift`.
+This module is the program a job script names (its module path is in every queued job's
+argv, so it cannot move without a shim). The run's files that its three roles share (the
+request, the secrets, the record, a start failure) are :mod:`~higgsfield.node.slurm_run`;
+what each role does beyond that lives in :mod:`~higgsfield.node.slurm_stall` and
+:mod:`~higgsfield.node.slurm_drift`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Sequence
 from dataclasses import replace
 
 from higgsfield.contract.decode import DecodeError, read_json
-from higgsfield.contract.errors import RunError
 from higgsfield.contract.failure import Failure
-from higgsfield.contract.layout import KILL, REQUEST, SECRETS, node_of_rank
+from higgsfield.contract.layout import KILL, SECRETS, node_of_rank
 from higgsfield.contract.names import check_node_name
 from higgsfield.contract.runspec import RunSpec
 from higgsfield.contract.slurmjob import (
     PinnedSlurmRun,
     SlurmRequest,
-    WrongVersion,
     decode_pinned,
-    decode_request,
     pinned_json,
 )
 from higgsfield.contract.stall_policy import OnStall
@@ -76,84 +71,26 @@ from higgsfield.contract.states import FAILED, KILLED, QUEUED, RUNNING, SUCCEEDE
 from higgsfield.node import slurm_drift
 from higgsfield.node.runs.failure import describe, read_end
 from higgsfield.node.runtime.env import kept_basics, run_variables
+from higgsfield.node.slurm_run import (
+    PORT_VAR,
+    SECRET_NAMES_VAR,
+    BadRequest,
+    TaskError,
+    now,
+    put_secrets_back,
+    read_record,
+    read_request,
+    run_dir,
+    start_failed,
+    take_secrets,
+    write_record,
+)
 from higgsfield.node.slurm_stall import Stall, StallWatch, node_stacks, take_all, watch
 from higgsfield.node.state.placement import SPEC_MAX_BYTES, STOP_GRACE_S
 from higgsfield.node.state.records import RunDir, RunRecord, write_json
 
-PORT_VAR = "HIGGSFIELD_SLURM_PORT"
-SECRET_NAMES_VAR = "HIGGSFIELD_SLURM_SECRETS"   # names only: the values are the variables themselves
 SLURM_KEPT_ENV = ("CUDA_VISIBLE_DEVICES",)   # Slurm's own, for the job's GPUs; kept beside the runtimes' basics
 _SRUN_TASK_ERROR = re.compile(r"srun: error: ([A-Za-z0-9_.:-]+): task (\d+): (.*)")
-
-
-class TaskError(RunError):
-    """The job cannot run as asked (its request is missing or malformed, its secrets are gone): exit 2."""
-
-    exit_code = 2
-
-
-class BadRequest(TaskError):
-    """The request is this version's but a field of it is wrong: the job records it as its start failure."""
-
-
-# -- the run directory ----------------------------------------------------------
-
-def run_dir(path: str) -> RunDir:
-    """The RunDir of ``<workdir>/runs/<project>/<run>`` (the workdir is the job's state dir)."""
-    return RunDir.of_path(path)
-
-
-def read_request(rd: RunDir) -> SlurmRequest:
-    """The run's ``request.json``, decoded once: :class:`TaskError` when it is unreadable or of another version
-    (``REQUEST_VERSION``), :class:`BadRequest` naming the field that is wrong."""
-    path = rd.path / REQUEST
-    try:
-        data = read_json(path)
-    except (OSError, DecodeError) as e:
-        raise TaskError(f"cannot read {path}: {e}") from None
-    try:
-        return decode_request(data, where=str(path))
-    except WrongVersion as e:
-        raise TaskError(str(e)) from None
-    except DecodeError as e:
-        raise BadRequest(f"the run's request: {e}") from None
-
-
-def take_secrets(rd: RunDir, names: Sequence[str]) -> dict[str, str]:
-    """The secrets file's values, the file deleted first thing (a job that dies later leaves none behind)."""
-    path = rd.path / SECRETS
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        if names:
-            raise TaskError(f"the run's secrets file is gone ({', '.join(names)}): this job was started again "
-                            "by Slurm (not by its own requeue); start the run again") from None
-        return {}
-    finally:
-        path.unlink(missing_ok=True)
-    secrets = json.loads(data)
-    if not isinstance(secrets, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                for k, v in secrets.items()):
-        raise TaskError(f"{path} is not an object of strings")
-    return secrets
-
-
-def put_secrets_back(rd: RunDir, secrets: dict[str, str]) -> None:
-    """For our own requeue: the next start takes them again (0600, created private, never world-readable)."""
-    if not secrets:
-        return
-    path = rd.path / SECRETS
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(secrets, f)
-
-
-def write_record(rd: RunDir, record: RunRecord) -> None:
-    rd.write(record)
-
-
-def _now() -> float:
-    return time.time()
 
 
 # -- batch: on the first node of the allocation ---------------------------------------------
@@ -183,22 +120,22 @@ def batch(rd: RunDir, master: str, command: list[str]) -> int:
         req = read_request(rd)   # TaskError (unreadable, another version's): main says so, nothing recorded
     except BadRequest as e:      # a field of it is wrong: a start failure, its secrets gone with it
         (rd.path / SECRETS).unlink(missing_ok=True)
-        return _start_failed(rd, None, str(e))
+        return start_failed(rd, None, str(e))
     job_id = os.environ.get("SLURM_JOB_ID", "")
     restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
     max_restarts = req.max_restarts
-    since = _now()
+    since = now()
     try:
         secrets = take_secrets(rd, req.secret_names)
         hosts = hostnames()
         spec = pin_spec(req, hosts, master)
     except (TaskError, subprocess.CalledProcessError, ValueError) as e:
-        return _start_failed(rd, req.spec, str(e))
+        return start_failed(rd, req.spec, str(e))
     rd.make()
     write_json(rd.spec_path, pinned_json(PinnedSlurmRun(spec, gpus=req.gpus_per_node, checkpoint_dir=req.checkpoint_dir,
                                                         cache_dir=req.cache_dir, python=sys.executable,
                                                         allow_drift=req.allow_drift)))
-    previous = _read_record(rd)
+    previous = read_record(rd)
     record = RunRecord(project=spec.project, experiment=spec.experiment, run=spec.run, node=hosts[0], node_rank=0,
                        nnodes=len(hosts), nproc=spec.nproc or 1, state=RUNNING, runtime="slurm", command=command,
                        created_at=previous.created_at if previous else (req.submitted_at or since),
@@ -229,7 +166,7 @@ def batch(rd: RunDir, master: str, command: list[str]) -> int:
     stall = watch(proc, watcher, stop=lambda: _stop(proc), running_reason=record.reason)
     rc = proc.wait()
     record = rd.read()
-    record.ended_at, record.exit_code = _now(), rc
+    record.ended_at, record.exit_code = now(), rc
     if stall is not None and not (rd.path / KILL).exists():
         return _stalled(rd, record, stall, watcher.policy.on_stall, secrets, restart, max_restarts, job_id, rc)
     if stopped or (rd.path / KILL).exists():
@@ -319,31 +256,6 @@ def failure(rd: RunDir, hosts: list[str], nproc: int, rc: int, since: float) -> 
     return replace(fail, node=node, reason=reason)
 
 
-def _read_record(rd: RunDir) -> RunRecord | None:
-    try:
-        return rd.read()
-    except (OSError, ValueError, TypeError):
-        return None
-
-
-def _start_failed(rd: RunDir, spec: RunSpec | None, reason: str) -> int:
-    """The job could not start the run: recorded as failed (``reason``), said on stderr; the job's exit status."""
-    _record_start_failure(rd, spec, reason)
-    print(f"higgsfield: {reason}", file=sys.stderr, flush=True)
-    return 2
-
-
-def _record_start_failure(rd: RunDir, spec: RunSpec | None, reason: str) -> None:
-    try:
-        rd.make()
-        write_record(rd, RunRecord(project=spec.project if spec else rd.path.parent.name,
-                                   experiment=spec.experiment if spec else "?", run=rd.path.name,
-                                   node=socket.gethostname(), node_rank=0, nnodes=0, nproc=0, state=FAILED,
-                                   runtime="slurm", reason=reason, exit_code=2, started_at=_now(), ended_at=_now()))
-    except OSError:
-        pass
-
-
 # -- node: one per node, started by srun -----------------------------------------------------
 
 def torchrun_argv(spec: RunSpec, rd: RunDir, master: str, port: int, host: str, rdzv_id: str) -> list[str]:
@@ -410,7 +322,7 @@ def node(rd: RunDir, master: str) -> int:
     stopping: list[float] = []
 
     def on_signal(sig: int, _frame: object) -> None:
-        stopping.append(_now())
+        stopping.append(now())
         try:
             proc.send_signal(signal.SIGTERM)
         except ProcessLookupError:
@@ -422,7 +334,7 @@ def node(rd: RunDir, master: str) -> int:
         try:
             return proc.wait(timeout=0.5)
         except subprocess.TimeoutExpired:
-            if stopping and _now() - stopping[0] > STOP_GRACE_S:
+            if stopping and now() - stopping[0] > STOP_GRACE_S:
                 proc.kill()  # its workers die with it (PR_SET_PDEATHSIG)
 
 

@@ -46,7 +46,7 @@ from higgsfield.control.backends.slurm.script import BatchJob, render
 from higgsfield.control.backends.slurm.states import map_state
 from higgsfield.control.config import load_config
 from higgsfield.control.config.slurm import SlurmConfig
-from higgsfield.node import slurm_task
+from higgsfield.node import slurm_run, slurm_task
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -129,7 +129,7 @@ def test_the_node_side_reads_the_file_names_the_control_side_writes() -> None:
     names = (contract.REQUEST, contract.SECRETS, contract.REQUEST_VERSION)
     assert (layout.REQUEST, layout.SECRETS, slurmjob.REQUEST_VERSION) == names
     spec = template_spec(project="p", experiment="e", run="r", module="e", code_dir="/w/code", params={})
-    assert (slurm_task.REQUEST, slurm_task.SECRETS, SlurmRequest(spec=spec).version) == names
+    assert (slurm_run.REQUEST, slurm_run.SECRETS, SlurmRequest(spec=spec).version) == names
 
 
 def test_the_task_parses_its_command_line_with_the_srun_line_after_the_dashes(tmp_path: Path,
