@@ -31,9 +31,9 @@ contract, every side may import.
         ├── NodesDrift              (contract.drift) ``run`` refused: the nodes differ (exit 2)
         ├── RecordError             (node.state.records) a run's record that does not decode; also a
         │                           DecodeError, for the readers that skip it
-        ├── TaskError               (node.slurm_task) a Slurm job cannot run as asked: its request
+        ├── TaskError               (node.slurm_run) a Slurm job cannot run as asked: its request
         │   │                       unreadable or another version's, its secrets gone (the job exits 2)
-        │   └── BadRequest          (node.slurm_task) a field of the request is wrong: the job's start failure
+        │   └── BadRequest          (node.slurm_run) a field of the request is wrong: the job's start failure
         ├── NotEnoughNodes          (control.backends.pick) fewer healthy nodes than ``--nodes K`` (exit 2)
         ├── NoStacks                (control.backends.backend) ``stacks`` of a run with none to show (exit 2)
         ├── PullError               (control.backends.nodes.pull) a step not complete everywhere, a bad

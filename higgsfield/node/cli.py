@@ -27,7 +27,8 @@ from higgsfield.node.state.home import NodeState
 
 def _home(ctx: click.Context) -> NodeState:
     """The node's state of this invocation (``--state-dir``), built once by the group below."""
-    home: NodeState = ctx.obj["home"]
+    home = ctx.find_object(NodeState)
+    assert home is not None, "the invoker group builds it"
     return home
 
 
@@ -41,8 +42,7 @@ def _emit(reply: object) -> None:
 @click.pass_context
 def invoker(ctx: click.Context, state_dir: str) -> None:
     """Node-side agent: start, stop and report runs on this node."""
-    ctx.ensure_object(dict)
-    ctx.obj["home"] = NodeState.at(state_dir)
+    ctx.obj = NodeState.at(state_dir)   # this group's own object: its verbs find it by type
 
 
 @invoker.command()

@@ -18,7 +18,8 @@ from higgsfield.node.state.home import NodeState
 
 def _home(ctx: click.Context) -> NodeState:
     """The node's state of this invocation (``--state-dir``), built once by the ``invoker`` group."""
-    home: NodeState = ctx.obj["home"]
+    home = ctx.find_object(NodeState)
+    assert home is not None, "the invoker group builds it"
     return home
 
 

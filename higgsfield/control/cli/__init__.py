@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from higgsfield import __version__
+from higgsfield.control.cli._common import Options
 
 # name -> (module, attribute, one-line help). Order here is the order in --help.
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -106,9 +107,7 @@ def cli(ctx: click.Context, debug: bool, config_path: str | None) -> None:
     higgsfield logs NAME -f | status | kill NAME
     higgsfield ui                    the live dashboard in your browser
     """
-    ctx.ensure_object(dict)
-    ctx.obj["debug"] = debug
-    ctx.obj["config_path"] = config_path
+    ctx.obj = Options(debug=debug, config_path=config_path)
 
 
 def main(argv: list[str] | None = None) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,12 +14,20 @@ if TYPE_CHECKING:
     from higgsfield.control.config import Config
 
 
+@dataclass(frozen=True)
+class Options:
+    """The top-level options every command may need (the ``higgsfield`` group's object, found by type)."""
+
+    debug: bool = False
+    config_path: str | None = None
+
+
 def get_config(ctx: click.Context) -> Config:
     """The project's config: --config, else the nearest higgsfield.yml at or above the cwd."""
     from higgsfield.control.config import load_config
 
-    root = ctx.find_root()
-    path = (root.obj or {}).get("config_path")
+    options = ctx.find_object(Options)
+    path = options.config_path if options else None
     return load_config(Path(path) if path else None)
 
 

@@ -168,18 +168,13 @@ def prune(home: NodeState, project: str, keep: int = KEEP_RELEASES) -> list[str]
     return removed
 
 
-def image_record(home: NodeState, project: str) -> dict[str, Any]:
-    """image.json as deploy last wrote it ({} when there is none, or it does not decode)."""
-    try:
-        data = json.loads((home.project(project) / layout.IMAGE).read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+def image_record(home: NodeState, project: str) -> image_facts.ImageRecord:
+    """image.json as deploy last wrote it (an empty record when there is none, or it does not decode)."""
+    return image_facts.read_image_record(home.project(project) / layout.IMAGE)
 
 
 def current_image(home: NodeState, project: str) -> str | None:
-    tag = image_record(home, project).get("tag")
-    return tag if isinstance(tag, str) else None
+    return image_record(home, project).tag
 
 
 def build(home: NodeState, project: str, *, code_dir: Path | None = None, dockerfile: str = "Dockerfile",
@@ -213,10 +208,12 @@ def build(home: NodeState, project: str, *, code_dir: Path | None = None, docker
         containers.build_image(code.resolve(), tag, dockerfile=dockerfile, buildargs=args,
                                log_path=root / layout.BUILD_LOG)
         built = True
-    before = {} if built else image_record(home, project)
-    known = image_facts.facts_of(before) if before.get("tag") == tag else None
+    before = image_facts.ImageRecord() if built else image_record(home, project)
+    known = before.facts if before.tag == tag else None
     facts = known or image_facts.listed(tag)   # listed once per image: an unchanged one keeps its listing
-    write_json(root / layout.IMAGE, {"tag": tag, "dockerfile": dockerfile, "base_image": base_image,
-                                     "built_at": time.time() if built else None,
-                                     **(encode(facts) if facts is not None else {"packages": None})})
+    record = image_facts.ImageRecord(tag=tag, dockerfile=dockerfile, base_image=base_image,
+                                     built_at=time.time() if built else None,
+                                     packages=facts.packages if facts else None,
+                                     python=facts.python if facts else None, cuda=facts.cuda if facts else None)
+    write_json(root / layout.IMAGE, encode(record))
     return BuildReply(tag=tag, built=built, seconds=round(time.monotonic() - t0, 3))

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from higgsfield import __version__
 from higgsfield.contract.drift import NodeFacts
-from higgsfield.node.code.image_facts import CUDA_LINE, SEPARATORS, facts_of
+from higgsfield.node.code.image_facts import CUDA_LINE, SEPARATORS
 from higgsfield.node.state.home import NodeState
 
 NVIDIA = Path("/proc/driver/nvidia")
@@ -108,10 +108,10 @@ def facts(home: NodeState, project: str, runtime: str, node: str = "") -> NodeFa
 
     driver, model, count = gpus()
     base = {"node": node, "invoker": __version__, "driver": driver, "gpu_model": model, "gpu_count": count}
-    record = {} if runtime == "process" else deploy.image_record(home, project)
-    image = record.get("tag")
-    if isinstance(image, str):
-        listed = facts_of(record)
+    record = None if runtime == "process" else deploy.image_record(home, project)
+    image = record.tag if record else None
+    if record and image is not None:
+        listed = record.facts
         if listed is None:   # deployed before images were listed, or its Python did not answer: not known
             return NodeFacts(runtime="docker", env_key=image, **base)  # type: ignore[arg-type]
         pk = listed.packages

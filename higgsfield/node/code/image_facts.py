@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from higgsfield.contract.codec import DecodeError, decode, rule
 from higgsfield.contract.drift import package_versions
@@ -60,6 +61,33 @@ class ImageFacts:
     packages: dict[str, str] = field(metadata=rule(decode=package_versions))
     python: str | None = field(default=None, metadata=rule(decode=_version))
     cuda: str | None = field(default=None, metadata=rule(decode=_version))
+
+
+@dataclass(frozen=True)
+class ImageRecord:
+    """``image.json``: the image deploy last built for the project, what it was built from, and its facts as
+    listed right after the build (left out when its Python did not answer). Empty when there is none."""
+
+    tag: str | None = None
+    dockerfile: str = "Dockerfile"
+    base_image: str | None = None
+    built_at: float | None = None
+    packages: object = None
+    python: object = field(default=None, metadata=rule(sparse=True))
+    cuda: object = field(default=None, metadata=rule(sparse=True))
+
+    @property
+    def facts(self) -> ImageFacts | None:
+        """The listed facts, or None when they are not known (or do not decode: a listing never trusted)."""
+        return facts_of({"packages": self.packages, "python": self.python, "cuda": self.cuda})
+
+
+def read_image_record(path: Path) -> ImageRecord:
+    """The record at ``path``; an empty one when there is none or it does not decode."""
+    try:
+        return decode(ImageRecord, json.loads(path.read_text()))
+    except (OSError, ValueError):   # DecodeError is a ValueError
+        return ImageRecord()
 
 
 def facts_of(data: object) -> ImageFacts | None:

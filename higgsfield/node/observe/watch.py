@@ -109,7 +109,7 @@ class RunsWatch:
             if self._bad.get(name, (None,))[0] == mtime:
                 continue            # damaged, and not written since: said once
             try:
-                record = encode(refresh(rd))
+                rec = refresh(rd)
             except FileNotFoundError:
                 continue
             except (OSError, ValueError, RunError) as e:
@@ -118,12 +118,12 @@ class RunsWatch:
             self._bad.pop(name, None)
             if name not in self._params:
                 self._params[name] = _params(rd)[0]
-            record["params"] = self._params[name]
+            record = {**encode(rec), "params": self._params[name]}   # the record as a view sends it
             text = json.dumps(record, sort_keys=True)
             self._mtimes[name] = mtime
             if text != old or full:
                 self._known[name] = text
-                self._states[name] = record["state"]
+                self._states[name] = rec.state
                 out.append(record)
         if whole:
             for gone in set(self._known) - set(rds):
@@ -184,16 +184,16 @@ def node_runs(home: NodeState, project: str | None = None,
         if run is not None and rd.run != run:
             continue
         try:
-            record = encode(refresh(rd))
+            rec = refresh(rd)
         except FileNotFoundError:
             continue                # removed while we looked
         except (OSError, ValueError, RunError) as e:
             skipped.append(skip_line(f"{rd.rel}/run.json", _why(e)))
             continue
-        record["params"], why = _params(rd)
+        params, why = _params(rd)
         if why is not None:
             skipped.append(skip_line(f"{rd.rel}/spec.json", why))
-        out.append(record)
+        out.append({**encode(rec), "params": params})   # the record as a view sends it
     return out, skipped
 
 

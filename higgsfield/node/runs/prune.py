@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import secrets
 import shutil
@@ -279,19 +278,13 @@ def _images_in_use(home: NodeState, project: str) -> dict[str, str]:
 
     keep: dict[str, str] = {}
     root = home.project(project)
-    try:
-        info = json.loads((root / layout.IMAGE).read_text())
-    except (OSError, ValueError):
-        info = {}
-    info = info if isinstance(info, dict) else {}
+    info = deploy.image_record(home, project)
     releases = root / layout.RELEASES
-    if is_plain_dir(releases) and isinstance(info.get("dockerfile", "Dockerfile"), str):
+    if is_plain_dir(releases):
         for rel in sorted(releases.iterdir()):
             if is_plain_dir(rel) and not rel.name.startswith("."):
                 with contextlib.suppress(OSError):
-                    tag = containers.image_tag(project, rel, info.get("dockerfile") or "Dockerfile",
-                                               info.get("base_image") if isinstance(info.get("base_image"), str)
-                                               else None)
+                    tag = containers.image_tag(project, rel, info.dockerfile or "Dockerfile", info.base_image)
                     keep.setdefault(tag, "a release on this node uses it")
     current = deploy.current_image(home, project)
     if current:
