@@ -41,9 +41,8 @@ import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import asyncssh
-
 from higgsfield.contract.errors import HostKeyError, HostNotPinnedError
+from higgsfield.control.remote.sshlib import asyncssh
 
 REPIN_HINT = "if the node was reinstalled or rekeyed on purpose, re-pin it with: higgsfield setup --repin {node}"
 

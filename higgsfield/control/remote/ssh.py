@@ -44,7 +44,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-import asyncssh
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -57,6 +56,7 @@ from higgsfield.contract.errors import CommandError, ConnectError, HostKeyError,
 from higgsfield.control.remote.base import CommandResult, Session, Timeouts, Transport, read_lines
 from higgsfield.control.remote.hostkeys import HostKeyPolicy, PinnedHosts, fingerprint, scan_host_key
 from higgsfield.control.remote.ssh_process import ProcessSession, stop, text_of
+from higgsfield.control.remote.sshlib import asyncssh
 
 if TYPE_CHECKING:
     from higgsfield.control.config import Config, NodeConfig

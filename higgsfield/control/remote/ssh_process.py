@@ -10,9 +10,8 @@ import asyncio
 import contextlib
 from typing import Any
 
-import asyncssh
-
 from higgsfield.control.remote.base import CommandResult, LineReader, Session
+from higgsfield.control.remote.sshlib import asyncssh
 
 
 class ProcessSession(Session):
