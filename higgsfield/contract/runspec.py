@@ -10,7 +10,8 @@ wire to have been checked).
 
 - :class:`StartRequest`: ``invoker start``'s stdin, ``{"spec", "secrets", "token"}``,
   encoded once on the laptop and read once on the node (:func:`read_request`); the
-  secrets and the coordinator token are never part of the spec.
+  secrets and the coordinator token are never part of the spec; the node hands them on to
+  the run's supervisor as a :class:`Handoff` (its stdin).
 - :class:`RunSpec`: one node's part of a run; the node pins it and writes it to
   ``RUN_DIR/spec.json`` (:mod:`higgsfield.node.state.placement`), where the worker reads it.
 
@@ -244,6 +245,22 @@ class StartRequest:
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
     token: str = field(default="", repr=False)
     """Authenticates the run's nodes to its coordinator (random per start)."""
+
+    @property
+    def handoff(self) -> Handoff:
+        """What the node hands the run's supervisor: this request less its spec."""
+        return Handoff(self.secrets, self.token)
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """The run's supervisor's stdin (``invoker supervise``): the start request's secrets and token, written by
+    the node that started it (:func:`~higgsfield.contract.codec.encode`) and decoded once by the supervisor."""
+
+    WHAT: ClassVar[str] = "supervisor's handoff"
+
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)
+    token: str = field(default="", repr=False)
 
 
 def read_request(data: object) -> StartRequest:

@@ -16,6 +16,7 @@ from higgsfield.contract.nodepart import NodePart
 from higgsfield.contract.runspec import (
     SPEC_VERSION,
     Coordinator,
+    Handoff,
     RunSpec,
     SpecError,
     StartRequest,
@@ -138,6 +139,14 @@ def test_the_start_request_is_one_type_encoded_once_and_read_once() -> None:
         read_request([wire])
     with pytest.raises(SpecError, match="run spec version 9"):   # the spec's own error, unchanged
         read_request({**wire, "spec": {**wire["spec"], "version": 9}})
+
+
+def test_the_supervisors_handoff_is_the_request_less_its_spec() -> None:
+    req = StartRequest(_spec(), secrets={"HF_TOKEN": "s3cr3t"}, token="t" * 64)
+    wire = json.loads(json.dumps(encode(req.handoff)))
+    assert wire == {"secrets": {"HF_TOKEN": "s3cr3t"}, "token": "t" * 64} and "s3cr3t" not in repr(req.handoff)
+    assert decode(Handoff, wire) == Handoff({"HF_TOKEN": "s3cr3t"}, "t" * 64)
+    assert decode(Handoff, {}) == decode(Handoff, {"secrets": None, "token": None}) == Handoff()   # empty stdin
 
 
 def test_states_are_one_vocabulary_and_status_json_round_trips() -> None:

@@ -138,15 +138,15 @@ def stall_settings(cfg: Config, stall_timeout: float | None = None, startup_time
     Every backend carries these into the spec its nodes (or its Slurm task) get, so the nodes
     find a hang by themselves, with the laptop gone.
     """
-    timeouts = {"stall_timeout": cfg.stall_timeout if stall_timeout is None else float(stall_timeout),
-                "startup_timeout": cfg.startup_timeout if startup_timeout is None else float(startup_timeout)}
-    for name, v in timeouts.items():
+    stall = cfg.stall_timeout if stall_timeout is None else float(stall_timeout)
+    startup = cfg.startup_timeout if startup_timeout is None else float(startup_timeout)
+    for flag, v in (("--stall-timeout", stall), ("--startup-timeout", startup)):
         if not 0 <= v < float("inf"):
-            raise ConfigError(f"--{name.replace('_', '-')} must be a number of seconds >= 0 (0: off), not {v}")
+            raise ConfigError(f"{flag} must be a number of seconds >= 0 (0: off), not {v}")
     choice = cfg.on_stall if on_stall is None else on_stall
     if choice not in ON_STALL_CHOICES:
         raise ConfigError(f"--on-stall must be one of {', '.join(ON_STALL_CHOICES)}, not {choice!r}")
-    return StallPolicy(timeouts["stall_timeout"], timeouts["startup_timeout"], OnStall(choice))
+    return StallPolicy(stall, startup, OnStall(choice))
 
 
 class NoStacks(RunError):

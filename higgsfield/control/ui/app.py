@@ -31,7 +31,7 @@ import asyncio
 import json
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.resources import files
 from typing import Any, ClassVar
 
@@ -43,6 +43,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
+from higgsfield.contract.codec import DecodeError, decode, rule
 from higgsfield.contract.errors import HiggsfieldError
 from higgsfield.contract.names import is_run_name
 from higgsfield.contract.states import STATES
@@ -77,6 +78,18 @@ async def _stream(q: asyncio.Queue[Event], backlog: list[Event]) -> AsyncIterato
 
 
 @dataclass(frozen=True)
+class _Posted:
+    """The body of ``POST /api/runs`` as it came (:func:`~higgsfield.contract.codec.decode`): ``values`` left
+    out reads as none, but ``null`` stays None (no form); ``check`` is any JSON value, true when truthy."""
+
+    WHAT: ClassVar[str] = "start form"
+
+    experiment: str
+    values: dict[str, Any] | None = field(default_factory=dict)
+    check: bool = field(default=False, metadata=rule(decode=bool))
+
+
+@dataclass(frozen=True)
 class StartForm:
     """The body of ``POST /api/runs``, decoded once: the experiment, its form's values (its params, not yet
     checked: the hub checks them as ``higgsfield run`` would), and whether only to check them."""
@@ -91,12 +104,13 @@ class StartForm:
     def parse(cls, body: object) -> StartForm | None:
         """The form in ``body`` (parsed JSON); None when it is not one (answered 400 with ``EXPECTED``).
         ``values`` may be left out (none); ``check`` is any JSON value, true when truthy."""
-        if not isinstance(body, dict):
+        try:
+            posted = decode(_Posted, body)
+        except DecodeError:
             return None
-        experiment, values = body.get("experiment"), body.get("values", {})
-        if not isinstance(experiment, str) or not isinstance(values, dict):
+        if posted.values is None:
             return None
-        return cls(experiment, values, bool(body.get("check")))
+        return cls(posted.experiment, posted.values, posted.check)
 
 
 def _error(e: Exception | str, status: int = 400) -> JSONResponse:

@@ -41,7 +41,7 @@ from higgsfield.contract import layout
 from higgsfield.contract.codec import decode, encode
 from higgsfield.contract.errors import RunError, RunNameInUse
 from higgsfield.contract.replies import StartReply
-from higgsfield.contract.runspec import RunSpec, StartRequest
+from higgsfield.contract.runspec import Handoff, RunSpec, StartRequest
 from higgsfield.contract.states import ACTIVE, STARTING
 from higgsfield.node.gang import queue
 from higgsfield.node.runs.stop import refresh
@@ -123,7 +123,7 @@ def start_run(home: NodeState, request: StartRequest) -> StartReply:
                 raise RunNameInUse(spec.run, old.state, spec.node)
         run = place(home, spec)
         _clear_previous(rd)
-        record = _start_supervisor(rd, run, request.secrets, request.token)
+        record = _start_supervisor(rd, run, request.handoff)
     return decode(StartReply, encode(record))   # the record as the control side reads it (a NodeRunView)
 
 
@@ -165,7 +165,7 @@ def _clear_previous(rd: RunDir) -> None:
     rd.make()
 
 
-def _start_supervisor(rd: RunDir, run: NodeRun, secrets: dict[str, str], token: str) -> RunRecord:
+def _start_supervisor(rd: RunDir, run: NodeRun, handoff: Handoff) -> RunRecord:
     """Write spec.json and the record, start ``invoker supervise`` detached, hand it the secrets on stdin."""
     spec = run.spec
     listener = None
@@ -200,6 +200,6 @@ def _start_supervisor(rd: RunDir, run: NodeRun, secrets: dict[str, str], token: 
     rd.write(record)
     # The supervisor blocks on stdin until this write is done, so the record above is never raced.
     assert proc.stdin is not None
-    proc.stdin.write(json.dumps({"secrets": secrets, "token": token}).encode())
+    proc.stdin.write(json.dumps(encode(handoff)).encode())
     proc.stdin.close()
     return record

@@ -46,6 +46,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from higgsfield.contract.codec import decode
 from higgsfield.contract.errors import RunError
 from higgsfield.contract.failure import Failure, Verdict
 from higgsfield.contract.gang import (
@@ -69,6 +70,7 @@ from higgsfield.contract.gang import (
     Stopped,
     Unadmitted,
 )
+from higgsfield.contract.runspec import Handoff
 from higgsfield.contract.stall_policy import OnStall, StallPolicy
 from higgsfield.contract.states import FAILED, KILLED, QUEUED, RUNNING, STALLED, SUCCEEDED
 from higgsfield.node.gang import queue, wire
@@ -104,15 +106,14 @@ class Outcome:
 def supervise(home: NodeState, project: str, run: str, listen_fd: int | None = None) -> int:
     """Body of the supervisor process (``higgsfield invoker supervise``)."""
     os.umask(0o077)
-    payload = json.loads(sys.stdin.read() or "{}")
+    handoff = decode(Handoff, json.loads(sys.stdin.read() or "{}"))
     rd = RunDir(home, project, run)
     listener = None
     if listen_fd is not None:
         import socket
 
         listener = socket.socket(fileno=listen_fd)
-    sup = Supervisor(rd, NodeRun.read(rd.spec_path), payload.get("secrets") or {},
-                     str(payload.get("token") or ""), listener)
+    sup = Supervisor(rd, NodeRun.read(rd.spec_path), handoff.secrets, handoff.token, listener)
     return sup.run()
 
 
