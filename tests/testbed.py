@@ -288,14 +288,25 @@ def shared_node_venv(state_dir: Path, system_python: str = "/usr/bin/python3") -
     checkout moves (the stamp holds both), so an added dependency reaches the nodes' invoker as `setup`
     would bring it to real nodes, and a second clone's suite runs its own code there.
     """
+    import fcntl
+
+    venv = state_dir / "runs-invoker-venv"
+    # `make test` runs tests/slurm beside the rest: both may want the venv first. The state dir's own
+    # lock is not taken: a build holding it would stall the other suite's host stops and starts.
+    with open(state_dir / ".venv-lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _build_node_venv(venv, system_python)
+    return venv
+
+
+def _build_node_venv(venv: Path, system_python: str) -> None:
     import hashlib
     import shutil
 
-    venv = state_dir / "runs-invoker-venv"
     stamp = venv / ".ready"
     want = hashlib.sha256((REPO_ROOT / "pyproject.toml").read_bytes() + str(REPO_ROOT).encode()).hexdigest()
     if stamp.exists() and stamp.read_text().strip() == want and (venv / "bin" / "higgsfield").exists():
-        return venv
+        return
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run([system_python, "-m", "venv", str(venv)], check=True)
     # The machine's own pip configuration (its index and wheel cache): the bed's image wheels are only
@@ -307,7 +318,6 @@ def shared_node_venv(state_dir: Path, system_python: str = "/usr/bin/python3") -
     for p in [venv, *venv.rglob("*")]:
         if p.is_dir():
             p.chmod(p.stat().st_mode | 0o755)
-    return venv
 
 
 def cpu_torch_requirements(state_dir: Path) -> str:

@@ -2,7 +2,7 @@
 
 Run in order (one project for the module): fresh hosts (refused without a terminal,
 then pinned with --accept-new-host-keys) -> re-run changes nothing -> one sshd stopped
--> one host key changed. The hosts are test-bed hosts 20-22, this module's own: their
+-> one host key changed. The hosts are test-bed hosts 11-13, this module's own: their
 homes are wiped and one is rekeyed, which must not happen under the shared hfnode0-3
 that other tests use at the same time. ``make test`` runs them; ``make test-fast`` skips them.
 """
@@ -28,12 +28,12 @@ from higgsfield.control.remote.ssh import SSHTransport
 pytestmark = [pytest.mark.slow, pytest.mark.sshd, pytest.mark.docker]
 
 BASE_IMAGE = "higgsfield-testbase:torch2.13"
-HOSTS = (20, 21, 22)  # this module's own test-bed hosts
+HOSTS = (11, 12, 13)  # this module's own test-bed hosts (20 and 21 are tests/slurm's, which runs beside)
 
 
 @pytest.fixture(scope="module")
 def hosts(testbed: Testbed) -> list[Any]:
-    """Hosts 20-22, up, made fresh: homes reset, users out of the docker group."""
+    """Hosts 11-13, up, made fresh: homes reset, users out of the docker group."""
     from testbed import impl
 
     out = []

@@ -60,19 +60,22 @@ def slurm() -> None:
 
 @pytest.fixture(scope="session")
 def login(slurm: None) -> Any:
-    """Test-bed host hfnode20, up, with the laptop key authorized; its Host."""
+    """Test-bed host hfnode20, up, with the laptop key authorized; its Host.
+
+    Only this host is brought up: `make test` runs this directory beside the rest of the suite, whose
+    tests stop and restart hosts 0..3 on purpose (a bed-wide ``up`` here would restart them mid-test).
+    """
     tb = _bed()
     try:
-        bed = tb.ensure_testbed(docker=False, image=False)
+        bed = tb.ensure_testbed(hosts=0, docker=False, image=False)   # packages and the laptop key only
     except tb.TestbedUnavailable as e:
         pytest.fail(f"test bed unavailable: {e}")
-    h = tb.impl.make_host(LOGIN_HOST, bed.state_dir)
-    tb.impl.ensure_user(h, bed.client_pubkey)
+    with tb.impl.state_lock(bed.state_dir):
+        (h,) = tb.impl.ensure_hosts(0, bed.state_dir, indices=[LOGIN_HOST], reset_docker_group=False)
     # On a fresh machine the cluster's associations were made before this unix user existed:
     # slurmctld resolves an association's uid when it loads it and refuses the user's jobs
     # ("Invalid account") until it is told to look again.
     subprocess.run(["scontrol", "reconfigure"], check=True, capture_output=True, timeout=60)
-    tb.impl.start_host(h)
     return {"bed": bed, "host": h}
 
 
