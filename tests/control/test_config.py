@@ -353,3 +353,20 @@ def test_stall_settings_default_and_set() -> None:
     cfg = parse_config("name: a\nnodes:\n  - host: h1\nstall_timeout: 0\nstartup_timeout: 90.5\non_stall: wait\n",
                        Path("higgsfield.yml"))
     assert (cfg.stall_timeout, cfg.startup_timeout, cfg.on_stall) == (0.0, 90.5, "wait")
+
+
+def test_a_node_is_named_by_its_host_alone_when_no_other_node_shares_it(tmp_path: Path) -> None:
+    """Every node on port 2222 is named ``host:2222``; its host alone names it too (``--exclude 10.0.0.3``)."""
+    from higgsfield.control.backends.nodes.start import _candidates
+
+    cfg = parse_config("name: a\nssh:\n  port: 2222\nnodes:\n  - host: 10.0.0.2\n  - host: 10.0.0.3\n"
+                       "  - host: 10.0.0.9\n    port: 2201\n    name: box-a\n  - host: 10.0.0.9\n    name: box-b\n",
+                       tmp_path / "higgsfield.yml")
+    assert [n.name for n in cfg.nodes] == ["10.0.0.2:2222", "10.0.0.3:2222", "box-a", "box-b"]
+    assert cfg.node("10.0.0.3") is cfg.node("10.0.0.3:2222") is cfg.nodes[1]
+    assert cfg.node("10.0.0.9:2201") is cfg.nodes[2] and cfg.node("box-b") is cfg.nodes[3]
+    with pytest.raises(ConfigError, match=r"'10.0.0.9' is 2 nodes \(box-a, box-b\): name one of them"):
+        cfg.node("10.0.0.9")
+    assert [n.name for n in _candidates(cfg, ("10.0.0.3", "box-b"))] == ["10.0.0.2:2222", "box-a"]
+    with pytest.raises(ConfigError, match=r"--exclude 10.0.0.7: no such node \(the nodes are 10.0.0.2:2222, "):
+        _candidates(cfg, ("10.0.0.7",))

@@ -47,7 +47,8 @@ class _ListsSteps(click.Command):
 
 @click.command(cls=_ListsSteps)
 @click.option("--dry-run", is_flag=True, help="Run only the read-only checks and print what would be applied.")
-@click.option("--node", "nodes", multiple=True, metavar="NAME", help="Only this node (repeatable).")
+@click.option("--node", "nodes", multiple=True, metavar="NODE",
+              help="Only this node (its name, or its host when no other node shares it; repeatable).")
 @click.option("--step", "steps", multiple=True, metavar="STEP", help="Only this step (repeatable; the steps are above).")
 @click.option("--repin", multiple=True, metavar="NODE",
               help="Replace NODE's pinned host key with the one it offers now, after showing it and asking "
@@ -262,7 +263,8 @@ def _render_setup(out: Any, report: SetupReport) -> None:
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.option("--node", "nodes", multiple=True, metavar="NAME", help="Only this node (repeatable).")
+@click.option("--node", "nodes", multiple=True, metavar="NODE",
+              help="Only this node (its name, or its host when no other node shares it; repeatable).")
 @click.option("--fabric", is_flag=True,
               help="Benchmark the fabric: all-reduce 8 B..64 MiB, each node, each pair, the slow node named.")
 @click.option("--nodes", "count", type=click.IntRange(min=2), default=None, metavar="K",

@@ -66,7 +66,8 @@ def _node_list(ctx: click.Context, param: click.Parameter, value: str | None) ->
               help="What a hung run does: fail it, restart its workers from the last checkpoint, or wait "
                    f"(shown 'stalled'); default: on_stall in higgsfield.yml ({DEFAULT_STALL.on_stall}).")
 @click.option("--exclude", "exclude", default=None, metavar="NODE[,NODE]", callback=_node_list,
-              help="Leave these nodes out (on Slurm: sbatch --exclude); --nodes counts among the others.")
+              help="Leave these nodes out (a name, or a host no other node shares; on Slurm: sbatch --exclude); "
+                   "--nodes counts among the others.")
 @click.option("--allow-drift", is_flag=True, help="Run even when the nodes differ (driver, CUDA, NCCL, packages, "
               "Python, invoker, environment, GPUs): 'higgsfield doctor' lists the differences.")
 @click.option("--preflight/--no-preflight", default=None, help="Test the fabric first (doctor --fabric); with "
@@ -191,7 +192,7 @@ def _print_stall(out: Console, status: RunStatus, indent: str) -> None:
 @click.command()
 @click.argument("target", metavar="EXPERIMENT|RUN", callback=run_name)
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the run ends.")
-@click.option("--node", default=None, help="Only this node.")
+@click.option("--node", default=None, help="Only this node (its name, or its host when no other node shares it).")
 @click.option("--rank", "ranks", type=click.IntRange(min=0), multiple=True, help="Only this global rank (repeatable).")
 @click.option("--since", metavar="T", callback=since_option,
               help="Only lines written since T: 30s, 10m, 2h, 1d ago, or a local time like 2026-11-30T10:00. "

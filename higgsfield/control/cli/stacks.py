@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 @click.command()
 @click.argument("target", metavar="EXPERIMENT|RUN", callback=run_name)
-@click.option("--node", default=None, help="Only this node.")
+@click.option("--node", default=None, help="Only this node (its name, or its host when no other node shares it).")
 @click.option("--rank", type=click.IntRange(min=0), default=None, help="Only this global rank.")
 @click.option("--json", "as_json", is_flag=True, help="A JSON list of every rank's stacks, innermost frame last.")
 @click.pass_context

@@ -374,12 +374,35 @@ class Config(_Model):
                            nproc_per_node=None)
         return self.model_copy(update={"nodes": [login], "state_dir": self.slurm.workdir, "runtime": "process"})
 
-    def node(self, name: str) -> NodeConfig:
+    def node(self, ref: str) -> NodeConfig:
+        """The node ``ref`` names: its name, ``host:port``, or its host alone when no other node is on that host.
+
+        The one door for every place a user names a node (``--exclude``, ``--node`` of setup, doctor,
+        logs and stacks): a node named ``10.0.0.3:2222`` by default (every node on port 2222) is
+        also ``10.0.0.3``. ConfigError (exit 2) for an unknown or an ambiguous ``ref``.
+        """
+        node = self.find_node(ref)
+        if node is None:
+            known = ", ".join(str(n.name) for n in self.nodes)
+            raise ConfigError(f"{self.path or CONFIG_FILE}: no node named {shown(ref)} (nodes: {known})")
+        return node
+
+    def node_name(self, ref: str) -> str:
+        """The name of the node ``ref`` names (:meth:`node`); ``ref`` itself when it names none, for the
+        caller's own refusal (``--exclude``'s lists the nodes)."""
+        node = self.find_node(ref)
+        return ref if node is None else str(node.name)
+
+    def find_node(self, ref: str) -> NodeConfig | None:
+        """:meth:`node`, with None for a ``ref`` that names no node (ConfigError still for an ambiguous host)."""
         for n in self.nodes:
-            if n.name == name or n.host == name:
+            if n.name == ref:
                 return n
-        known = ", ".join(str(n.name) for n in self.nodes)
-        raise ConfigError(f"{self.path or CONFIG_FILE}: no node named {shown(name)} (nodes: {known})")
+        at = [n for n in self.nodes if ref in (n.host, f"{n.host}:{self.node_port(n)}")]
+        if len(at) > 1:
+            raise ConfigError(f"{shown(ref)} is {len(at)} nodes ({', '.join(str(n.name) for n in at)}): "
+                              "name one of them")
+        return at[0] if at else None
 
 
 class NodeDup(ValueError):

@@ -52,6 +52,7 @@ def preflight(cfg: Config, *, exclude: tuple[str, ...] = (), count: int | None =
               timeout: float = TIMEOUT_S) -> Preflight:
     """Test the fabric of the run's candidate nodes and pick around the bad ones (its own event loop)."""
     names = [str(n.name) for n in cfg.nodes]
+    exclude = tuple(cfg.node_name(x) for x in exclude)   # a host alone names its node
     candidates = leave_out(names, exclude) if exclude else names
     if len(candidates) < 2:
         return Preflight(exclude, [f"preflight: skipped, one node ({candidates[0]})"])

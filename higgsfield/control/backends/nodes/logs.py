@@ -163,7 +163,8 @@ async def stream_logs(group: Group, cfg: Config, status: RunStatus, *, follow: b
     every other stream has ended, a stream that still cannot be re-attached raises
     :class:`NodeLost`.
     """
-    names = [str(cfg.node(n).name) for n in status.nodes if node is None or n == node or cfg.node(n).host == node]
+    want = None if node is None else str(cfg.node(node).name)   # its host alone will do
+    names = [str(cfg.node(n).name) for n in status.nodes if want is None or cfg.node(n).name == want]
     if not names:
         raise RunError(f"run '{status.run}' does not run on node '{node}' (nodes: {', '.join(status.nodes)})")
     members = [m for m in group.members if m.name in names]

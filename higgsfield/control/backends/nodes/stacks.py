@@ -34,7 +34,8 @@ async def take_stacks(group: Group, cfg: Config, status: RunStatus, *, node: str
                       rank: int | None = None) -> StacksResult:
     """The stacks of ``status``'s ranks on its nodes (``node``, ``rank``: only those); :class:`NoStacks` when
     there are none (the run is not active and saved none at a stall)."""
-    names = [str(cfg.node(n).name) for n in status.nodes if node is None or n == node or cfg.node(n).host == node]
+    want = None if node is None else str(cfg.node(node).name)   # its host alone will do
+    names = [str(cfg.node(n).name) for n in status.nodes if want is None or cfg.node(n).name == want]
     if not names:
         raise NoStacks(f"run '{status.run}' does not run on node '{node}' (nodes: {', '.join(status.nodes)})")
     members = [m for m in group.members if m.name in names]

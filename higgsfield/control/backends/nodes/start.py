@@ -121,7 +121,7 @@ def _candidates(cfg: Config, exclude: tuple[str, ...]) -> list[NodeConfig]:
     """higgsfield.yml's nodes, in node-rank order, less ``exclude`` (unknown names: one line, exit 2)."""
     if not exclude:
         return select_nodes(cfg)
-    left = pick.exclude([str(n.name) for n in cfg.nodes], exclude)
+    left = pick.exclude([str(n.name) for n in cfg.nodes], [cfg.node_name(x) for x in exclude])
     return select_nodes(cfg, names=left)
 
 
