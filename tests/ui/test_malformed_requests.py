@@ -6,7 +6,7 @@ put on the wire: a path with U+2028, ``%FF`` or raw high bytes, an overlong path
 100,000-deep JSON body, a 20 MiB body, the wrong content type, a method the dashboard
 does not have, too many query fields. The token's redirect never leaves the server's
 root, and event streams are bounded per client: one over the limit is a 429, and after
-many opened and closed the server still answers.
+many opened and closed the server still answers. Fifty at once from one address are all served.
 """
 
 from __future__ import annotations
@@ -242,6 +242,27 @@ def open_stream(d: Dashboard, target: bytes = b"/api/events") -> tuple[socket.so
         first = resp.read1(100) if hasattr(resp, "read1") else resp.read(10)
         assert first.startswith(b"retry:")
     return s, resp.status
+
+
+def test_fifty_event_streams_at_once_are_all_answered_without_a_thread_each(ui: Dashboard) -> None:
+    """Several tabs, or a team on one dashboard through one tunnel (one address): every stream is served
+    at once, not 8 of them while the rest wait, and an idle stream holds no thread of the server."""
+    import psutil
+
+    server = psutil.Process(ui.proc.pid)
+    idle = server.num_threads()
+    socks = [connect(ui) for _ in range(50)]
+    try:
+        for s in socks:   # all asked before any answer is read
+            s.sendall(head(ui, "GET", b"/api/events").replace(b"Connection: close", b"Accept: text/event-stream"))
+        for s in socks:
+            resp = read_response(s)
+            assert resp.status == 200 and resp.read1(100).startswith(b"retry:"), resp.status
+        assert server.num_threads() <= idle + 2, (idle, server.num_threads())
+        assert ask(ui, "GET", b"/api/session")[0] == 200
+    finally:
+        for s in socks:
+            s.close()
 
 
 def test_event_streams_are_bounded_per_client_and_do_not_leak(ui: Dashboard) -> None:
