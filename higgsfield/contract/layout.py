@@ -182,6 +182,17 @@ CHECKPOINT_DIR_VAR = "HIGGSFIELD_CHECKPOINT_DIR"
 CHECKPOINT_MIRROR_VAR = "HIGGSFIELD_CHECKPOINT_MIRROR"
 
 
+def mirror_path(url: str) -> str | None:
+    """The node's directory of a path mirror (``/nfs/ckpt`` or ``file:///nfs/ckpt``); None for a remote URL.
+
+    A path mirror is the one kind a container must be given (a bind mount at the same path): an
+    object store or SFTP is reached over the network from inside it as from outside.
+    """
+    if url.startswith("file://"):
+        url = url[len("file://"):]
+    return url if url.startswith("/") else None
+
+
 # -- which host of a Slurm allocation runs which rank ------------------------------------------------------
 
 def _host_order(hosts: Sequence[str]) -> list[str]:

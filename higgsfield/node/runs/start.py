@@ -133,6 +133,7 @@ def place(home: NodeState, spec: RunSpec) -> NodeRun:
     if not code_dir.is_dir():
         raise RunError(f"project '{spec.project}' is not deployed on this node ({code_dir} is missing): "
                        "run 'higgsfield deploy'")
+    check_mirror(spec.checkpoint_mirror)
     runtime, image = choose_runtime(home, spec)
     python = None
     if runtime == "process":  # torchrun in the project environment that deploy built (never the invoker's venv)
@@ -152,6 +153,32 @@ def place(home: NodeState, spec: RunSpec) -> NodeRun:
     return NodeRun(pinned, Placement(
         gpus=gpus, cache_dir=str(layout.cache_dir(spec.project)), checkpoint_dir=str(ckpt),
         container=container_name(spec.project, spec.experiment, spec.run, spec.node), image=image, python=python))
+
+
+def check_mirror(url: str) -> None:
+    """A path mirror must be a directory this node's user can write, or the run is refused here.
+
+    Found at the first save instead, it would cost the run's progress (every upload failing in the
+    background); in a container the path is a bind mount of this very directory
+    (:mod:`higgsfield.node.runtime.containers`), so the check holds for both runtimes. The directory is
+    made when it is missing, as the mirror itself would; a file is written and removed to prove it
+    (``os.access`` says nothing true about NFS or root-squashed mounts).
+    """
+    path = layout.mirror_path(url)
+    if path is None:
+        return
+    import tempfile
+
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".higgsfield-probe-"):
+            pass
+    except OSError as e:
+        import getpass
+
+        raise RunError(f"checkpoint.mirror {path} cannot be written by user {getpass.getuser()} on this node "
+                       f"({e.strerror or e}): mount it there writable, or change checkpoint.mirror in "
+                       "higgsfield.yml") from None
 
 
 def _clear_previous(rd: RunDir) -> None:

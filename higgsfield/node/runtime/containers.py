@@ -18,6 +18,7 @@ records read the same inside and out:
 - the deployed code (read-only),
 - the run directory (spec, per-rank logs, pid and error files),
 - the project's checkpoint/cache directory ``~/.cache/higgsfield/<project>``,
+- a path mirror (``checkpoint.mirror: /nfs/ckpt``), checked writable when the run starts,
 - this invoker's own ``higgsfield`` package at ``/opt/higgsfield-invoker`` (read-only,
   first on ``PYTHONPATH``).
 
@@ -49,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from higgsfield.contract import layout
 from higgsfield.contract.codec import DecodeError, decode
 from higgsfield.contract.errors import RunError
 from higgsfield.node.state.placement import NodeRun
@@ -237,15 +239,7 @@ class ContainerRun:
             raise RunError(f"lost the Docker engine while removing a stale {self.name}: {e}") from None
         spec = run.spec
         code_dir = spec.code_dir
-        volumes: dict[str, dict[str, str]] = {
-            code_dir: {"bind": code_dir, "mode": "ro"},
-            str(rd.path): {"bind": str(rd.path), "mode": "rw"},
-            str(_invoker_package_dir()): {"bind": f"{INVOKER_MOUNT}/higgsfield", "mode": "ro"},
-        }
-        cache = run.placement.cache_dir
-        if cache:
-            Path(cache).mkdir(parents=True, exist_ok=True)
-            volumes[cache] = {"bind": cache, "mode": "rw"}
+        volumes = mounts(run, rd)
         device_requests = [docker.types.DeviceRequest(device_ids=[str(i) for i in slots], capabilities=[["gpu"]])] \
             if slots else None
         command = [argv[0], "-m", "higgsfield.node.runtime.launch", str(rd.launcher_log), "--", *argv]
@@ -307,6 +301,24 @@ class ContainerRun:
         except Exception:  # noqa: BLE001, S110 - already gone or the engine is down
             pass
         self.client.close()
+
+
+def mounts(run: NodeRun, rd: RunDir) -> dict[str, dict[str, str]]:
+    """The container's bind mounts (host path -> docker SDK volume), each at its host path (module doc)."""
+    code_dir = run.spec.code_dir
+    volumes = {
+        code_dir: {"bind": code_dir, "mode": "ro"},
+        str(rd.path): {"bind": str(rd.path), "mode": "rw"},
+        str(_invoker_package_dir()): {"bind": f"{INVOKER_MOUNT}/higgsfield", "mode": "ro"},
+    }
+    cache = run.placement.cache_dir
+    if cache:
+        Path(cache).mkdir(parents=True, exist_ok=True)
+        volumes[cache] = {"bind": cache, "mode": "rw"}
+    mirror = layout.mirror_path(run.spec.checkpoint_mirror)
+    if mirror:   # else every upload would land in the container's own filesystem and die with it
+        volumes[mirror] = {"bind": mirror, "mode": "rw"}
+    return volumes
 
 
 def _requests_errors() -> tuple[type[BaseException], ...]:
