@@ -8,7 +8,7 @@ so that a spec of another version says which side to upgrade); every name the no
 turns into a path or an import is checked by a field rule (a node never trusts the
 wire to have been checked).
 
-- :class:`StartRequest`: ``invoker start``'s stdin, ``{"spec", "secrets", "token"}``,
+- :class:`StartRequest`: ``invoker start``'s stdin, ``{"spec", "secrets", "token", "notify"}``,
   encoded once on the laptop and read once on the node (:func:`read_request`); the
   secrets and the coordinator token are never part of the spec; the node hands them on to
   the run's supervisor as a :class:`Handoff` (its stdin).
@@ -35,6 +35,7 @@ from higgsfield.contract.codec import decode, rule
 from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.errors import RunError
 from higgsfield.contract.names import MAX_NAME, NAME_RE, check_node_name, is_run_name
+from higgsfield.contract.notify import Notify
 from higgsfield.contract.stall_policy import DEFAULT_STALL, ON_STALL_CHOICES
 from higgsfield.contract.text import has_control
 
@@ -245,11 +246,13 @@ class StartRequest:
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
     token: str = field(default="", repr=False)
     """Authenticates the run's nodes to its coordinator (random per start)."""
+    notify: Notify = field(default_factory=Notify, repr=False, metadata=rule(sparse=True))
+    """Where node 0 sends the run's events (:mod:`higgsfield.contract.notify`: the URLs are secrets)."""
 
     @property
     def handoff(self) -> Handoff:
         """What the node hands the run's supervisor: this request less its spec."""
-        return Handoff(self.secrets, self.token)
+        return Handoff(self.secrets, self.token, self.notify)
 
 
 @dataclass(frozen=True)
@@ -261,6 +264,7 @@ class Handoff:
 
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
     token: str = field(default="", repr=False)
+    notify: Notify = field(default_factory=Notify, repr=False, metadata=rule(sparse=True))
 
 
 def read_request(data: object) -> StartRequest:

@@ -1,6 +1,6 @@
 """Secret values: from the project's git-ignored ``env`` file, or the process environment (CI).
 
-Only names listed under ``secrets:`` in higgsfield.yml are ever read, and values
+Only names listed under ``secrets:`` (and ``notify: to:``) in higgsfield.yml are ever read, and values
 are only handed to transports as stdin payloads, never put in argv or logs.
 """
 
@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from higgsfield.contract.errors import ConfigError
+from higgsfield.contract.notify import Notify
 from higgsfield.contract.text import shown
 from higgsfield.control.config import Config, decode_text
 
@@ -75,3 +76,27 @@ def collect(cfg: Config, environ: Mapping[str, str] | None = None, *, required: 
         raise ConfigError(f"{cfg.env_file}: secret {', '.join(missing)} declared in higgsfield.yml is not set; "
                           f"add {missing[0]}=... to the env file (or the environment / GitHub secrets)")
     return values
+
+
+def notify(cfg: Config, environ: Mapping[str, str] | None = None) -> Notify:
+    """The run's ``notify:`` destinations with their values (secrets, from where :func:`collect` reads them).
+
+    Kept apart from :func:`collect`'s: a destination goes to the run's supervisor alone, never into the
+    training's environment. An unset one is one line naming it (exit 2), before any node starts.
+    """
+    if cfg.notify is None:
+        return Notify()
+    environ = os.environ if environ is None else environ
+    from_file = load_env_file(cfg.env_file)
+    urls, missing = [], []
+    for name in cfg.notify.to:
+        value = from_file.get(name) or environ.get(name)
+        if value:
+            urls.append(value)
+        else:
+            missing.append(name)
+    if missing:
+        raise ConfigError(f"{cfg.env_file}: notify destination {', '.join(missing)} named in higgsfield.yml is not "
+                          f"set; add {missing[0]}=<apprise URL> to the env file (or the environment / GitHub "
+                          "secrets)")
+    return Notify(tuple(urls), tuple(cfg.notify.events))

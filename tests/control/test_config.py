@@ -22,12 +22,18 @@ from higgsfield.control.config import find_config, json_schema, load_config, par
 CLI_CASES = [
     ("unknown-top-key", "name: a\nnodes:\n  - host: h1\nfoo: 1\n",
      "4: foo: unknown key 'foo' (allowed: name, slurm, nodes, ssh, nproc_per_node, runtime, secrets, state_dir, "
-     "docker, install, default_branch, retention, checkpoint, stall_timeout, startup_timeout, on_stall, preflight)"),
+     "docker, install, default_branch, retention, checkpoint, notify, stall_timeout, startup_timeout, on_stall, preflight)"),
     ("root-in-ssh", "name: a\nnodes:\n  - host: h1\nssh:\n  user: root\n",
      "5: ssh.user: 'root' is refused: use a non-root user with passwordless sudo"),
     ("root-per-node", "name: a\nnodes:\n  - host: h1\n  - host: h2\n    user: root\n",
      "5: nodes[1].user: 'root' is refused: use a non-root user with passwordless sudo"),
     ("empty-node-list", "name: a\nnodes: []\n", "2: nodes: list at least one node (or describe a Slurm cluster in a slurm block)"),
+    ("notify-unknown-event", "name: a\nnodes:\n  - host: h1\nnotify:\n  to: [HOOK]\n  events: [failed, exploded]\n",
+     "6: notify.events[1]: must be 'started', 'succeeded', 'failed', 'stalled', 'recovered' or 'lost' "
+     "(got 'exploded')"),
+    ("notify-not-a-name", "name: a\nnodes:\n  - host: h1\nnotify:\n  to: ['https://hooks.slack.com/x']\n",
+     "5: notify.to: 'https://hooks.slack.com/x' is not a valid secret name: use UPPER_CASE letters, digits and _: "
+     "list the name of a secret here (SLACK_URL) and put its URL in the env file (SLACK_URL=slack://...)"),
     ("duplicated-node", "name: a\nnodes:\n  - host: h1\n  - host: h2\n  - host: h1\n",
      "5: nodes[2]: node 'h1' is listed twice (also nodes[0]); give each node a distinct host, port or name"),
     ("port-too-big", "name: a\nnodes:\n  - host: h1\n    port: 70000\n",
@@ -370,3 +376,19 @@ def test_a_node_is_named_by_its_host_alone_when_no_other_node_shares_it(tmp_path
     assert [n.name for n in _candidates(cfg, ("10.0.0.3", "box-b"))] == ["10.0.0.2:2222", "box-a"]
     with pytest.raises(ConfigError, match=r"--exclude 10.0.0.7: no such node \(the nodes are 10.0.0.2:2222, "):
         _candidates(cfg, ("10.0.0.7",))
+
+
+def test_notify_destinations_are_secrets_read_like_the_others_and_kept_from_the_training(tmp_path: Path) -> None:
+    from higgsfield.control import secrets
+
+    cfg = parse_config("name: a\nnodes:\n  - host: h1\nsecrets: [HF_TOKEN]\nnotify:\n  to: [SLACK, HOOK]\n",
+                       tmp_path / "higgsfield.yml")
+    assert cfg.notify is not None and cfg.notify.events == ["succeeded", "failed", "stalled", "recovered", "lost"]
+    write(tmp_path / "env", "HF_TOKEN=t\nSLACK=slack://a/b/c\n")
+    got = secrets.notify(cfg, {"HOOK": "json://h/p"})
+    assert got.urls == ("slack://a/b/c", "json://h/p") and got.wants("failed") and not got.wants("started")
+    assert secrets.collect(cfg, {"HOOK": "json://h/p"}) == {"HF_TOKEN": "t"}   # never in the run's environment
+    with pytest.raises(ConfigError, match=r"notify destination HOOK named in higgsfield.yml is not set; add "
+                                          r"HOOK=<apprise URL> to the env file"):
+        secrets.notify(cfg, {})
+    assert not secrets.notify(parse_config("name: a\nnodes:\n  - host: h1\n", tmp_path / "x.yml")).urls

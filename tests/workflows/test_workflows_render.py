@@ -337,3 +337,13 @@ def test_this_repos_committed_workflows_are_up_to_date() -> None:
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "up to date" in r.stdout + r.stderr
+
+
+def test_notify_destinations_reach_the_run_job_as_secrets_and_only_it(tmp_path: Path) -> None:
+    proj = make_project(tmp_path / "p", config=CONFIG + "notify:\n  to: [SLACK_URL, HF_TOKEN]\n")
+    files = rendered(proj)
+    launch = [s for _j, s in steps(load(files["run_alpaca.yml"])) if s.get("run", "").startswith("higgsfield ci")][0]
+    assert [k for k in launch["env"] if "secrets." in str(launch["env"][k])] == \
+        ["WANDB_API_KEY", "HF_TOKEN", "SLACK_URL"]   # a name in both lists once
+    assert all("secrets.SLACK_URL" not in files[n] for n in ("deploy.yml", "kill.yml"))
+    assert "Runs also read these secrets: WANDB_API_KEY, HF_TOKEN, SLACK_URL." in files["deploy.yml"]

@@ -6,7 +6,8 @@ line and the field, for example::
 
     higgsfield.yml:7: nodes[1].port: must be between 1 and 65535 (got 70000)
 
-The rooms: :mod:`.schema` (the typed model and its field checks), :mod:`.slurm` (the
+The rooms: :mod:`.schema` (the typed model and its field checks), :mod:`.blocks` (its smaller
+blocks: docker, install, retention, checkpoint, notify), :mod:`.slurm` (the
 ``slurm:`` block, which the Slurm backend uses as it is), :mod:`.fields` (the field types
 both share), :mod:`.loader`
 (the file, its text, one YAML parse with line numbers) and :mod:`.diagnostics`

@@ -12,8 +12,9 @@ Use::
 
 The JSON Schema that editors complete from, and every error's field path, come from these
 classes together; the ``slurm:`` block (the model the Slurm backend runs with) is
-:mod:`higgsfield.control.config.slurm`, and the field types all blocks share are
-:mod:`higgsfield.control.config.fields`.
+:mod:`higgsfield.control.config.slurm`, the smaller blocks (docker, install, retention,
+checkpoint, notify) :mod:`higgsfield.control.config.blocks`, and the field types all blocks
+share are :mod:`higgsfield.control.config.fields`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from pydantic import (
     model_validator,
 )
 
-from higgsfield import __version__
 from higgsfield.contract.errors import ConfigError
 from higgsfield.contract.layout import DEFAULT_STATE_DIR
 from higgsfield.contract.names import (
@@ -45,7 +45,13 @@ from higgsfield.contract.names import (
 )
 from higgsfield.contract.stall_policy import DEFAULT_STALL
 from higgsfield.contract.text import shown
-from higgsfield.contract.units import FORMS, duration_s
+from higgsfield.control.config.blocks import (
+    CheckpointConfig,
+    DockerConfig,
+    InstallConfig,
+    NotifyConfig,
+    RetentionConfig,
+)
 from higgsfield.control.config.fields import Float, Int, OnStallChoice, Port
 from higgsfield.control.config.fields import Model as _Model
 from higgsfield.control.config.fields import checked as _checked
@@ -53,7 +59,7 @@ from higgsfield.control.config.fields import refuse_root as _refuse_root
 from higgsfield.control.config.slurm import LoginConfig, SlurmConfig
 
 __all__ = ["CONFIG_FILE", "Config", "DockerConfig", "InstallConfig", "LoginConfig", "NodeConfig", "NodeDup",
-           "CheckpointConfig", "RetentionConfig", "SSHConfig", "SlurmConfig", "json_schema"]
+           "CheckpointConfig", "NotifyConfig", "RetentionConfig", "SSHConfig", "SlurmConfig", "json_schema"]
 
 CONFIG_FILE = "higgsfield.yml"
 BRANCH_RE = re.compile(r"\A[A-Za-z0-9._/-]{1,200}\Z")
@@ -80,21 +86,6 @@ def _state_dir(v: str) -> str:
     if len(parts) <= 1 and (not parts or parts[0] in ("/", ".") or parts[0].startswith("~")):
         raise ValueError(f"{shown(v)} is the root or a home directory itself: higgsfield needs a "
                          "directory of its own there, e.g. ~/.higgsfield")
-    return v
-
-
-def _pip_source(v: str) -> str:
-    check_text(v)
-    if v.startswith("-"):
-        raise ValueError(f"{shown(v)} starts with '-', which pip would read as an option: give a requirement, "
-                         "a git+https:// URL or a path")
-    return v
-
-
-def _index_url(v: str) -> str:
-    check_text(v)
-    if not re.fullmatch(r"https?://\S+", v):
-        raise ValueError(f"{shown(v)} is not an http(s):// URL")
     return v
 
 
@@ -134,81 +125,6 @@ class NodeConfig(_Model):
         return self.host.lower() in LOCAL_HOSTS
 
 
-class DockerConfig(_Model):
-    """The training image built on every node."""
-
-    dockerfile: str = Field("Dockerfile", description="Dockerfile, relative to the project.")
-    base_image: str | None = Field(None, description="Passed as the BASE_IMAGE build argument when set.")
-
-    _text = _checked("dockerfile", "base_image", check=check_text)
-
-
-class InstallConfig(_Model):
-    """How GitHub Actions jobs install higgsfield (the version that generated them)."""
-
-    source: str = Field(f"higgsfield=={__version__}",
-                        description="A pip requirement: 'higgsfield==X', 'git+https://...', a wheel URL.")
-    index_url: str | None = Field(None, description="Extra pip index for private installs.")
-
-    _source = _checked("source", check=_pip_source)
-    _index = _checked("index_url", check=_index_url)
-
-
-def _max_age(v: Any) -> Any:
-    # One grammar with `logs --since` and `prune --older-than` (higgsfield.contract.units).
-    if isinstance(v, str) and (secs := duration_s(v)) is not None and secs > 0:
-        return v
-    raise ValueError(f"{shown(v)} is not a duration above zero: use {FORMS}")
-
-
-class RetentionConfig(_Model):
-    """What deploy (and a plain ``higgsfield prune``) removes from the nodes so they never fill up.
-
-    Only finished runs (succeeded, failed, killed) ever go: a queued, starting or
-    running run is never touched, nor the image of the current release.
-    """
-
-    keep_runs: Int | None = Field(None, ge=0, description="Keep this many finished runs per node (the newest); "
-                                                          "older ones go.")
-    max_age: Annotated[str, BeforeValidator(_max_age)] | None = Field(
-        None, description="Finished runs that ended longer ago than this go: 30d, 12h, 90m.")
-    checkpoints: bool = Field(False, description="Also remove a removed run's checkpoints (default: never "
-                                                 "without asking).")
-    images: bool = Field(True, description="Also remove the project's images that no release and no queued or "
-                                           "running run uses.")
-
-    @property
-    def max_age_s(self) -> float | None:
-        return None if self.max_age is None else duration_s(self.max_age)
-
-
-_MIRROR_SCHEMES = ("s3://", "gs://", "sftp://", "file://")
-
-
-def _mirror_url(v: str) -> str:
-    check_text(v)
-    if v.startswith("/") and len(v) > 1 and ".." not in PurePosixPath(v).parts:
-        return v
-    scheme = next((s for s in _MIRROR_SCHEMES if v.startswith(s)), None)
-    rest = v[len(scheme):] if scheme else ""
-    if scheme is None or not rest.strip("/") or any(c.isspace() for c in v):
-        raise ValueError(f"{shown(v)} is not a mirror URL: use s3://bucket/prefix, gs://bucket/prefix, "
-                         "sftp://host/path, file:///path or an absolute path")
-    return v
-
-
-class CheckpointConfig(_Model):
-    """Where checkpoints go besides each node's own disk."""
-
-    mirror: str | None = Field(None, description="An fsspec URL (s3://bucket/prefix, gs://, sftp://host/path, "
-                                                 "file:///path or /path) each node uploads its part of every "
-                                                 "complete checkpoint to, in the background; loads fall back "
-                                                 "to it. Credentials and an S3 endpoint are secrets "
-                                                 "(AWS_ACCESS_KEY_ID, FSSPEC_S3_ENDPOINT_URL...).")
-
-    _mirror = _checked("mirror", check=_mirror_url)
-
-
 class Config(_Model):
     """Everything in ``higgsfield.yml``."""
 
@@ -233,6 +149,8 @@ class Config(_Model):
         None, description="Remove old finished runs (and unused images) from the nodes; deploy applies it.")
 
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)  # type: ignore[arg-type]
+    notify: NotifyConfig | None = Field(None, description="Send a run's events (failed, succeeded, stalled...) to "
+                                                          "Slack, Discord, e-mail or a webhook, from its node 0.")
 
     # The stall watchdog (issue 18): the node side finds a run that hangs, laptop or not.
     stall_timeout: Float = Field(
@@ -338,6 +256,11 @@ class Config(_Model):
     @property
     def env_file(self) -> Path:
         return self.project_dir / "env"
+
+    @property
+    def secret_names(self) -> list[str]:
+        """Every secret a run reads: ``secrets:`` (the training's environment), then ``notify: to:``."""
+        return [*self.secrets, *(n for n in (self.notify.to if self.notify else []) if n not in self.secrets)]
 
     def node_port(self, node: NodeConfig) -> int:
         return node.port or self.ssh.port

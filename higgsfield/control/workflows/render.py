@@ -55,7 +55,7 @@ def render_workflows(cfg: Config, experiments: list[DiscoveredExperiment]) -> di
         "install_source": cfg.install.source,
         "index_url": cfg.install.index_url,
         "default_branch": cfg.default_branch,
-        "secrets": list(cfg.secrets),
+        "secrets": cfg.secret_names,
         "known_hosts": _relative(cfg.known_hosts_path, cfg.project_dir),
         "python_version": PYTHON_VERSION,
         "experiments": [e.name for e in experiments],
@@ -111,8 +111,8 @@ def missing_secrets_notice(cfg: Config) -> str:
     text = ("The repository secret SSH_KEY is not set, so nothing was deployed. Add it in Settings > Secrets "
             "and variables > Actions: SSH_KEY is the private deploy key whose public half "
             "(higgsfield show-deploy-key) is in ~/.ssh/authorized_keys on every node.")
-    if cfg.secrets:
-        text += f" Runs also read these secrets: {', '.join(cfg.secrets)}."
+    if cfg.secret_names:
+        text += f" Runs also read these secrets: {', '.join(cfg.secret_names)}."
     return text + " Then push again or re-run this workflow."
 
 

@@ -73,3 +73,21 @@ def _newest_output(rd: RunDir) -> float | None:
         if st.st_size > 0:
             newest = st.st_mtime if newest is None else max(newest, st.st_mtime)
     return newest
+
+
+def newest_step(rd: RunDir) -> int | None:
+    """The highest step any of this node's ranks reported (what a message about the run names), or None."""
+    best: int | None = None
+    try:
+        entries = list(os.scandir(rd.path / layout.PROGRESS))
+    except OSError:
+        return None
+    for e in entries:
+        if e.name.startswith("rank"):
+            try:
+                with open(e.path, "rb") as f:
+                    step = int(f.read(128).split()[0])
+            except (OSError, IndexError, ValueError):
+                continue
+            best = step if best is None else max(best, step)
+    return best

@@ -70,6 +70,7 @@ from higgsfield.contract.gang import (
     Stopped,
     Unadmitted,
 )
+from higgsfield.contract.notify import Event, Notify
 from higgsfield.contract.runspec import Handoff
 from higgsfield.contract.stall_policy import OnStall, StallPolicy
 from higgsfield.contract.states import FAILED, KILLED, QUEUED, RUNNING, STALLED, SUCCEEDED
@@ -78,6 +79,7 @@ from higgsfield.node.gang.coordinator import Coordinator, lost_failure
 from higgsfield.node.gang.member import Inbox, Lost, Member
 from higgsfield.node.runs import failure, progress
 from higgsfield.node.runs import stacks as rank_stacks
+from higgsfield.node.runs.notify import Note, Notifier
 from higgsfield.node.runtime import torchrun
 from higgsfield.node.state import pids
 from higgsfield.node.state.home import NodeState
@@ -113,16 +115,17 @@ def supervise(home: NodeState, project: str, run: str, listen_fd: int | None = N
         import socket
 
         listener = socket.socket(fileno=listen_fd)
-    sup = Supervisor(rd, NodeRun.read(rd.spec_path), handoff.secrets, handoff.token, listener)
+    sup = Supervisor(rd, NodeRun.read(rd.spec_path), handoff.secrets, handoff.token, listener, handoff.notify)
     return sup.run()
 
 
 class Supervisor:
     def __init__(self, rd: RunDir, run: NodeRun, secrets: dict[str, str], token: str,
-                 listener: Any = None) -> None:
+                 listener: Any = None, notify: Notify | None = None) -> None:
         spec = run.spec
         self.home, self.rd, self.node_run = rd.home, rd, run
         self.secrets, self.token = secrets, token
+        self.notifier = Notifier(notify or Notify(), say)   # node 0 is given destinations; the others none
         self.node = spec.node
         self.nodes = list(spec.nodes)
         self.inbox: Inbox = _queue.Queue()
@@ -158,9 +161,27 @@ class Supervisor:
         queue.release(self.home, *self.entry.key)
         if self.coordinator is not None:  # node 0 serves the others until each has said its last word
             self.coordinator.wait(DONE_WAIT_S)
+            self._notify_end(outcome, self.coordinator.verdict)
             self.coordinator.close()
         self.member.close()
+        self.notifier.close()
         return 0
+
+    def _note(self, event: Event, **fields: Any) -> Note:
+        spec = self.node_run.spec
+        return Note(event, spec.run, spec.project, spec.experiment, step=progress.newest_step(self.rd), **fields)
+
+    def _notify_end(self, outcome: Outcome, verdict: Verdict | None) -> None:
+        """The run's end as the coordinator saw it (another node's failure fails the run even if this one's
+        part succeeded); a kill is no news to whoever killed it."""
+        fail = verdict.failure if verdict is not None and verdict.kind == "failed" else None
+        if fail is None and outcome.state == FAILED:
+            fail = outcome.failure
+        if fail is not None:
+            self.notifier.event(self._note("failed", node=fail.node, rank=fail.rank, detail=fail.reason,
+                                              error=fail.tail))
+        elif outcome.state == SUCCEEDED:
+            self.notifier.event(self._note("succeeded"))
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.stop_asked.set()
@@ -273,6 +294,7 @@ class Supervisor:
             return self._own_end(Outcome(FAILED, 1, self._own_failure(str(e))))
         record.state, record.started_at = RUNNING, time.time()
         self.rd.write(record)
+        self.notifier.event(self._note("started", detail=f"nodes: {', '.join(self.nodes)}"))
         rc, cause = self._watch(handle)
         code = rc if isinstance(rc, int) else None
         if self._stopping() or isinstance(cause, Killed):
@@ -343,6 +365,8 @@ class Supervisor:
                     wait = self.node_run.spec.on_stall == OnStall.WAIT
                     stalled(self.rd, d, at, STALLED if wait else None)
                     say(f"stalled: {d.summary}")
+                    self.notifier.event(self._note("stalled", detail=f"{d.summary} (on_stall: "
+                                                                        f"{self.node_run.spec.on_stall})"))
                 case Progressing():
                     self._set_state(RUNNING)
                     say("progressing again")

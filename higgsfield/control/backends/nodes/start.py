@@ -47,6 +47,7 @@ from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.errors import CommandError, RunError, RunNameInUse
 from higgsfield.contract.layout import code_dir
 from higgsfield.contract.noderuns import NodeRunView
+from higgsfield.contract.notify import Notify
 from higgsfield.contract.params import check_run_name, resolve
 from higgsfield.contract.replies import NameInUseReply, StartReply
 from higgsfield.contract.runspec import Coordinator, RunSpec, StartRequest
@@ -61,6 +62,7 @@ from higgsfield.control.config import Config, NodeConfig
 from higgsfield.control.project.discovery import find_experiment
 from higgsfield.control.remote import Group, Member, NodeResult, select_nodes
 from higgsfield.control.remote.invoker import node_state_dir
+from higgsfield.control.secrets import notify as notify_settings
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,7 @@ async def launch(group: Group, cfg: Config, plan: RunPlan, *,
     token = _random.token_hex(32)  # authenticates the run's nodes to its coordinator; sent on stdin only
     submitted_at = time.time()  # the FIFO order of every node's queue
     attempt = _random.token_hex(8)  # marks what this start makes, so its clean-up stops nothing else
+    notify = notify_settings(cfg)   # node 0's supervisor sends the run's events; an unset destination stops here
 
     def launcher(coordinator: Coordinator | None) -> Any:
         async def one(m: Member) -> StartReply:
@@ -144,7 +147,8 @@ async def launch(group: Group, cfg: Config, plan: RunPlan, *,
                 nproc=_nproc(cfg, m.node), coordinator=coordinator, max_restarts=plan.max_restarts,
                 runtime=cfg.runtime, exclusive=plan.exclusive, attempt=attempt,
                 checkpoint_mirror=cfg.checkpoint.mirror or "", **plan.stall.spec_fields())
-            payload = json.dumps(encode(StartRequest(spec, secrets=dict(secrets or {}), token=token)))
+            payload = json.dumps(encode(StartRequest(spec, secrets=dict(secrets or {}), token=token,
+                                                     notify=notify if m.rank == 0 else Notify())))
             try:
                 return await invoke_reply(m.transport, cfg, ["start"], StartReply, input=payload)
             except CommandError as e:

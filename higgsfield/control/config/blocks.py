@@ -1,0 +1,140 @@
+"""The smaller blocks of ``higgsfield.yml``: docker, install, retention, checkpoint and notify.
+
+Each is a model of its own with its field checks; :mod:`higgsfield.control.config.schema` holds the
+whole file's model (:class:`~higgsfield.control.config.schema.Config`), the nodes and SSH, which
+use them.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePosixPath
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field, field_validator
+
+from higgsfield import __version__
+from higgsfield.contract.names import check_secret_name, check_text
+from higgsfield.contract.notify import DEFAULT_EVENTS, Event
+from higgsfield.contract.text import shown
+from higgsfield.contract.units import FORMS, duration_s
+from higgsfield.control.config.fields import Int
+from higgsfield.control.config.fields import Model as _Model
+from higgsfield.control.config.fields import checked as _checked
+
+__all__ = ["CheckpointConfig", "DockerConfig", "InstallConfig", "NotifyConfig", "RetentionConfig"]
+
+
+def _pip_source(v: str) -> str:
+    check_text(v)
+    if v.startswith("-"):
+        raise ValueError(f"{shown(v)} starts with '-', which pip would read as an option: give a requirement, "
+                         "a git+https:// URL or a path")
+    return v
+
+
+def _index_url(v: str) -> str:
+    check_text(v)
+    if not re.fullmatch(r"https?://\S+", v):
+        raise ValueError(f"{shown(v)} is not an http(s):// URL")
+    return v
+
+
+class DockerConfig(_Model):
+    """The training image built on every node."""
+
+    dockerfile: str = Field("Dockerfile", description="Dockerfile, relative to the project.")
+    base_image: str | None = Field(None, description="Passed as the BASE_IMAGE build argument when set.")
+
+    _text = _checked("dockerfile", "base_image", check=check_text)
+
+
+class InstallConfig(_Model):
+    """How GitHub Actions jobs install higgsfield (the version that generated them)."""
+
+    source: str = Field(f"higgsfield=={__version__}",
+                        description="A pip requirement: 'higgsfield==X', 'git+https://...', a wheel URL.")
+    index_url: str | None = Field(None, description="Extra pip index for private installs.")
+
+    _source = _checked("source", check=_pip_source)
+    _index = _checked("index_url", check=_index_url)
+
+
+def _max_age(v: Any) -> Any:
+    # One grammar with `logs --since` and `prune --older-than` (higgsfield.contract.units).
+    if isinstance(v, str) and (secs := duration_s(v)) is not None and secs > 0:
+        return v
+    raise ValueError(f"{shown(v)} is not a duration above zero: use {FORMS}")
+
+
+class RetentionConfig(_Model):
+    """What deploy (and a plain ``higgsfield prune``) removes from the nodes so they never fill up.
+
+    Only finished runs (succeeded, failed, killed) ever go: a queued, starting or
+    running run is never touched, nor the image of the current release.
+    """
+
+    keep_runs: Int | None = Field(None, ge=0, description="Keep this many finished runs per node (the newest); "
+                                                          "older ones go.")
+    max_age: Annotated[str, BeforeValidator(_max_age)] | None = Field(
+        None, description="Finished runs that ended longer ago than this go: 30d, 12h, 90m.")
+    checkpoints: bool = Field(False, description="Also remove a removed run's checkpoints (default: never "
+                                                 "without asking).")
+    images: bool = Field(True, description="Also remove the project's images that no release and no queued or "
+                                           "running run uses.")
+
+    @property
+    def max_age_s(self) -> float | None:
+        return None if self.max_age is None else duration_s(self.max_age)
+
+
+_MIRROR_SCHEMES = ("s3://", "gs://", "sftp://", "file://")
+
+
+def _mirror_url(v: str) -> str:
+    check_text(v)
+    if v.startswith("/") and len(v) > 1 and ".." not in PurePosixPath(v).parts:
+        return v
+    scheme = next((s for s in _MIRROR_SCHEMES if v.startswith(s)), None)
+    rest = v[len(scheme):] if scheme else ""
+    if scheme is None or not rest.strip("/") or any(c.isspace() for c in v):
+        raise ValueError(f"{shown(v)} is not a mirror URL: use s3://bucket/prefix, gs://bucket/prefix, "
+                         "sftp://host/path, file:///path or an absolute path")
+    return v
+
+
+class CheckpointConfig(_Model):
+    """Where checkpoints go besides each node's own disk."""
+
+    mirror: str | None = Field(None, description="An fsspec URL (s3://bucket/prefix, gs://, sftp://host/path, "
+                                                 "file:///path or /path) each node uploads its part of every "
+                                                 "complete checkpoint to, in the background; loads fall back "
+                                                 "to it. Credentials and an S3 endpoint are secrets "
+                                                 "(AWS_ACCESS_KEY_ID, FSSPEC_S3_ENDPOINT_URL...).")
+
+    _mirror = _checked("mirror", check=_mirror_url)
+
+
+class NotifyConfig(_Model):
+    """Where a run's events are sent from its node 0, laptop or not (:mod:`higgsfield.contract.notify`)."""
+
+    to: list[str] = Field(..., min_length=1,
+                          description="Names of secrets whose values are apprise URLs (slack://..., discord://..., "
+                                      "mailto://..., ntfy://..., json://host/path for any webhook): their values "
+                                      "come from the env file or CI secrets, like the secrets' own.")
+    events: list[Event] = Field(list(DEFAULT_EVENTS),
+                                description="Which events: started, succeeded, failed, stalled, recovered, lost "
+                                            "(default: all but started).")
+
+    @field_validator("to")
+    @classmethod
+    def _to(cls, v: list[str]) -> list[str]:
+        for s in v:
+            try:
+                check_secret_name(s)
+            except ValueError as e:   # most likely the URL itself, which must not be in a committed file
+                raise ValueError(f"{e}: list the name of a secret here (SLACK_URL) and put its URL in the env "
+                                 "file (SLACK_URL=slack://...)") from None
+        if len(set(v)) != len(v):
+            raise ValueError("a destination is listed twice")
+        return v
