@@ -12,20 +12,30 @@ worker on node 1 is SIGKILLed, torchrun restarts the workers and every rank load
 checkpoint from its own node and goes on from its step, not 0 (asserted on the step numbers in
 the ranks' logs), and the run still succeeds.
 
+The run has a path mirror (``checkpoint.mirror``, a directory of this machine both node users
+may write, as an NFS export would be) and runs in Docker, which is how a mirror used to be lost:
+the container was never given the path. Each node's part must reach the host directory, and with
+node 1's own copy of the newest step deleted the second run resumes from the mirror. A mirror a
+node cannot write is refused before anything starts, in one line naming the nodes.
+
     flock /tmp/hf-testbed.lock pytest tests/faults/test_checkpoint_node_local_bed.py
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
-from faults_helpers import FaultCluster, kill_run_quietly, name, report, worker_pid
+from faults_helpers import PROJECT, FaultCluster, kill_run_quietly, name, report, worker_pid
 from pull_helpers import assert_same_state, load_step
 from runs_helpers import wait_for
 
@@ -37,13 +47,22 @@ RANKS = ((8, 0), (8, 1), (9, 2), (9, 3))   # (node, global rank): 2 ranks on eac
 STEPS, EVERY = 12, 4
 
 
-def _two_ranks_per_node(c: FaultCluster) -> str:
-    """Switch the project to 2 ranks per node; returns the old higgsfield.yml to put back."""
+def _two_ranks_per_node(c: FaultCluster, mirror: str) -> str:
+    """Switch the project to 2 ranks per node with ``mirror``; returns the old higgsfield.yml to put back."""
     yml = c.dir / "higgsfield.yml"
     old = yml.read_text()
-    assert "nproc_per_node: 1\n" in old
-    yml.write_text(old.replace("nproc_per_node: 1\n", "nproc_per_node: 2\n"))
+    assert "nproc_per_node: 1\n" in old and "checkpoint:" not in old
+    yml.write_text(old.replace("nproc_per_node: 1\n", "nproc_per_node: 2\n") + f"checkpoint:\n  mirror: {mirror}\n")
     return old
+
+
+def _shared_mirror() -> Path:
+    """A directory both node users write, files readable by the other (default ACLs override the runs' umask
+    0077): what an NFS export mounted on every node gives a run."""
+    d = Path(tempfile.mkdtemp(prefix="hf-mirror-", dir="/tmp"))
+    d.chmod(0o777)
+    subprocess.run(["setfacl", "-d", "-m", "u::rwx,g::rwx,o::rwx", str(d)], check=True, timeout=30)
+    return d
 
 
 @pytest.mark.timeout(600)
@@ -51,7 +70,17 @@ def test_two_nodes_without_a_shared_disk_save_and_resume_from_their_own_parts(fa
     c = faults
     run = name("nodelocal")
     args = ["ckpt_steps", "-p", f"every={EVERY}", "--nodes", "2", "--run-name", run]
-    old = _two_ranks_per_node(c)
+    # A mirror no node user can write (root's home): node 0 (started first) refuses it, and nothing starts
+    old = _two_ranks_per_node(c, f"/root/hf-mirror-{uuid.uuid4().hex[:8]}")
+    bad = c.hf("run", *args, "--detach", timeout=120)
+    lines = bad.stderr.strip().splitlines()
+    assert bad.returncode != 0 and len(lines) == 1, (bad.returncode, bad.stderr)
+    assert "failed to start on 1 node(s): hfnode8: " in lines[0] and "checkpoint.mirror /root/hf-mirror-" in \
+        lines[0] and "cannot be written by user hfnode8 on this node (Permission denied)" in lines[0], lines[0]
+    assert not c.record(8, run) and not c.record(9, run), "a refused start left a record"
+    (c.dir / "higgsfield.yml").write_text(old)
+    mirror = _shared_mirror()
+    _two_ranks_per_node(c, str(mirror))
     parts = {i: c.ckpt_dir(i, "ckpt_steps", run) for i in (8, 9)}
     first: subprocess.Popen[str] | None = None
     try:
@@ -80,6 +109,13 @@ def test_two_nodes_without_a_shared_disk_save_and_resume_from_their_own_parts(fa
             files = {p.name for p in (parts[i] / "step_00000012").iterdir()}
             assert {n for n in files if n.endswith(".distcp")} == {f"__{r}_0.distcp" for r in ranks}, files
             assert {".metadata", "trainer.pt", "COMPLETE"} <= files, files
+        # the containers' uploads reached the host directory: both nodes' parts of the newest step, COMPLETE
+        on_mirror = mirror / PROJECT / "ckpt_steps" / run / "step_00000012"
+        marker = json.loads((on_mirror / "COMPLETE").read_text())
+        assert marker["parts"] == [[0, 1], [2, 3]], marker
+        owners = {p.name: p.stat().st_uid for p in (on_mirror / marker["token"]).glob("part*.done")}
+        assert sorted(owners) == ["part0.done", "part1.done"] and len(set(owners.values())) == 2, owners
+        shutil.rmtree(parts[9] / "step_00000012")   # node 1's own copy lost: it resumes from the mirror's
         second = c.hf("run", *args, "-p", "steps=16", "-p", "step_sleep=0.05", timeout=300)
         assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     finally:
@@ -88,7 +124,8 @@ def test_two_nodes_without_a_shared_disk_save_and_resume_from_their_own_parts(fa
             first.communicate(timeout=30)
         (c.dir / "higgsfield.yml").write_text(old)
         kill_run_quietly(c, run)
-    report("rank crash with --max-restarts 1 on 2 nodes x 2 ranks, no shared disk",
+        shutil.rmtree(mirror, ignore_errors=True)
+    report("rank crash with --max-restarts 1 on 2 nodes x 2 ranks, no shared disk, a path mirror in Docker",
            f"a worker on node 1 SIGKILLed with step_{complete:08d} complete on both nodes; every rank "
            f"resumed from step_{resumed_at:08d} of its own node; the run succeeded {run_s:.1f}s after the kill")
     for i, rank in RANKS:

@@ -15,8 +15,9 @@ from pathlib import Path
 from .base import SSHD, TestbedError, exe, log
 from .procs import run
 
-# chromium: the dashboard's browser tests (tests/ui) drive Debian's build headless through Playwright
-APT_PACKAGES = ["docker.io", "openssh-server", "sudo", "debootstrap", "chromium"]
+# chromium: the dashboard's browser tests (tests/ui) drive Debian's build headless through Playwright;
+# acl: a directory two node users share as an NFS export would be (tests/faults' path mirror)
+APT_PACKAGES = ["docker.io", "openssh-server", "sudo", "debootstrap", "chromium", "acl"]
 
 # what each package must provide; a package counts as missing if its binary is
 PACKAGE_BINARIES = {
@@ -25,6 +26,7 @@ PACKAGE_BINARIES = {
     "sudo": "/usr/bin/sudo",
     "debootstrap": "/usr/sbin/debootstrap",
     "chromium": "/usr/lib/chromium/chromium",
+    "acl": "/usr/bin/setfacl",
 }
 
 APT_WAIT_S = 30 * 60
