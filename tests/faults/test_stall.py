@@ -16,19 +16,30 @@ others wait in ``all_reduce``. Real torchrun on CPU, real sshd nodes, the proces
 - on_stall=restart, 2 nodes x 2 ranks: every node's workers are restarted and resume from
   the last checkpoint;
 - the Docker runtime, 2 nodes x 2 ranks: the frozen rank is named from inside its container.
+
+The project has ``notify:`` with two destinations, apprise ``json://`` URLs kept as secrets: a
+webhook served by this test on loopback, and one nobody listens on. Node 0 sends started,
+stalled, failed and succeeded with the laptop gone; the dead destination costs the run nothing
+but a line in its launcher log; the webhook's secret path is in no file of the run, no process's
+command line and no process's environment.
 """
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import signal
+import socket
 import subprocess
+import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from faults_helpers import kill_run_quietly, name, report
 from runs_helpers import STATE, Cluster, exe, runs_conftest, wait_for
@@ -97,6 +108,8 @@ FREEZE_LINE = "`libc.sleep(max(1, int(end - time.time())))`"
 
 
 class StallCluster(Cluster):
+    hooks: Hooks
+
     def run_dir(self, i: int, run: str) -> Path:
         return self.home(i) / STATE / "runs" / PROJECT / run
 
@@ -123,6 +136,43 @@ def _git(d: Path, *args: str) -> None:
                         "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"})
 
 
+class Hooks:
+    """A webhook on loopback that keeps what apprise's ``json://`` posts: (run, event, body) in order."""
+
+    def __init__(self) -> None:
+        self.secret = f"hook-{uuid.uuid4().hex}"
+        self.got: list[tuple[str, str, str]] = []
+        hooks = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                if self.path == f"/{hooks.secret}":
+                    title = body["title"].split()   # "higgsfield: run NAME EVENT"
+                    hooks.got.append((title[2], title[3], body["message"]))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        with socket.socket() as s:   # a port nobody listens on: the dead destination
+            s.bind(("127.0.0.1", 0))
+            self.dead_port = s.getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        return f"json://127.0.0.1:{self.server.server_address[1]}/{self.secret}"
+
+    def events(self, run: str) -> list[str]:
+        return [e for r, e, _ in self.got if r == run]
+
+    def body(self, run: str, event: str) -> str:
+        return next(b for r, e, b in self.got if (r, e) == (run, event))
+
+
 def _configure(c: StallCluster, runtime: str) -> None:
     yml = c.dir / "higgsfield.yml"
     text = yml.read_text().replace("nproc_per_node: 1\n", "nproc_per_node: 2\n")
@@ -142,8 +192,14 @@ def stall_cluster(fault_bed, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     c = StallCluster(base.dir, base.bed, base.nodes)
     (c.dir / "src" / "stall.py").write_text(STALL)
     (c.dir / "requirements.txt").write_text(cpu_torch_requirements(fault_bed.state_dir()))
+    c.hooks = Hooks()
+    with open(c.dir / "env", "a") as f:   # the destinations are secrets: the git-ignored env file
+        f.write(f"NOTIFY_HOOK={c.hooks.url}\nNOTIFY_DEAD=json://127.0.0.1:{c.hooks.dead_port}/x\n")
+    with open(c.dir / "higgsfield.yml", "a") as f:
+        f.write("notify:\n  to: [NOTIFY_HOOK, NOTIFY_DEAD]\n  events: [started, succeeded, failed, stalled]\n")
     _configure(c, "process")
     yield c
+    c.hooks.server.shutdown()
 
 
 def _states(c: StallCluster, run: str) -> list[str | None]:
@@ -166,6 +222,8 @@ def test_a_frozen_rank_fails_the_run_named_and_the_queued_run_starts_and_is_neve
                  f"{frozen} running on both nodes")
         laptop.send_signal(signal.SIGKILL)   # the laptop goes away: the nodes decide alone
         laptop.wait()
+        seen = _processes_holding(c.hooks.secret)
+        assert seen == [], f"the webhook's secret is in these processes' argv or environment: {seen}"
         c.hf("run", "stall", "-p", "steps=4", "-p", f"step_sleep={STALL_S / 3}", *stall, "--run-name", slow,
              "--detach", check=True, timeout=120)
         wait_for(lambda: _ended(c, frozen), 120, f"{frozen} ended")
@@ -193,6 +251,18 @@ def test_a_frozen_rank_fails_the_run_named_and_the_queued_run_starts_and_is_neve
         assert all(r.get("stall") is None for r in slow_recs), slow_recs
         freed = min(r["started_at"] for r in slow_recs) - max(r["ended_at"] for r in recs)
         assert freed < 15, freed
+        # node 0 told the webhook, laptop gone; the dead destination cost a line in the launcher log
+        wait_for(lambda: "succeeded" in c.hooks.events(slow), 30, f"{slow}'s last word")
+        assert c.hooks.events(frozen) == ["started", "stalled", "failed"], c.hooks.got
+        assert c.hooks.events(slow) == ["started", "succeeded"], c.hooks.got
+        failed = c.hooks.body(frozen, "failed")
+        assert "node: hfnode9, rank 3" in failed and "stalled: " in failed and "experiment stall" in failed, failed
+        launcher = (c.run_dir(8, frozen) / "logs" / "launcher.log").read_text()
+        assert "notify: 'failed' not sent to destination 2 of 2 (json://): refused or unreachable" in launcher, \
+            launcher[-2000:]
+        for i in HOSTS:
+            for f in c.run_dir(i, frozen).rglob("*"):
+                assert not f.is_file() or c.hooks.secret.encode() not in f.read_bytes(), f
     finally:
         if laptop.poll() is None:
             laptop.kill()
@@ -262,5 +332,24 @@ def test_the_docker_runtime_names_the_frozen_rank_from_inside_its_container(stal
         assert "hfnode9/3 is at stall.py:" in rec["reason"] and FREEZE_LINE in rec["reason"], rec["reason"]
         assert "hfnode8/0, hfnode8/1, hfnode9/2 wait in all_reduce at stall.py:" in rec["reason"], rec["reason"]
         assert all((c.run_dir(i, run) / "stacks.json").exists() for i in HOSTS)
+        wait_for(lambda: "failed" in c.hooks.events(run), 30, f"{run}'s failure sent")
+        assert c.hooks.events(run) == ["started", "stalled", "failed"], c.hooks.got
+        assert "node: hfnode9, rank 3" in c.hooks.body(run, "failed")
     finally:
         kill_run_quietly(c, run)
+
+
+def _processes_holding(secret: str) -> list[str]:
+    """Every process on this machine whose argv or environment holds ``secret`` (read as root)."""
+    found = []
+    for p in psutil.process_iter(["pid", "name"]):
+        try:
+            with open(f"/proc/{p.pid}/cmdline", "rb") as f:
+                argv = f.read()
+            with open(f"/proc/{p.pid}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if p.pid != os.getpid() and (secret.encode() in argv or secret.encode() in env):
+            found.append(f"{p.pid} {p.info['name']}")
+    return found
