@@ -202,11 +202,11 @@ def main(argv: list[str] | None = None, *, hard_exit: bool = False) -> int:
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if code:
-            _record_error(logs, rank, f"SystemExit({e.code})")
+            _record_error(logs, rank, f"SystemExit({e.code})", code=code)
     except BaseException as e:  # noqa: BLE001 - report every failure of user code
         traceback.print_exc()
-        _record_error(logs, rank, f"{type(e).__name__}: {e}")
         code = 1
+        _record_error(logs, rank, f"{type(e).__name__}: {e}", code=code)
     if hard_exit:
         leave(code, logs / f"rank{rank}.done")
     return code
@@ -286,15 +286,15 @@ def run(spec: RunSpec) -> int:
     return 0
 
 
-def _record_error(logs: Path, rank: int, message: str, kind: str = "exception") -> None:
-    """``rank<N>.error.json``: the rank, when, what (one line), and ``kind`` (exception | died)."""
+def _record_error(logs: Path, rank: int, message: str, kind: str = "exception", code: int | None = None) -> None:
+    """``rank<N>.error.json``: the rank, when, what (one line), ``kind`` (exception | died) and its exit code."""
     try:
         from higgsfield.contract.codec import encode
         from higgsfield.node.runs.failure import RankError
         from higgsfield.node.state.records import write_json
 
         write_json(logs / f"rank{rank}.error.json",
-                   encode(RankError(rank=rank, time=time.time(), error=message[:2000], kind=kind)))
+                   encode(RankError(rank=rank, time=time.time(), error=message[:2000], kind=kind, code=code)))
     except OSError:
         pass
 

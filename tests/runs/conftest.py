@@ -64,15 +64,30 @@ PROBE = '''\
 
 sleep: seconds to run; gate: run until the file RUN_DIR/<gate> exists instead (the test's switch);
 fail_rank/fail_after/how: that rank fails after that many seconds, by an exception (raise), a
-SIGABRT (abort) or a SIGKILL (kill9, as the OOM killer does). No collective: the other ranks would
-run on unless higgsfield stops them.
+SIGABRT (abort) or a SIGKILL (kill9, as the OOM killer does). No collective (the other ranks would
+run on unless higgsfield stops them), unless allreduce: then every rank all-reduces each 0.1 s, and
+how=raise_slow_exit raises, then ends its process group once its error is on record (the others'
+all_reduce breaks) and keeps its process 5 s more: a node whose torchrun ends later than the nodes it broke.
 """
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
 from higgsfield.experiment import experiment, param
+
+
+def _slow_exit(rank):
+    """Once the rank's error is on record (however loaded the machine), break the others, then linger."""
+    import torch.distributed as dist
+
+    error = Path(os.environ["HIGGSFIELD_RUN_DIR"]) / "logs" / f"rank{rank}.error.json"
+    deadline = time.time() + 30
+    while not error.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    dist.destroy_process_group()
+    time.sleep(5)
 
 
 @experiment("probe")
@@ -80,10 +95,16 @@ from higgsfield.experiment import experiment, param
 @param("gate", default="")
 @param("fail_rank", default=-1)
 @param("fail_after", default=3.0)
-@param("how", default="raise", options=["raise", "abort", "kill9"])
+@param("how", default="raise", options=["raise", "abort", "kill9", "raise_slow_exit"])
+@param("allreduce", default=False)
 def probe(params):
     print(f"rank={params.rank} secret_len={len(os.environ.get('HF_TEST_SECRET', ''))}", flush=True)
     gate = Path(os.environ["HIGGSFIELD_RUN_DIR"]) / params.gate if params.gate else None
+    if params.allreduce:
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
     start = time.time()
     while True:
         if params.rank == params.fail_rank and time.time() - start >= params.fail_after:
@@ -92,10 +113,14 @@ def probe(params):
                 os.abort()
             if params.how == "kill9":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if params.how == "raise_slow_exit":
+                threading.Thread(target=_slow_exit, args=(params.rank,)).start()   # not a daemon: the worker's exit waits for it
             raise RuntimeError(f"probe failure on rank {params.rank}")
         done = gate.exists() if gate is not None else time.time() - start >= params.sleep
         if done:
             return
+        if params.allreduce:
+            dist.all_reduce(torch.ones(1))
         time.sleep(0.1)
 '''
 

@@ -151,6 +151,24 @@ def test_three_node_run_in_docker_logs_and_status(deployed: Cluster) -> None:
     print(f"\n3-node docker run of {steps} steps: {took:.1f}s end to end")
 
 
+@pytest.mark.timeout(300)
+def test_a_rank_that_raises_is_the_first_failure_and_its_exit_code_the_runs(deployed: Cluster) -> None:
+    """Rank 1 raises; its process group's end breaks the others' all_reduce, and its own process lingers.
+    Node 0's torchrun ends first and node 0 is first to report, its "connection reset" once named as the
+    run's cause while node 1 took the abort for news from elsewhere. The rank that raised is named;
+    ``run`` and ``status`` give its own exit code, 1 (2 is what a usage error exits with)."""
+    c = deployed
+    run = _name("raises")
+    r = c.hf("run", "probe", "-p", "allreduce=true", "-p", "fail_rank=1", "-p", "fail_after=2", "-p",
+             "how=raise_slow_exit", "-p", "sleep=60", "--run-name", run, timeout=300)
+    assert r.returncode == 1, (r.returncode, r.stderr[-3000:])
+    assert f"run {run} failed (first failure: node hfnode1, rank 1)" in r.stderr, r.stderr[-3000:]
+    assert "rank 1: RuntimeError: probe failure on rank 1" in r.stderr, r.stderr[-3000:]
+    st = _status(c)[run]
+    assert (st["state"], st["exit_code"], st["failed_node"], st["failed_rank"]) == ("failed", 1, "hfnode1", 1), st
+    _no_leftovers(c, run)
+
+
 def test_kill_within_10s_leaves_nothing(deployed: Cluster) -> None:
     c = deployed
     run = _name("kill")

@@ -95,6 +95,7 @@ class RankError:
     time: float
     error: str = field(default="failed", metadata=rule(check=_one_line))
     kind: str | None = None     # "exception" (user code raised) | "died" (no Python exception: a signal)
+    code: int | None = None     # the rank's own exit code: 1 for an exception, N for SystemExit(N)
 
 
 def first_error(rd: RunDir, since: float) -> RankError | None:
@@ -108,6 +109,25 @@ def first_error(rd: RunDir, since: float) -> RankError | None:
         if e.time >= since and (best is None or e.time < best.time):
             best = e
     return best
+
+
+def before(rd: RunDir, node: str, rc: int, since: float, told: Failure | None) -> Failure | None:
+    """This node's own failure if one of its ranks failed before ``told`` (the failure an abort named).
+
+    A rank that raises ends its process group, which breaks another node's collective; that
+    node's torchrun may end first and be reported first, and its "connection reset" named as the
+    run's cause. Said to the coordinator, the earlier failure here is the run's first.
+    """
+    own = describe(rd, node, rc, since)
+    if own.rank is None or told is None or own.at >= told.at:
+        return None
+    return own
+
+
+def rank_code(rd: RunDir, since: float) -> int | None:
+    """The exit code the first failing rank gave itself (1 for an exception), when it recorded one."""
+    error = first_error(rd, since)
+    return error.code if error is not None and error.kind != "died" else None
 
 
 def torchrun_root_cause(launcher_log: Path) -> tuple[int, int] | None:

@@ -29,7 +29,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from higgsfield.contract.failure import Failure, Verdict
 from higgsfield.contract.notify import Event, Notify
+from higgsfield.contract.states import FAILED, SUCCEEDED
 
 RATE = 5              # messages ...
 WINDOW_S = 60.0       # ... per this many seconds, the run's end excepted
@@ -146,3 +148,14 @@ class Notifier:
                 continue
             out.append((i, url, functools.partial(_send, ap)))
         return out
+
+
+def ending(state: str, own: Failure | None, verdict: Verdict | None) -> tuple[Event, Failure | None] | None:
+    """The run's end to tell of, as node 0's coordinator saw it: another node's failure fails the run even
+    when node 0's part succeeded (``failed`` and that failure); ``succeeded``; None for a kill."""
+    fail = verdict.failure if verdict is not None and verdict.kind == "failed" else None
+    if fail is None and state == FAILED:
+        fail = own
+    if fail is not None:
+        return "failed", fail
+    return ("succeeded", None) if state == SUCCEEDED else None

@@ -79,7 +79,7 @@ from higgsfield.node.gang.coordinator import Coordinator, lost_failure
 from higgsfield.node.gang.member import Inbox, Lost, Member
 from higgsfield.node.runs import failure, progress
 from higgsfield.node.runs import stacks as rank_stacks
-from higgsfield.node.runs.notify import Note, Notifier
+from higgsfield.node.runs.notify import Note, Notifier, ending
 from higgsfield.node.runtime import torchrun
 from higgsfield.node.state import pids
 from higgsfield.node.state.home import NodeState
@@ -172,16 +172,12 @@ class Supervisor:
         return Note(event, spec.run, spec.project, spec.experiment, step=progress.newest_step(self.rd), **fields)
 
     def _notify_end(self, outcome: Outcome, verdict: Verdict | None) -> None:
-        """The run's end as the coordinator saw it (another node's failure fails the run even if this one's
-        part succeeded); a kill is no news to whoever killed it."""
-        fail = verdict.failure if verdict is not None and verdict.kind == "failed" else None
-        if fail is None and outcome.state == FAILED:
-            fail = outcome.failure
-        if fail is not None:
-            self.notifier.event(self._note("failed", node=fail.node, rank=fail.rank, detail=fail.reason,
-                                              error=fail.tail))
-        elif outcome.state == SUCCEEDED:
-            self.notifier.event(self._note("succeeded"))
+        """The run's end as the coordinator saw it; a kill is no news to whoever killed it."""
+        end = ending(outcome.state, outcome.failure, verdict)
+        if end is not None:
+            fail = end[1]
+            self.notifier.event(self._note(end[0], node=fail.node, rank=fail.rank, detail=fail.reason,
+                                           error=fail.tail) if fail else self._note(end[0]))
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.stop_asked.set()
@@ -300,6 +296,8 @@ class Supervisor:
         if self._stopping() or isinstance(cause, Killed):
             self.member.send(Killed())
             return Outcome(KILLED, code)
+        if cause is not None and (first := self._failed_first(cause, code, since)) is not None:
+            return self._own_end(Outcome(FAILED, failure.rank_code(self.rd, since) or code, first))
         if cause is not None:
             self.member.send(Stopped())
             outcome = self._ended_elsewhere(cause)
@@ -310,7 +308,14 @@ class Supervisor:
             return Outcome(SUCCEEDED, 0)
         if code is None:  # the Docker engine went away
             return self._own_end(Outcome(FAILED, 1, self._own_failure(str(rc))))
-        return self._own_end(Outcome(FAILED, code, failure.describe(self.rd, self.node, code, since)))
+        # the run's exit code is the failing rank's own (1 for an exception), not torchrun's summary of it
+        return self._own_end(Outcome(FAILED, failure.rank_code(self.rd, since) or code,
+                                     failure.describe(self.rd, self.node, code, since)))
+
+    def _failed_first(self, cause: Abort | Lost | Killed, code: int | None, since: float) -> Failure | None:
+        if not isinstance(cause, Abort) or code in (None, 0):
+            return None
+        return failure.before(self.rd, self.node, code, since, cause.verdict.failure)
 
     def _watch(self, handle: Any) -> tuple[int | str, Abort | Lost | Killed | None]:
         """Wait for torchrun; stop it on a kill (Killed) or an abort. (exit code or engine error, what stopped it)."""
