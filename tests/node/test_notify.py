@@ -116,3 +116,15 @@ def test_no_destination_no_thread() -> None:
     n.event(Note("failed", "r5", "p", "e"))
     n.close(1)
     assert n._thread is None
+
+
+def test_the_end_told_is_the_runs_as_node_0_saw_it() -> None:
+    from higgsfield.contract.failure import Failure, Verdict
+    from higgsfield.node.runs.notify import ending
+
+    elsewhere = Failure("gpu-2", 3, 10.0, "rank 3: ValueError: x")
+    assert ending("succeeded", None, None) == ("succeeded", None)
+    assert ending("succeeded", None, Verdict("failed", elsewhere)) == ("failed", elsewhere)   # its part did well
+    own = Failure("gpu-1", 0, 9.0, "rank 0: exited 1")
+    assert ending("failed", own, None) == ("failed", own)
+    assert ending("killed", None, Verdict("killed", node="gpu-1")) is None   # no news to whoever killed it
