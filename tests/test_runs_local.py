@@ -110,6 +110,16 @@ def test_run_streams_prefixed_logs_and_records_the_run(project: Path) -> None:
     later = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 5))
     r = hf(project, "logs", "r1", "--since", later)
     assert r.returncode == 0 and r.stdout == "", r.stdout
+    # the name re-used: `run` streams this attempt only; `logs` shows both, each under its header
+    again = hf(project, "run", "regression", "-p", "steps=5", "--run-name", "r1")
+    assert again.returncode == 0 and again.stdout.count("localhost/0 | step") == 5, again.stdout
+    assert "=== attempt" not in again.stdout
+    both = hf(project, "logs", "r1").stdout.splitlines()
+    heads = [i for i, ln in enumerate(both) if "=== attempt" in ln]
+    assert len(heads) == 2 and "attempt 1 (first start) on localhost" in both[heads[0]], both[:3]
+    assert "attempt 2 (the name re-used) on localhost" in both[heads[1]], both[heads[1]]
+    steps = [sum("localhost/0 | step" in ln for ln in part) for part in (both[heads[0]:heads[1]], both[heads[1]:])]
+    assert steps == [30, 5], steps
 
 
 @pytest.mark.slow

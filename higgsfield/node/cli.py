@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -197,10 +198,11 @@ def status(ctx: click.Context, project: str | None, run_name: str | None) -> Non
 @click.option("--heartbeat", type=float, default=None, help="With -f: print '#hb' after this many quiet seconds.")
 @click.option("--since", type=float, default=None, metavar="UNIXTIME",
               help="Only lines written from then on (a log without index: whole if modified since, else none).")
+@click.option("--current", is_flag=True, help="Only the run's current attempt (what 'run' streams).")
 @click.pass_context
 def logs(ctx: click.Context, project: str, run_name: str, follow: bool, ranks: tuple[int, ...],
-         heartbeat: float | None, since: float | None) -> None:
-    """Print RANK<TAB>LINE for every log line of a run (rank -1: the launcher)."""
+         heartbeat: float | None, since: float | None, current: bool) -> None:
+    """Print RANK<TAB>LINE for every log line of a run (rank -1: the launcher), each attempt under its header."""
     from higgsfield.contract.errors import RunError
     from higgsfield.node.observe.logs import read_lines
     from higgsfield.node.runs.stop import refresh
@@ -211,9 +213,20 @@ def logs(ctx: click.Context, project: str, run_name: str, follow: bool, ranks: t
         raise RunError(f"no run '{run_name}' of project '{project}' on this node")
     out = sys.stdout
     for rank, line in read_lines(rd, follow=follow, ranks=set(ranks) or None,
-                                 is_done=lambda: refresh(rd).terminal, heartbeat=heartbeat, since=since):
+                                 is_done=lambda: refresh(rd).terminal, heartbeat=heartbeat, since=since,
+                                 attempts=_attempts(rd) if since is None else [], current=current):
         out.write("#hb\n" if rank is None else f"{rank}\t{line}\n")
         out.flush()
+
+
+def _attempts(rd: Any) -> list[Any]:
+    """The record's attempts; none from a record that does not read (its logs are still all shown)."""
+    from higgsfield.contract.errors import RunError
+
+    try:
+        return list(rd.read().attempts)
+    except (RunError, OSError, ValueError):
+        return []
 
 
 @invoker.command()

@@ -226,3 +226,16 @@ def test_on_three_nodes_a_second_start_is_refused_and_the_first_finishes_everywh
     done = [wait_state(lambda i=i: _bed_record(i, run), {"succeeded", "failed", "killed"}, 120) for i in range(3)]
     assert [d["state"] for d in done] == ["succeeded"] * 3, done
     assert len({d["attempt"] for d in done}) == 1
+    # Once it ended, the name may be re-used (Docker runtime): `run` streams its own attempt only, and
+    # `logs` shows both, each under its header, on every node.
+    again = three.hf("run", "probe", "-p", "sleep=0", "--run-name", run, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert [again.stdout.count(f"hfnode{i}/{i} | rank={i} secret_len=") for i in range(3)] == [1, 1, 1], again.stdout
+    assert "=== attempt" not in again.stdout
+    logs = three.hf("logs", run, timeout=120).stdout
+    for i in range(3):
+        mine = [ln for ln in logs.splitlines() if ln.startswith(f"hfnode{i}/")]
+        heads = [n for n, ln in enumerate(mine) if "=== attempt" in ln]
+        assert len(heads) == 2 and "attempt 2 (the name re-used) on hfnode0, hfnode1, hfnode2" in mine[heads[1]], mine
+        said = [n for n, ln in enumerate(mine) if f"rank={i} secret_len=" in ln]
+        assert len(said) == 2 and heads[0] < said[0] < heads[1] < said[1], mine

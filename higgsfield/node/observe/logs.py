@@ -29,14 +29,15 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from itertools import pairwise
 from pathlib import Path
 
 from higgsfield.contract.layout import LAUNCHER_LOG
 from higgsfield.contract.text import MAX_LINE, LineSplitter
 from higgsfield.node.observe import logindex
 from higgsfield.node.observe.logindex import start_offset
-from higgsfield.node.state.records import RunDir
+from higgsfield.node.state.records import Attempt, RunDir
 
 _RANK_LOG = re.compile(r"^rank(\d+)\.log$")
 LAUNCHER = -1
@@ -57,6 +58,29 @@ def _log_files(rd: RunDir) -> dict[int, Path]:
     return files
 
 
+def _segment(files: dict[int, Path], ranks: set[int] | None, start: dict[str, int],
+             end: dict[str, int]) -> Iterator[tuple[int, str]]:
+    """The lines each log file got between two attempts' starts, file by file (an ended attempt)."""
+    for rank, path in sorted(files.items()):
+        if ranks is not None and rank not in ranks:
+            continue
+        a, b = start.get(path.name, 0), end.get(path.name, 0)
+        if b <= a:
+            continue
+        split = LineSplitter(MAX_LINE)
+        try:
+            with open(path, "rb") as f:
+                f.seek(a)
+                while a < b and (chunk := f.read(min(READ_CHUNK, b - a))):
+                    a += len(chunk)
+                    for line in split.feed(chunk):
+                        yield rank, line
+        except OSError:
+            continue
+        for line in split.end():
+            yield rank, line
+
+
 def _teeing(rd: RunDir) -> bool:
     """True while some rank's tee still runs (holds its index): its log may still grow."""
     return rd.logs.is_dir() and any(logindex.held(p) for p in rd.logs.glob("rank*.idx"))
@@ -64,14 +88,27 @@ def _teeing(rd: RunDir) -> bool:
 
 def read_lines(rd: RunDir, *, follow: bool = False, ranks: set[int] | None = None,
                is_done: Callable[[], bool] | None = None, poll: float = 0.2,
-               heartbeat: float | None = None, since: float | None = None) -> Iterator[tuple[int | None, str]]:
+               heartbeat: float | None = None, since: float | None = None,
+               attempts: Sequence[Attempt] = (), current: bool = False) -> Iterator[tuple[int | None, str]]:
     """Yield ``(rank, line)`` from every log; with ``follow``, until ``is_done()`` and drained.
 
     With ``heartbeat``, a ``(None, "")`` comes whenever that many seconds passed
     without a line, so a reader at the other end of a connection can tell a quiet
     run from a dead node. With ``since``, only lines written from then on (see above).
+    ``attempts`` (the record's): each attempt's lines under its header, a launcher line (with
+    ``current``, only the last attempt's lines, as ``run`` shows its own start).
     """
     offsets: dict[int, int] = {}
+    if attempts and since is None:
+        files = _log_files(rd)
+        if not current:   # headers are launcher lines: a --rank filter leaves them out, as it does the launcher's
+            for one, nxt in pairwise(attempts):
+                if ranks is None:
+                    yield LAUNCHER, one.header
+                yield from _segment(files, ranks, one.logs, nxt.logs)
+            if ranks is None:
+                yield LAUNCHER, attempts[-1].header
+        offsets = {rank: attempts[-1].logs.get(path.name, 0) for rank, path in files.items()}
     partial: dict[int, LineSplitter] = {}   # per rank: the line begun and not ended yet (at most MAX_LINE bytes)
     last = time.monotonic()
     done_at: float | None = None

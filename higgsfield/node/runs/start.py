@@ -35,6 +35,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from higgsfield.contract import layout
@@ -50,7 +51,7 @@ from higgsfield.node.state import pids
 from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.locks import exclusive
 from higgsfield.node.state.placement import NodeRun, Placement
-from higgsfield.node.state.records import RunDir, RunRecord
+from higgsfield.node.state.records import Attempt, RunDir, RunRecord
 
 
 def detect_gpus() -> int:
@@ -117,13 +118,15 @@ def start_run(home: NodeState, request: StartRequest) -> StartReply:
     rd = RunDir(home, spec.project, spec.run)
     rd.make()
     with exclusive(rd.lock_file):  # held while this start checks and records the run
+        before: list[Attempt] = []
         if rd.exists():
             old = refresh(rd)
             if old.state in ACTIVE:
                 raise RunNameInUse(spec.run, old.state, spec.node)
+            before = old.attempts
         run = place(home, spec)
         _clear_previous(rd)
-        record = _start_supervisor(rd, run, request.handoff)
+        record = _start_supervisor(rd, run, request.handoff, [*before, _attempt(rd, spec, len(before))])
     return decode(StartReply, encode(record))   # the record as the control side reads it (a NodeRunView)
 
 
@@ -192,7 +195,15 @@ def _clear_previous(rd: RunDir) -> None:
     rd.make()
 
 
-def _start_supervisor(rd: RunDir, run: NodeRun, handoff: Handoff) -> RunRecord:
+def _attempt(rd: RunDir, spec: RunSpec, earlier: int) -> Attempt:
+    """This start as the record keeps it: where each log file ends now is where its output will begin
+    (``run`` streams from there; ``logs`` shows every attempt under its header)."""
+    sizes = {p.name: p.stat().st_size for p in rd.logs.glob("*.log") if p.is_file()} if rd.logs.is_dir() else {}
+    return Attempt(number=earlier + 1, at=time.time(), nodes=list(spec.nodes),
+                   why="first start" if not earlier and not sizes else "the name re-used", logs=sizes)
+
+
+def _start_supervisor(rd: RunDir, run: NodeRun, handoff: Handoff, attempts: list[Attempt]) -> RunRecord:
     """Write spec.json and the record, start ``invoker supervise`` detached, hand it the secrets on stdin."""
     spec = run.spec
     listener = None
@@ -208,7 +219,7 @@ def _start_supervisor(rd: RunDir, run: NodeRun, handoff: Handoff) -> RunRecord:
                        node_rank=spec.node_rank, nnodes=spec.nnodes, nproc=run.nproc, state=STARTING,
                        runtime=spec.runtime, image=run.placement.image, exclusive=spec.exclusive,
                        coord_port=run.placement.coord_port, container=run.placement.container if run.docker else None,
-                       attempt=spec.attempt or None)
+                       attempt=spec.attempt or None, attempts=attempts)
     argv = [sys.executable, "-m", "higgsfield", "invoker", "--state-dir", str(rd.home.root), "supervise",
             spec.project, spec.run]
     if listener is not None:

@@ -71,6 +71,25 @@ def write_json(path: Path, data: Any, mode: int = 0o600) -> None:
         raise
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """One start of a run's name on this node: its number, when, on which nodes, why, and where in each log
+    file its output begins (the logs are appended to, attempt after attempt)."""
+
+    WHAT: ClassVar[str] = "attempt"
+
+    number: int
+    at: float
+    nodes: list[str]
+    why: str                            # "first start" | "the name re-used"
+    logs: dict[str, int] = field(default_factory=dict)   # log file name -> its size when this attempt began
+
+    @property
+    def header(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.at))
+        return f"=== attempt {self.number} ({self.why}) on {', '.join(self.nodes)}, started {when} ==="
+
+
 @dataclass
 class RunRecord:
     """The state of one run on one node (``run.json``), decoded with :func:`higgsfield.contract.codec.decode`:
@@ -109,6 +128,7 @@ class RunRecord:
     attempt: str | None = None         # the start that made this record (a failed start stops only its own)
     stall: Diagnosis | None = None        # the diagnosis at the run's (latest) stall, kept
     stalled_at: float | None = None       # when the coordinator found it stalled
+    attempts: list[Attempt] = field(default_factory=list)   # every start of this name here, oldest first
 
     @property
     def terminal(self) -> bool:

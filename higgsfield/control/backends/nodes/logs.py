@@ -147,8 +147,10 @@ class _Streams:
 
 async def stream_logs(group: Group, cfg: Config, status: RunStatus, *, follow: bool = False,
                       node: str | None = None, ranks: tuple[int, ...] = (), lost_after: float | None = None,
-                      since: float | None = None) -> AsyncIterator[LogLine]:
+                      since: float | None = None, current: bool = False) -> AsyncIterator[LogLine]:
     """Merge the per-rank lines of ``status``'s nodes (members of ``group``) as they arrive, until every stream ends.
+
+    Each node sends every attempt of the run's name under its header line (``current``: only the last).
 
     ``since`` (a UNIX time of this machine's clock) is passed to every node as is:
     only lines written from then on by the node's clock (``higgsfield doctor``
@@ -176,6 +178,7 @@ async def stream_logs(group: Group, cfg: Config, status: RunStatus, *, follow: b
     args += ["--follow"] if follow else []
     args += ["--heartbeat", str(HEARTBEAT_S)] if watch else []
     args += ["--since", f"{since:.3f}"] if since is not None else []
+    args += ["--current"] if current else []
     for r in ranks:
         args += ["--rank", str(r)]
     streams = _Streams(cfg, status.run, members, args)
@@ -207,12 +210,15 @@ async def stream_logs(group: Group, cfg: Config, status: RunStatus, *, follow: b
 
 
 def follow(group: Group, cfg: Config, status: RunStatus, *, lost_after: float = LOST_AFTER_S,
-           node: str | None = None, ranks: tuple[int, ...] = (), since: float | None = None) -> AsyncIterator[LogLine]:
+           node: str | None = None, ranks: tuple[int, ...] = (), since: float | None = None,
+           current: bool = False) -> AsyncIterator[LogLine]:
     """Follow a run's logs to its end over ``group``'s connections, re-attaching a stream that breaks.
 
     The very iterator of :func:`stream_logs` (not a wrapper), so closing it closes the streams at once.
+    ``current``: only the run's current attempt (``run`` following its own start of a re-used name).
     """
-    return stream_logs(group, cfg, status, follow=True, lost_after=lost_after, node=node, ranks=ranks, since=since)
+    return stream_logs(group, cfg, status, follow=True, lost_after=lost_after, node=node, ranks=ranks, since=since,
+                       current=current)
 
 
 def _why(e: BaseException) -> str:

@@ -38,7 +38,7 @@ class NodesSession:
         return handle
 
     def follow(self, handle: RunHandle) -> AsyncIterator[LogLine]:
-        return follow(self.group, self.cfg, merge(handle.records)[0])
+        return follow(self.group, self.cfg, merge(handle.records)[0], current=True)   # this start's lines only
 
     async def final_status(self, run: str) -> RunStatus:
         return await final_status(self.group, self.cfg, run)
