@@ -62,18 +62,21 @@ chromium:
 testbed-down:
 	$(PYTHON) scripts/testbed/testbed.py down
 
-# The lint (mypy: half a minute on a fresh clone) runs while the beds start. tests/slurm (its own
-# login node hfnode20 and cluster, nobody else's) runs beside the rest: most of its time is Slurm
-# scheduling and polling, which leaves the cores to the other half. Its report is printed after the
-# main one; the target fails if either half does (none of tests/slurm
+# The lint (mypy: half a minute on a fresh clone) runs while the beds start. Then two pytests side by
+# side: the test bed's end-to-end tests, and BESIDE them the tests that share no host with them:
+# tests/slurm (its own login node hfnode20 and cluster; most of its time is Slurm scheduling and
+# polling), tests/training (torchrun on this machine) and tests/test_install.py (fresh venvs). The side
+# half's report follows the main one; the target fails if either half does (none of the side tests
 # selected is not a failure). PYTEST_ARGS are options given to both halves.
-SLURM_LOG := .slurm-tests.log
+BESIDE := tests/slurm tests/training tests/test_install.py
+BESIDE_LOG := .beside-tests.log
 test: install tools
 	$(MAKE) --no-print-directory -j2 lint beds
-	@$(BIN)/python -m pytest tests/slurm -p no:cacheprovider --durations=10 $(PYTEST_ARGS) \
-	    > $(SLURM_LOG) 2>&1 & slurm=$$!; \
-	$(BIN)/python -m pytest --ignore=tests/slurm --durations=40 $(PYTEST_ARGS); main=$$?; \
-	wait $$slurm; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; echo "==== tests/slurm, run beside the rest (exit $$rc) ===="; cat $(SLURM_LOG); \
+	@$(BIN)/python -m pytest $(BESIDE) -p no:cacheprovider --durations=15 $(PYTEST_ARGS) \
+	    > $(BESIDE_LOG) 2>&1 & beside=$$!; \
+	$(BIN)/python -m pytest $(addprefix --ignore=,$(BESIDE)) --durations=40 $(PYTEST_ARGS); main=$$?; \
+	wait $$beside; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; \
+	echo "==== $(BESIDE), run beside the rest (exit $$rc) ===="; cat $(BESIDE_LOG); \
 	test $$main -eq 0 -a $$rc -eq 0
 
 test-fast: lint tools
