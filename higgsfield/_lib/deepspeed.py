@@ -37,11 +37,17 @@ def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def make_config(zero_stage: int, precision: str, cpu_offload: bool,
-                override: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The ZeRO config for our precision names; ``bf16`` reduces gradients in fp32."""
+                override: Mapping[str, Any] | None, hpz: int = 1) -> dict[str, Any]:
+    """The ZeRO config for our precision names; ``bf16`` reduces gradients in fp32.
+
+    ``hpz`` > 1 (``sharding='hybrid'``, ZeRO-3): ZeRO++ hpZ, a second copy of each parameter
+    partitioned over the ``hpz`` ranks of a node, so the all-gathers of backward stay in the node.
+    """
     zero: dict[str, Any] = {"stage": zero_stage, "contiguous_gradients": True, "overlap_comm": False}
     if zero_stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
+    if hpz > 1:
+        zero["zero_hpz_partition_size"] = hpz
     if cpu_offload:
         zero["offload_optimizer"] = {"device": "cpu"}
         if zero_stage == 3:
