@@ -4,6 +4,9 @@ DeepSpeed is imported only here, and only when that engine is chosen. The
 generated config can be overridden by the user's ``deepspeed_config`` dict
 (deep-merged), e.g. ``{"zero_optimization": {"offload_param": {"device": "nvme"}}}``.
 On CPU machines set ``DS_ACCELERATOR=cpu``; we set it when no GPU is visible.
+``sharding='hybrid'`` is ZeRO++ hpZ (it runs on CPU and gloo too); ZeRO++'s quantized
+weights and gradients (``zero_quantized_weights`` / ``zero_quantized_gradients``, through
+``deepspeed_config``) need DeepSpeed's CUDA quantizer: on CPU its op "had not been implemented".
 """
 
 from __future__ import annotations
