@@ -31,9 +31,9 @@ Why these choices:
 - ``sharding`` says over which ranks (``zero_stage`` says what): ``full`` over
   every rank, ``hybrid`` within each node and replicated across nodes (HSDP, a
   (nodes, ranks per node) mesh: the per-layer collectives stay off the network),
-  ``replicate`` over none (``zero_stage=0``). The default ``auto`` is hybrid on
-  several nodes of several ranks when the model's state fits one node's ranks,
-  else full (so a 70B that fits only sharded over every node still fits); rank 0
+  ``replicate`` over none (``zero_stage=0``). The default ``auto`` is what
+  ``zero_stage`` implies (replicate for 0, else full): hybrid holds more per rank
+  and a torchrun restart under it hung in tests, so a run asks for it. Rank 0
   prints the choice at startup. Why: :mod:`higgsfield._lib.mesh`.
 - ``precision``: ``bf16`` computes in bf16 but keeps fp32 master weights and
   reduces gradients in fp32; ``bf16_pure`` stores everything in bf16 (less
@@ -125,9 +125,7 @@ class Llama(nn.Module):
         init_distributed()
         self.config, weights = _resolve_config(model_name_or_config, attn_implementation)
         #: the mesh chosen for ``sharding`` (its ``sharding`` is never "auto"): :mod:`higgsfield._lib.mesh`
-        self.mesh_plan = _mesh.choose(sharding, engine, zero_stage, precision,
-                                      lambda: param_count(self.config),
-                                      device(), cpu_offload)
+        self.mesh_plan = _mesh.choose(sharding, engine, zero_stage)
         self.sharding = self.mesh_plan.sharding
         if engine == "fsdp":
             self.module = self._build_fsdp(weights, activation_checkpointing, cpu_init_rank0, cpu_offload, seed)

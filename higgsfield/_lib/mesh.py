@@ -7,25 +7,26 @@ slowest link, the network between nodes. ``hybrid`` (HSDP) shards within each no
 replicates across nodes, a 2-D mesh (nodes, ranks per node) named ("replicate", "shard"):
 the per-layer collectives stay on the node's own links and one all-reduce of the gradient
 shards per step crosses the network. Its price is memory: a rank holds 1/ranks-per-node of the
-weights, gradients and optimizer state, not 1/world. ``replicate`` shards nothing (DDP).
+weights, gradients and optimizer state, not 1/world (a 70B's fp32 weights, gradients and AdamW
+moments, 1.1 TB, are 140 GB a GPU over one 8-GPU node, more than an H100 holds, and 70 GB fully
+sharded over 2 nodes). ``replicate`` shards nothing (DDP).
 
 ``zero_stage`` says *what* is sharded (0: nothing, 2: gradients and optimizer state, 3: the
 parameters too, between forward and backward); ``sharding`` says *over which ranks*. So
 ``zero_stage=0`` is ``replicate`` and only that, and ``full`` and ``hybrid`` need 2 or 3.
 
-The default, ``auto``: replicate for ``zero_stage=0``; hybrid when the run spans more than
-one node, each with more than one rank, and the training state sharded over one node's ranks
-takes at most half of a rank's memory; full otherwise. The memory test is there because the
-library offers a 70B: its fp32 weights, gradients and AdamW moments (16 bytes a parameter,
-1.1 TB) over one 8-GPU node are 140 GB a GPU, which no H100 holds, while full sharding over 2
-such nodes gives 70 GB: hybrid unconditionally would turn a run that fits into an
-out-of-memory. A 7B (14 GB a GPU on one node) gets hybrid. DeepSpeed's ``auto`` is its own
-default (full); its ``hybrid`` is ZeRO++ hpZ (:mod:`higgsfield._lib.deepspeed`).
+The default, ``auto``, is what ``zero_stage`` implies: replicate for 0, full otherwise;
+hybrid is asked for. It is not the default because of what the tests saw: 2 nodes x 2 ranks
+under hybrid, a worker killed mid-run and torchrun restarting both nodes (``--max-restarts``,
+an asynchronous save in flight) hung in 4 of 6 tries here, the restarted ranks waiting in
+gloo's connect for a peer that had gone (tests/training/test_checkpoint_node_local.py); full
+sharding resumes there. Until that is understood a run must ask for hybrid.
+DeepSpeed's ``hybrid`` is ZeRO++ hpZ (:mod:`higgsfield._lib.deepspeed`).
 
 Every rank must build the same mesh, so what the choice reads is agreed first (:func:`agree`:
-an all-gather of each rank's node, ``LOCAL_WORLD_SIZE`` and memory). torchrun numbers ranks
-node after node, and hybrid needs every node to hold the same number of consecutive ranks;
-where they do not, ``auto`` falls back to full and says why, and ``hybrid`` is refused.
+an all-gather of each rank's node and ``LOCAL_WORLD_SIZE``). torchrun numbers ranks node after
+node, and hybrid needs every node to hold the same number of consecutive ranks; where they do
+not, ``hybrid`` is refused in one line.
 """
 
 from __future__ import annotations
@@ -33,15 +34,14 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["SHARDINGS", "MeshPlan", "agree", "build", "check_sharding", "choose", "fits_node", "plan_mesh",
-           "ranks_per_node"]
+__all__ = ["SHARDINGS", "MeshPlan", "agree", "build", "check_sharding", "choose", "plan_mesh", "ranks_per_node"]
 
 SHARDINGS = ("auto", "full", "hybrid", "replicate")
 
@@ -100,72 +100,37 @@ def ranks_per_node(nodes: Sequence[str], local_sizes: Sequence[int]) -> tuple[in
     return size, ""
 
 
-def fits_node(n_params: int, precision: str, ranks_per_node: int, memory_per_rank: int) -> bool:
-    """Do the weights, gradients and AdamW moments, sharded over one node's ranks, take at most half a rank's
-    memory? 16 bytes a parameter (fp32 masters), 8 for ``bf16_pure``; the other half is for activations."""
-    state = n_params * (8 if precision == "bf16_pure" else 16)
-    return state <= ranks_per_node * memory_per_rank // 2
-
-
 def plan_mesh(sharding: str, world_size: int, local_world_size: int | None, zero_stage: int, *,
-              engine: str = "fsdp", uneven: str = "", node_fits: bool = True) -> MeshPlan:
-    """The mesh for ``sharding`` on ``world_size`` ranks, ``local_world_size`` a node (None: nodes differ,
-    ``uneven`` says how). ``node_fits``: :func:`fits_node` (``auto`` shards over every rank when False)."""
+              engine: str = "fsdp", uneven: str = "") -> MeshPlan:
+    """The mesh for ``sharding`` on ``world_size`` ranks, ``local_world_size`` a node (None: the nodes differ,
+    ``uneven`` says how)."""
     check_sharding(sharding, zero_stage, engine)
     ws = world_size
     if zero_stage == 0:
         return MeshPlan("replicate", (ws, 1), ("replicate", "shard"), "zero_stage=0")
-    if sharding == "full" or (sharding == "auto" and engine == "deepspeed"):
-        return MeshPlan("full", (ws,), ("shard",), "asked" if sharding == "full" else "DeepSpeed's default")
+    if sharding in ("full", "auto"):
+        return MeshPlan("full", (ws,), ("shard",), "asked" if sharding == "full" else "the default")
     if local_world_size is None or ws % local_world_size:
         why = uneven or f"{ws} ranks do not divide into nodes of {local_world_size}"
-        if sharding == "hybrid":
-            raise ValueError(f"sharding='hybrid' needs the same number of ranks on every node and {why}: "
-                             "start as many on each, or use sharding='full'")
-        return MeshPlan("full", (ws,), ("shard",), why)
+        raise ValueError(f"sharding='hybrid' needs the same number of ranks on every node and {why}: "
+                         "start as many on each, or use sharding='full'")
     nodes = ws // local_world_size
-    if sharding == "hybrid":
-        return MeshPlan("hybrid", (nodes, local_world_size), ("replicate", "shard"),
-                        f"asked, {nodes} nodes x {local_world_size} ranks")
-    if nodes == 1:
-        return MeshPlan("full", (ws,), ("shard",), "one node")
-    if local_world_size == 1:
-        return MeshPlan("full", (ws,), ("shard",), "one rank a node")
-    if not node_fits:
-        return MeshPlan("full", (ws,), ("shard",), f"the training state over one node's {local_world_size} "
-                        "ranks would take over half a rank's memory")
     return MeshPlan("hybrid", (nodes, local_world_size), ("replicate", "shard"),
-                    f"{nodes} nodes x {local_world_size} ranks")
+                    f"asked, {nodes} nodes x {local_world_size} ranks")
 
 
-def _memory_per_rank(dev: torch.device, cpu_offload: bool) -> int:
-    """A rank's memory: its GPU's, or with ``cpu_offload`` / on CPU its share of the host's."""
-    if dev.type == "cuda" and not cpu_offload:
-        return int(torch.cuda.get_device_properties(dev).total_memory)
-    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return host // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-
-
-def agree(dev: torch.device, cpu_offload: bool) -> tuple[int | None, str, int]:
-    """(ranks per node or None, why not, the smallest memory of any rank), the same on every rank. Collective."""
-    mine = (os.environ.get("GROUP_RANK") or socket.gethostname(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-            _memory_per_rank(dev, cpu_offload))
+def agree() -> tuple[int | None, str]:
+    """(ranks per node or None, why not), the same on every rank. Collective."""
+    mine = (os.environ.get("GROUP_RANK") or socket.gethostname(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     infos: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(infos, mine)
-    size, why = ranks_per_node([i[0] for i in infos], [i[1] for i in infos])
-    return size, why, min(i[2] for i in infos)
+    return ranks_per_node([i[0] for i in infos], [i[1] for i in infos])
 
 
-def choose(sharding: str, engine: str, zero_stage: int, precision: str, n_params: Callable[[], int],
-           dev: torch.device, cpu_offload: bool) -> MeshPlan:
+def choose(sharding: str, engine: str, zero_stage: int) -> MeshPlan:
     """The plan for this run (every rank the same one); rank 0 prints it in one line. Collective."""
-    size, uneven, memory = agree(dev, cpu_offload)
-    fits = True
-    if sharding == "auto" and engine == "fsdp" and size is not None and zero_stage != 0 \
-            and 1 < size < dist.get_world_size():
-        fits = fits_node(n_params(), precision, size, memory)
-    plan = plan_mesh(sharding, dist.get_world_size(), size, zero_stage, engine=engine, uneven=uneven,
-                     node_fits=fits)
+    size, uneven = agree()
+    plan = plan_mesh(sharding, dist.get_world_size(), size, zero_stage, engine=engine, uneven=uneven)
     if dist.get_rank() == 0:
         print(f"higgsfield: {plan.describe(engine)}", file=sys.stderr, flush=True)
     return plan
