@@ -17,10 +17,11 @@ parameters too, between forward and backward); ``sharding`` says *over which ran
 
 The default, ``auto``, is what ``zero_stage`` implies: replicate for 0, full otherwise;
 hybrid is asked for. It is not the default because of what the tests saw: 2 nodes x 2 ranks
-under hybrid, a worker killed mid-run and torchrun restarting both nodes (``--max-restarts``,
-an asynchronous save in flight) hung in 4 of 6 tries here, the restarted ranks waiting in
-gloo's connect for a peer that had gone (tests/training/test_checkpoint_node_local.py); full
-sharding resumes there. Until that is understood a run must ask for hybrid.
+under hybrid, a worker killed mid-run with an asynchronous save in flight, and torchrun's
+restart hung in 7 of 11 tries here (tests/training/test_checkpoint_node_local.py's first run):
+a surviving rank's background save thread waits in a gloo broadcast for the dead peer, so the
+rank never exits and its node never restarts. Full sharding resumes there, and so does hybrid
+with synchronous saves (3 of 3). Until that is fixed a run must ask for hybrid.
 DeepSpeed's ``hybrid`` is ZeRO++ hpZ (:mod:`higgsfield._lib.deepspeed`).
 
 Every rank must build the same mesh, so what the choice reads is agreed first (:func:`agree`:
