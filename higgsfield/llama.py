@@ -28,6 +28,13 @@ Why these choices:
   ``zero_stage=3`` reshards parameters after forward, ``2`` keeps them gathered
   until backward, ``0`` replicates (an HSDP mesh of shape (world, 1)). Stage 1
   (shard only optimizer state) has no FSDP2 form and is refused.
+- ``sharding`` says over which ranks (``zero_stage`` says what): ``full`` over
+  every rank, ``hybrid`` within each node and replicated across nodes (HSDP, a
+  (nodes, ranks per node) mesh: the per-layer collectives stay off the network),
+  ``replicate`` over none (``zero_stage=0``). The default ``auto`` is what
+  ``zero_stage`` implies (replicate for 0, else full): hybrid holds more per rank
+  and a torchrun restart under it hung in tests, so a run asks for it. Rank 0
+  prints the choice at startup. Why: :mod:`higgsfield._lib.mesh`.
 - ``precision``: ``bf16`` computes in bf16 but keeps fp32 master weights and
   reduces gradients in fp32; ``bf16_pure`` stores everything in bf16 (less
   memory, lossy updates: the original library's "bf16"); ``fp16`` keeps fp32
@@ -56,17 +63,24 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from higgsfield._lib.hf_model import enable_activation_checkpointing, load_pretrained
+from higgsfield._lib import mesh as _mesh
+from higgsfield._lib.hf_model import (
+    enable_activation_checkpointing,
+    load_pretrained,
+    param_count,
+    rebuild_rotary,
+)
 from higgsfield.training import GradScaler, device, init_distributed
 
-__all__ = ["Llama", "Llama7b", "Llama13b", "Llama70b", "PRECISIONS", "ENGINES"]
+__all__ = ["Llama", "Llama7b", "Llama13b", "Llama70b", "PRECISIONS", "ENGINES", "SHARDINGS"]
 
 PRECISIONS = ("bf16", "bf16_pure", "fp16", "fp32")
 ENGINES = ("fsdp", "deepspeed")
+SHARDINGS = _mesh.SHARDINGS
 IGNORE_INDEX = -100
 
 
-def _check_args(precision: str, engine: str, zero_stage: int) -> None:
+def _check_args(precision: str, engine: str, zero_stage: int, sharding: str = "auto") -> None:
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)} "
                          "(bf16 = bf16 compute with fp32 master weights)")
@@ -81,6 +95,7 @@ def _check_args(precision: str, engine: str, zero_stage: int) -> None:
     if engine == "deepspeed" and precision == "bf16_pure":
         raise ValueError("precision='bf16_pure' is an FSDP mode; DeepSpeed always keeps fp32 master "
                          "weights: use precision='bf16'")
+    _mesh.check_sharding(sharding, zero_stage, engine)
 
 
 class Llama(nn.Module):
@@ -89,14 +104,16 @@ class Llama(nn.Module):
     ``model_name_or_config``: a hub name, a local directory written by
     ``save_pretrained`` / :meth:`save_huggingface_model`, or a
     ``transformers.LlamaConfig`` (random init from ``seed``).
+    ``sharding``: ``auto`` (default), ``full``, ``hybrid`` or ``replicate``
+    (see the module docstring); ``model.sharding`` is what ``auto`` chose.
     """
 
     def __init__(self, model_name_or_config: Any, zero_stage: int = 3, precision: str = "bf16",
                  engine: str = "fsdp", activation_checkpointing: bool = True, cpu_init_rank0: bool = True,
                  cpu_offload: bool = False, deepspeed_config: Mapping[str, Any] | None = None,
-                 attn_implementation: str = "sdpa", seed: int = 0) -> None:
+                 attn_implementation: str = "sdpa", seed: int = 0, sharding: str = "auto") -> None:
         super().__init__()
-        _check_args(precision, engine, zero_stage)
+        _check_args(precision, engine, zero_stage, sharding)
         if deepspeed_config is not None and engine != "deepspeed":
             raise ValueError("deepspeed_config is only used with engine='deepspeed'")
         self.engine = engine
@@ -107,11 +124,15 @@ class Llama(nn.Module):
         self._ds_keepalive: Any = None
         init_distributed()
         self.config, weights = _resolve_config(model_name_or_config, attn_implementation)
+        #: the mesh chosen for ``sharding`` (its ``sharding`` is never "auto"): :mod:`higgsfield._lib.mesh`
+        self.mesh_plan = _mesh.choose(sharding, engine, zero_stage)
+        self.sharding = self.mesh_plan.sharding
         if engine == "fsdp":
             self.module = self._build_fsdp(weights, activation_checkpointing, cpu_init_rank0, cpu_offload, seed)
         else:
             from higgsfield._lib import deepspeed as _deepspeed
-            self.ds_config = _deepspeed.make_config(zero_stage, precision, cpu_offload, deepspeed_config)
+            hpz = self.mesh_plan.shape[1] if self.sharding == "hybrid" else 1
+            self.ds_config = _deepspeed.make_config(zero_stage, precision, cpu_offload, deepspeed_config, hpz)
             self.module, self._ds_keepalive = _deepspeed.build_module(
                 self.config, weights, self.ds_config, activation_checkpointing, seed)
 
@@ -120,7 +141,6 @@ class Llama(nn.Module):
     def _build_fsdp(self, weights: str | None, activation_checkpointing: bool, cpu_init_rank0: bool,
                     cpu_offload: bool, seed: int) -> nn.Module:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         dev = device()
@@ -139,11 +159,7 @@ class Llama(nn.Module):
         if activation_checkpointing:
             enable_activation_checkpointing(module)
 
-        ws = dist.get_world_size()
-        if self.zero_stage == 0:
-            mesh = init_device_mesh(dev.type, (ws, 1), mesh_dim_names=("replicate", "shard"))
-        else:
-            mesh = init_device_mesh(dev.type, (ws,), mesh_dim_names=("shard",))
+        mesh = _mesh.build(self.mesh_plan, dev)
         mp = {
             "bf16": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
             "fp16": MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32),
@@ -161,7 +177,7 @@ class Llama(nn.Module):
             set_model_state_dict(module, full_sd, options=StateDictOptions(
                 full_state_dict=True, broadcast_from_rank0=True, strict=rank0))
             del full_sd
-        _rebuild_rotary(module, dev)
+        rebuild_rotary(module, dev)
         module.train()
         return module
 
@@ -274,7 +290,7 @@ class Llama(nn.Module):
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (6N + attention), for MFU."""
         c = self.config
-        n = sum(p.numel() for p in _full_param_shapes(self.config))
+        n = param_count(c)
         return 6 * n + 12 * c.num_hidden_layers * c.hidden_size * seq_len
 
     # -- export -------------------------------------------------------------------------------
@@ -341,23 +357,6 @@ def _new_hf_model(config: Any, weights: str | None, seed: int, init_weights: boo
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
     return model.float() if init_weights else model
-
-
-def _rebuild_rotary(module: nn.Module, dev: torch.device) -> None:
-    """Recompute RoPE's non-persistent fp32 buffers (lost on meta init or a dtype cast)."""
-    for m in module.modules():
-        if type(m).__name__.endswith("RotaryEmbedding") and hasattr(m, "inv_freq"):
-            fresh = type(m)(m.config)
-            m.inv_freq = fresh.inv_freq.to(dev)
-            if hasattr(m, "original_inv_freq"):
-                m.original_inv_freq = fresh.original_inv_freq.to(dev)
-
-
-def _full_param_shapes(config: Any) -> list[torch.Tensor]:
-    from transformers import LlamaForCausalLM
-
-    with torch.device("meta"):
-        return list(LlamaForCausalLM(config).parameters())
 
 
 def _hub_llama(name: str, **kwargs: Any) -> Llama:

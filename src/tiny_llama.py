@@ -100,6 +100,8 @@ def save_logits(model: Llama, loader: LlamaLoader, path: Path, rank0: bool) -> N
 @param("engine", default="fsdp", options=["fsdp", "deepspeed"])
 @param("precision", default="fp32", options=["fp32", "bf16", "bf16_pure", "fp16"])
 @param("zero_stage", default=3, options=[0, 2, 3])
+@param("sharding", default="auto", options=["auto", "full", "hybrid", "replicate"],
+       description="over which ranks: auto, full (every rank), hybrid (within each node), replicate")
 @param("hidden", default=128, description="model width")
 @param("layers", default=4, description="decoder layers")
 @param("packing", default=False, description="pack several sums per row")
@@ -119,7 +121,8 @@ def train(params) -> None:
     tokenizer = make_tokenizer()
     train_rows, eval_rows = make_data()
     model = Llama(model_config(params.hidden, params.layers), engine=params.engine, precision=params.precision,
-                  zero_stage=params.zero_stage, activation_checkpointing=params.activation_checkpointing,
+                  zero_stage=params.zero_stage, sharding=params.sharding,
+                  activation_checkpointing=params.activation_checkpointing,
                   seed=params.get("seed", 0) or 0)
     optimizer = model.make_optimizer(torch.optim.AdamW, lr=params.lr, weight_decay=0.0, betas=(0.9, 0.98))
     warmup = max(1, params.steps // 20)

@@ -17,6 +17,12 @@ node's ``.metadata`` is a valid global one: the parts of all nodes put in one
 directory (a mirror, a pull) load on any number of ranks. Writing per-node DCP
 checkpoints on node subgroups would have been simpler, but their files collide by
 name and no single metadata describes the whole model.
+
+Under ``sharding='hybrid'`` (:mod:`higgsfield._lib.mesh`) every shard is held alike by one rank
+of each node, so DCP writes it once: in a shared directory on whichever rank it balances to,
+node-locally on node 0's rank, with :func:`copies_per_node` giving every other node its own
+copy (each node's part is then the whole model and optimizer, in its own ranks' files). DCP
+keeps each tensor's global shape, so such a step loads under any sharding on any ranks.
 """
 
 from __future__ import annotations

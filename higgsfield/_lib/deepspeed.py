@@ -4,6 +4,9 @@ DeepSpeed is imported only here, and only when that engine is chosen. The
 generated config can be overridden by the user's ``deepspeed_config`` dict
 (deep-merged), e.g. ``{"zero_optimization": {"offload_param": {"device": "nvme"}}}``.
 On CPU machines set ``DS_ACCELERATOR=cpu``; we set it when no GPU is visible.
+``sharding='hybrid'`` is ZeRO++ hpZ (it runs on CPU and gloo too); ZeRO++'s quantized
+weights and gradients (``zero_quantized_weights`` / ``zero_quantized_gradients``, through
+``deepspeed_config``) need DeepSpeed's CUDA quantizer: on CPU its op "had not been implemented".
 """
 
 from __future__ import annotations
@@ -37,11 +40,17 @@ def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def make_config(zero_stage: int, precision: str, cpu_offload: bool,
-                override: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The ZeRO config for our precision names; ``bf16`` reduces gradients in fp32."""
+                override: Mapping[str, Any] | None, hpz: int = 1) -> dict[str, Any]:
+    """The ZeRO config for our precision names; ``bf16`` reduces gradients in fp32.
+
+    ``hpz`` > 1 (``sharding='hybrid'``, ZeRO-3): ZeRO++ hpZ, a second copy of each parameter
+    partitioned over the ``hpz`` ranks of a node, so the all-gathers of backward stay in the node.
+    """
     zero: dict[str, Any] = {"stage": zero_stage, "contiguous_gradients": True, "overlap_comm": False}
     if zero_stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
+    if hpz > 1:
+        zero["zero_hpz_partition_size"] = hpz
     if cpu_offload:
         zero["offload_optimizer"] = {"device": "cpu"}
         if zero_stage == 3:
