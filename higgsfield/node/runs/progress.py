@@ -38,23 +38,27 @@ def latest(rd: RunDir) -> Progress | None:
     return Progress(output, False) if output is not None else None
 
 
-def _newest_step(rd: RunDir) -> float | None:
-    newest: float | None = None
+def _reports(rd: RunDir) -> list[tuple[int, float]]:
+    """Each rank's last report, ``(step, wall time)``; a file absent, half-written or not ours is skipped."""
     try:
         entries = list(os.scandir(rd.path / layout.PROGRESS))
     except OSError:
-        return None
+        return []
+    out = []
     for e in entries:
         if not e.name.startswith("rank"):
             continue
         try:
             with open(e.path, "rb") as f:
                 fields = f.read(128).split()
-            at = float(fields[1])
+            out.append((int(float(fields[0])), float(fields[1])))
         except (OSError, IndexError, ValueError):
-            continue   # absent, being written for the first time, or not ours
-        newest = at if newest is None else max(newest, at)
-    return newest
+            continue
+    return out
+
+
+def _newest_step(rd: RunDir) -> float | None:
+    return max((at for _, at in _reports(rd)), default=None)
 
 
 def _newest_output(rd: RunDir) -> float | None:
@@ -77,17 +81,4 @@ def _newest_output(rd: RunDir) -> float | None:
 
 def newest_step(rd: RunDir) -> int | None:
     """The highest step any of this node's ranks reported (what a message about the run names), or None."""
-    best: int | None = None
-    try:
-        entries = list(os.scandir(rd.path / layout.PROGRESS))
-    except OSError:
-        return None
-    for e in entries:
-        if e.name.startswith("rank"):
-            try:
-                with open(e.path, "rb") as f:
-                    step = int(f.read(128).split()[0])
-            except (OSError, IndexError, ValueError):
-                continue
-            best = step if best is None else max(best, step)
-    return best
+    return max((step for step, _ in _reports(rd)), default=None)
