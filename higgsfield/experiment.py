@@ -38,7 +38,8 @@ class Params(dict):  # type: ignore[type-arg]
     """The typed param values, readable as ``params.lr`` or ``params["lr"]``.
 
     Also carries ``rank``, ``world_size``, ``local_rank``, ``project_name``,
-    ``experiment_name``, ``run_name`` (and ``seed`` when the experiment sets one).
+    ``experiment_name``, ``run_name`` (and ``seed`` when the experiment sets one), and ``data``:
+    each entry of ``data:`` in higgsfield.yml as its read-only path on this node (``params.data["corpus"]``).
     """
 
     def __getattr__(self, name: str) -> Any:
@@ -74,6 +75,8 @@ class Experiment:
         }
         if self.seed is not None:
             ctx["seed"] = self.seed
+        if "data" not in values:   # data: entries of higgsfield.yml, each a read-only directory on this node
+            ctx["data"] = _data_paths(env)
         return Params({**values, **ctx})
 
     def __call__(self, given: Mapping[str, Any] | None = None) -> Any:
@@ -81,6 +84,21 @@ class Experiment:
         if self.seed is not None:
             seed_everything(self.seed)
         return self.func(params)
+
+
+def _data_paths(env: Mapping[str, str]) -> dict[str, str]:
+    """``HIGGSFIELD_DATA`` (JSON: entry name -> path) as a dict; {} when unset or not an object of strings."""
+    import json
+
+    from higgsfield.contract.data import DATA_VAR
+
+    try:
+        paths = json.loads(env.get(DATA_VAR, "") or "{}")
+    except ValueError:
+        return {}
+    if not isinstance(paths, dict):
+        return {}
+    return {str(k): str(v) for k, v in paths.items() if isinstance(v, str)}
 
 
 _REGISTRY: dict[str, Experiment] = {}

@@ -30,6 +30,10 @@
             request.json, secrets.json, job.sh, job.json   a Slurm run's submission
         checkpoints/<project>/<run>/   a Slurm run's checkpoints (the shared workdir: every node, every requeue)
         cache/<project>/               a Slurm run's project cache
+        data/<project>/                the project's data entries (node.data.store; ``data:`` in higgsfield.yml)
+            objects/<sha[:2]>/<sha256>   every file once, by content, read-only
+            entries/<name>/versions/<version>/   a version: hard links to the objects
+            entries/<name>/current -> versions/<version>   swapped atomically by each push
 
     ~/.cache/higgsfield/<project>/     an SSH node's project cache, mounted read-write into its containers
         experiments/<experiment>/<run>/   the run's checkpoints (:func:`checkpoint_dir`, HIGGSFIELD_CHECKPOINT_DIR)
@@ -60,6 +64,7 @@ TMP = "tmp"                       # setup's downloads
 PROJECTS = "projects"
 ENVS = "envs"
 TRASH = "trash"
+DATA = "data"                     # data/<project>/: data entries (node.data.store)
 QUEUE = "queue.json"
 QUEUE_LOCK = "queue.lock"
 LOCK = ".lock"                    # a run's start lock (in its directory), an environment build's (in envs/<project>)
@@ -97,6 +102,11 @@ def state_path(state_dir: str) -> Path:
 def project_dir(project: str) -> str:
     """``projects/<project>``: the project's deploys, image and environment records (relative to the state dir)."""
     return f"{PROJECTS}/{project}"
+
+
+def data_dir(project: str) -> str:
+    """``data/<project>``: the project's data entries, objects and versions (relative to the state dir)."""
+    return f"{DATA}/{project}"
 
 
 def code_dir(project: str) -> str:

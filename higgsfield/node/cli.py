@@ -288,6 +288,11 @@ from higgsfield.node.views import stats as _stats  # noqa: E402
 invoker.add_command(_stats)
 invoker.add_command(_metrics)
 
+# Data entries (higgsfield/node/data/cli.py): data status | missing | put | commit | serve | fetch | ingest | prune.
+from higgsfield.node.data.cli import data as _data  # noqa: E402
+
+invoker.add_command(_data)
+
 
 @invoker.command(hidden=True)
 @click.option("--project", required=True)

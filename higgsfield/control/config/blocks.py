@@ -22,7 +22,8 @@ from higgsfield.control.config.fields import Int
 from higgsfield.control.config.fields import Model as _Model
 from higgsfield.control.config.fields import checked as _checked
 
-__all__ = ["CheckpointConfig", "DockerConfig", "InstallConfig", "NotifyConfig", "RetentionConfig"]
+__all__ = ["CheckpointConfig", "DataEntryConfig", "DockerConfig", "InstallConfig", "NotifyConfig",
+           "RetentionConfig", "check_data"]
 
 
 def _pip_source(v: str) -> str:
@@ -138,3 +139,57 @@ class NotifyConfig(_Model):
         if len(set(v)) != len(v):
             raise ValueError("a destination is listed twice")
         return v
+
+
+def _data_source(v: str) -> str:
+    from higgsfield.contract.data import source_kind
+
+    check_text(v)
+    source_kind(v)   # ValueError: an unknown scheme, an empty source
+    return v
+
+
+class DataEntryConfig(_Model):
+    """One entry of ``data:``: where its files come from. Each run sees it read-only at ``params.data[NAME]``."""
+
+    source: str = Field(..., description="A path on this machine (relative to the project), an fsspec URL "
+                                         "(s3://bucket/prefix, gs://, https://, sftp://) fetched on a node, or "
+                                         "a Hugging Face repo hf://org/name (hf://datasets/org/name).")
+    revision: str | None = Field(None, description="The Hub repo's revision (a branch, tag or commit); "
+                                                   "only for hf:// sources.")
+
+    _source = _checked("source", check=_data_source)
+    _revision = _checked("revision", check=check_text)
+
+    @property
+    def kind(self) -> str:
+        from higgsfield.contract.data import source_kind
+
+        return source_kind(self.source)
+
+    def shown_source(self) -> str:
+        return self.source + (f"@{self.revision}" if self.revision else "")
+
+
+def _data_entry(v: Any) -> Any:
+    return {"source": v} if isinstance(v, str) else v
+
+
+DataEntry = Annotated[DataEntryConfig, BeforeValidator(_data_entry)]
+
+
+def check_data(v: dict[str, DataEntryConfig]) -> dict[str, DataEntryConfig]:
+    """Entry names (they become directories and ``HIGGSFIELD_DATA_<NAME>``): valid, and unique ignoring case."""
+    from higgsfield.contract.data import check_data_name
+
+    seen: dict[str, str] = {}
+    for name, entry in v.items():
+        check_data_name(name)
+        if name.upper() in seen:
+            raise ValueError(f"entry {shown(name)} is {shown(seen[name.upper()])} again (one variable "
+                             f"HIGGSFIELD_DATA_{name.upper()}): give each entry its own name")
+        seen[name.upper()] = name
+        if entry.revision is not None and entry.kind != "hub":
+            raise ValueError(f"entry {shown(name)}: revision is for hf:// sources; remove it, or pin the "
+                             "source itself")
+    return v

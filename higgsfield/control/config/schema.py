@@ -47,10 +47,12 @@ from higgsfield.contract.stall_policy import DEFAULT_STALL
 from higgsfield.contract.text import shown
 from higgsfield.control.config.blocks import (
     CheckpointConfig,
+    DataEntry,
     DockerConfig,
     InstallConfig,
     NotifyConfig,
     RetentionConfig,
+    check_data,
 )
 from higgsfield.control.config.fields import Float, Int, OnStallChoice, Port
 from higgsfield.control.config.fields import Model as _Model
@@ -169,9 +171,15 @@ class Config(_Model):
         False, description="Test the fabric before every run (doctor --fabric): a slow or failing node is "
                            "passed over when --nodes K leaves spares. --preflight per run.")
 
+    data: dict[str, DataEntry] = Field(
+        default_factory=dict, description="Named data and weights every node gets (higgsfield data push): "
+                                          "name -> a source (a path, an fsspec URL, hf://org/repo), or "
+                                          "{source, revision}. A run reads params.data[NAME] (read-only).")
+
     path: Path | None = Field(None, exclude=True, description="Where this config was read from (not a YAML key).")
 
     _state = _checked("state_dir", check=_state_dir)
+    _data = field_validator("data")(classmethod(lambda cls, v: check_data(v)))
 
     @field_validator("default_branch")
     @classmethod

@@ -318,6 +318,9 @@ def mounts(run: NodeRun, rd: RunDir) -> dict[str, dict[str, str]]:
     mirror = layout.mirror_path(run.spec.checkpoint_mirror)
     if mirror:   # else every upload would land in the container's own filesystem and die with it
         volumes[mirror] = {"bind": mirror, "mode": "rw"}
+    data = rd.home.root / layout.data_dir(run.spec.project)
+    if data.is_dir():   # the data entries (HIGGSFIELD_DATA_*), at their host paths, read-only
+        volumes[str(data)] = {"bind": str(data), "mode": "ro"}
     return volumes
 
 

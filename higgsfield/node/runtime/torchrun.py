@@ -51,10 +51,14 @@ def argv(run: NodeRun, rd: RunDir, python: str, port: int) -> list[str]:
 
 def run_vars(run: NodeRun, rd: RunDir) -> dict[str, str]:
     """The run's own variables (both runtimes)."""
+    from higgsfield.node.data.store import data_variables
+
     spec = run.spec
-    return run_variables(project=spec.project, experiment=spec.experiment, run=spec.run, run_dir=str(rd.path),
-                         node=spec.node, checkpoint_dir=run.placement.checkpoint_dir,
-                         checkpoint_mirror=spec.checkpoint_mirror)
+    env = run_variables(project=spec.project, experiment=spec.experiment, run=spec.run, run_dir=str(rd.path),
+                        node=spec.node, checkpoint_dir=run.placement.checkpoint_dir,
+                        checkpoint_mirror=spec.checkpoint_mirror)
+    env.update(data_variables(rd.home, spec.project))   # each data entry's current version, read-only
+    return env
 
 
 def process_env(run: NodeRun, rd: RunDir, secrets: dict[str, str], gpu_ids: Sequence[int] = (),
