@@ -141,8 +141,9 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as d:
             tmp = Path(d)
-            modes = {"node-local": {}, "path mirror": {"HIGGSFIELD_CHECKPOINT_MIRROR": str(tmp / "mirror")},
-                     "s3 mirror (moto)": {**s3, "HIGGSFIELD_CHECKPOINT_MIRROR": "s3://bench/ckpt"}}
+            off = {"HIGGSFIELD_CHECKPOINT_BUDDIES": "0"}   # the mirror's own cost (bench/buddy_copy.py: the copies')
+            modes = {"node-local": off, "path mirror": {**off, "HIGGSFIELD_CHECKPOINT_MIRROR": str(tmp / "mirror")},
+                     "s3 mirror (moto)": {**off, **s3, "HIGGSFIELD_CHECKPOINT_MIRROR": "s3://bench/ckpt"}}
             results: dict[str, dict[str, Any]] = {m: {"plain": [], "saving": [], "drain": []} for m in modes}
             for k in range(args.rounds):
                 for m, env in modes.items():

@@ -50,6 +50,13 @@ lacks it (a node replaced, other nodes) is named in one line, as a
 :class:`CheckpointError` on every rank. Keep-last-k prunes on every node, by the
 steps complete everywhere, and only after a newer save is complete.
 
+**Buddy copies** (node-local mode, on by default; :mod:`higgsfield._lib.ckpt_buddy`): after each
+complete save every node's part is copied to the next node of the ring over the run's own
+process group, in the background, so a node that loses its disk loses no step. ``load_latest``
+puts a step together from the nodes' own parts and those copies when a node lacks its part (a
+spare in a lost node's place) or the run now has fewer nodes or other ranks
+(:mod:`higgsfield._lib.ckpt_resume` chooses: own parts, then copies, then the mirror).
+
 A **mirror** (``mirror=`` or ``HIGGSFIELD_CHECKPOINT_MIRROR``, any fsspec URL;
 :mod:`higgsfield._lib.ckpt_mirror`) gets each node's part after every complete save:
 the node's lead hands it to an upload thread and training goes on, and the step
@@ -94,7 +101,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -105,9 +111,11 @@ import torch.distributed as dist
 from higgsfield._lib import ckpt_layout as layouts
 from higgsfield._lib.atomic_files import replace_dir, write_small
 from higgsfield._lib.ckpt_agree import agree, attempt
-from higgsfield._lib.ckpt_from_mirror import fetch_newest, mirror_token
+from higgsfield._lib.ckpt_buddy import Buddies, wanted
+from higgsfield._lib.ckpt_from_mirror import mirror_token
 from higgsfield._lib.ckpt_layout import MARKER, PREFIX, TMP, Layout, step_of
 from higgsfield._lib.ckpt_mirror import Part, Uploader, open_mirror
+from higgsfield._lib.ckpt_resume import resume_path
 from higgsfield._lib.ckpt_shards import load_shards, save_shards, spread_metadata
 from higgsfield._lib.hf_meta import HF_DIR, write_hf_meta
 from higgsfield._lib.rng_state import load_rng_state, rng_state
@@ -140,6 +148,8 @@ class Checkpoint:
     part is uploaded to after every complete save, in the background; default ``HIGGSFIELD_CHECKPOINT_MIRROR``
     (``checkpoint.mirror`` in higgsfield.yml), ``""`` for none. See :mod:`higgsfield._lib.ckpt_mirror`.
     ``tokenizer``: saved into each step's ``hf/`` with the model's config (default: the loader's ``tokenizer``).
+    ``buddies``: in node-local mode, copy each node's part to the next node after every complete save (default
+    on; ``HIGGSFIELD_CHECKPOINT_BUDDIES=0`` turns it off). See :mod:`higgsfield._lib.ckpt_buddy`.
 
     A load never unpickles the RNG files (plain data, ``weights_only=True``; one that is not is skipped with a
     warning) nor ``trainer.pt``; it still trusts DCP's ``.metadata`` (a pickle) and DeepSpeed's own files.
@@ -148,7 +158,8 @@ class Checkpoint:
     def __init__(self, model: Any, optimizer: torch.optim.Optimizer, lr_scheduler: Any = None, scaler: Any = None,
                  every: int = 100, keep_last: int | None = 2, directory: str | os.PathLike[str] | None = None,
                  project: str | None = None, experiment: str | None = None, run: str | None = None,
-                 async_save: bool = False, mirror: str | None = None, tokenizer: Any = None) -> None:
+                 async_save: bool = False, mirror: str | None = None, tokenizer: Any = None,
+                 buddies: bool | None = None) -> None:
         if every < 1:
             raise ValueError(f"Checkpoint: every must be at least 1, got {every}")
         if keep_last is not None and keep_last < 1:
@@ -165,6 +176,7 @@ class Checkpoint:
         self._layout_cache: Layout | None = None
         self._mirror = open_mirror(mirror, project, experiment, run)
         self._uploader: Uploader | None = None
+        self._buddies = Buddies(self.directory, wanted(buddies))
 
     # -- listing ------------------------------------------------------------------------------
 
@@ -265,11 +277,13 @@ class Checkpoint:
         dist.barrier()
         if token is not None and lead:
             self._upload(final, layout, token)
+        self._buddies.after_save(final, layout)
 
     def wait_uploads(self, timeout: float | None = None) -> None:
-        """Wait for this node's mirror uploads in flight (the process's exit waits for them anyway)."""
+        """Wait for this node's mirror uploads and buddy copy in flight (the exit waits for the uploads anyway)."""
         if self._uploader is not None:
             self._uploader.join(timeout)
+        self._buddies.join(timeout)
 
     def _upload(self, final: Path, layout: Layout, token: str) -> None:
         """Hand this node's part to the upload thread (a node's lead only); returns at once."""
@@ -328,42 +342,20 @@ class Checkpoint:
             for old in self.complete():
                 if step_of(old) not in keep:
                     shutil.rmtree(old, ignore_errors=True)
+            self._buddies.prune(keep)
 
     # -- load ---------------------------------------------------------------------------------
 
     def load_latest(self, loader: Any = None) -> int:
-        """Restore the newest checkpoint complete on every node; returns the step to continue from (0 if none).
+        """Restore the newest checkpoint the nodes hold whole; returns the step to continue from (0 if none).
 
-        Collective: every rank loads the same step. When some node holds none of
-        the steps the others hold, every rank raises the same one-line
-        :class:`CheckpointError` naming it.
+        Collective: every rank loads the same step, from the nodes' own parts, else put together from
+        their buddy copies, else from the mirror (:mod:`higgsfield._lib.ckpt_resume`). When none of
+        them makes a step whole, every rank raises the same one-line :class:`CheckpointError` naming
+        the node that lacks it.
         """
-        layout = self._layout()
-        per_node, foreign = layouts.agreed_steps(layout, self.complete)
-        if self._mirror is not None:
-            # Parts saved on other nodes or another world size cannot load here; the mirror's whole step can.
-            usable = {n: steps - foreign[n] for n, steps in per_node.items()}
-            best = max(set.intersection(*usable.values()), default=None)
-            newest = max(set.union(*usable.values()), default=None)
-            if best is None or (newest is not None and newest > best):
-                found = fetch_newest(self._mirror, self.directory, layout, usable, best)  # newer there, or none here
-                if found is not None:
-                    return self.load(found, loader)
-        everywhere = set.intersection(*per_node.values())
-        newest = max(set.union(*per_node.values()), default=None)
-        if everywhere:
-            step = max(everywhere)
-            if newest is not None and newest > step and dist.get_rank() == 0:
-                print(f"higgsfield: {layouts.missing(newest, per_node, layout)}; resuming from "
-                      f"{PREFIX}{step:08d}, the newest checkpoint complete on every node", file=sys.stderr,
-                      flush=True)
-            return self.load(self.directory / f"{PREFIX}{step:08d}", loader)
-        if newest is None:
-            return 0
-        # no step complete on every node, and the mirror (if any) held none newer than here: asked above
-        where = f"; the mirror {self._mirror.root} holds no complete step" if self._mirror is not None else \
-            ": resume on the same nodes, or from a mirror"
-        raise CheckpointError(f"{layouts.missing(newest, per_node, layout)}{where}", {})
+        found = resume_path(self.directory, self._layout(), self.complete, self._mirror, self._buddies)
+        return 0 if found is None else self.load(found, loader)
 
     def load(self, path: Path, loader: Any = None) -> int:
         """Restore one checkpoint directory; returns the step to continue from. Collective."""

@@ -166,5 +166,6 @@ def train(params) -> None:
         if step == params.stop_after:
             break
     ckpt.wait()
+    ckpt.wait_uploads(timeout=120)   # the last step's mirror upload and buddy copy
     if params.logits_file:
         save_logits(model, eval_loader, Path(params.logits_file), rank0)

@@ -106,8 +106,8 @@ def test_generated_config_checks_and_example_is_discovered(
     assert "name:           demo" in proc.stdout
     (exp,) = discover(root / "src")
     assert (exp.name, exp.module, exp.function, exp.seed) == ("example", "example", "example", 0)
-    assert {p.name: p.type for p in exp.params} == {"steps": "int", "lr": "float", "batch_size": "int",
-                                                   "device": "str"}
+    assert {p.name: p.type for p in exp.params} == {"steps": "int", "lr": "float", "global_batch": "int",
+                                                   "micro_batch": "int", "device": "str"}
 
 
 def test_generated_config_matches_schema(project: tuple[Path, Path, subprocess.CompletedProcess[str]]) -> None:

@@ -115,7 +115,8 @@ def test_two_nodes_without_a_shared_disk_save_and_resume_from_their_own_parts(fa
         assert marker["parts"] == [[0, 1], [2, 3]], marker
         owners = {p.name: p.stat().st_uid for p in (on_mirror / marker["token"]).glob("part*.done")}
         assert sorted(owners) == ["part0.done", "part1.done"] and len(set(owners.values())) == 2, owners
-        shutil.rmtree(parts[9] / "step_00000012")   # node 1's own copy lost: it resumes from the mirror's
+        shutil.rmtree(parts[9] / "step_00000012")   # node 1's own part lost, and node 0's buddy copy of it:
+        shutil.rmtree(parts[8] / ".replicas" / "step_00000012", ignore_errors=True)   # it resumes from the mirror's
         second = c.hf("run", *args, "-p", "steps=16", "-p", "step_sleep=0.05", timeout=300)
         assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     finally:

@@ -135,7 +135,8 @@ def test_path_mirror_holds_every_part_resumes_a_lost_node_and_loads_on_another_w
 
     # Another world size (1 node x 2 ranks) on a disk that holds node 0's own part of steps 4 and 8: a
     # part saved by 2 nodes cannot load on 1, so the whole step 8 comes from the mirror; no saves here.
-    shutil.copytree(tmp_path / "node0" / "cut", tmp_path / "ckpt" / "cut")
+    shutil.copytree(tmp_path / "node0" / "cut", tmp_path / "ckpt" / "cut",
+                    ignore=shutil.ignore_patterns(".replicas"))   # no buddy copy of node 1's part here
     proc, lines = torchrun(2, tmp_path, {**BASE, "checkpoint_every": 1000}, run="cut", env=mirror)
     ok(proc)
     assert "resuming from step_00000008 on the checkpoint mirror" in proc.stderr
@@ -143,8 +144,10 @@ def test_path_mirror_holds_every_part_resumes_a_lost_node_and_loads_on_another_w
     assert sorted(losses(lines)) == list(range(8, STEPS))
     _close(ref, losses(lines), range(8, 10), rel=1e-4)
 
-    # Node 1 lost its disk: it downloads its own part; node 0 loads its own; the loss is the uninterrupted one.
+    # Node 1 lost its disk, and node 0 its buddy copy (the mirror is for what no buddy holds): node 1 downloads
+    # its own part; node 0 loads its own; the loss is the uninterrupted one.
     shutil.rmtree(tmp_path / "node1")
+    shutil.rmtree(tmp_path / "node0" / "cut" / ".replicas", ignore_errors=True)
     procs, second = two_nodes(tmp_path, BASE, "cut", mirror)
     assert sorted(second) == list(range(8, STEPS))
     _close(ref, second, range(8, 10))
@@ -161,6 +164,7 @@ def test_s3_mirror_on_moto_resumes_a_lost_node(tmp_path, s3):
     fs, root = _fs("s3://ckpt/mirror", s3)
     assert _assert_whole(fs, f"{root}/test/tiny_llama/cut") == [4, 8]
     shutil.rmtree(tmp_path / "node1")
+    shutil.rmtree(tmp_path / "node0" / "cut" / ".replicas", ignore_errors=True)   # no buddy copy: the mirror's turn
     procs, second = two_nodes(tmp_path, BASE, "cut", env)
     assert sorted(second) == list(range(8, STEPS))
     _close(first, second, range(8, 10))   # the cut run was uninterrupted up to step 9

@@ -99,19 +99,23 @@ def test_fsdp_node_local_saves_resume_fall_back_and_prune(tmp_path):
     check = export_and_compare([node0 / "step_00000012", node1 / "step_00000012"], tmp_path, saved)
     assert check["max_diff"] < 1e-4 and check["sum"] == "12+34=", check
 
-    # Node 1 lost its part of the newest step: the load falls back to step 8 on every rank.
+    # Node 1 lost its part of the newest step, and node 0 its buddy copy of it (or it never arrived): the load
+    # falls back to step 8 on every rank. (With the copy, test_checkpoint_buddy.py restores it.)
     shutil.rmtree(node1 / "step_00000012")
+    shutil.rmtree(node0 / ".replicas" / "step_00000012", ignore_errors=True)
     procs, third = two_nodes(tmp_path, {**BASE, "engine": "fsdp"}, run="cut")
     _ok(procs)
     assert sorted(losses(third)) == list(range(8, STEPS))
     _close(losses(second), losses(third), range(8, STEPS))
     assert "checkpoint step 12 is not complete on node 1" in procs[0].stderr
 
-    # Node 1 holds nothing (a replaced node): every rank raises the same one line, naming node 1 and where.
+    # Node 1 holds nothing (a replaced node) and node 0 no copy of its part: every rank raises the same one
+    # line, naming node 1 and where.
     shutil.rmtree(node1)
+    shutil.rmtree(node0 / ".replicas", ignore_errors=True)
     procs, _ = two_nodes(tmp_path, {**BASE, "engine": "fsdp"}, run="cut")
     want = (f"checkpoint step 12 is not complete on node 1 (fake1: no step_00000012 in {node1}): "
-            "resume on the same nodes, or from a mirror")
+            "no node holds a buddy copy of the missing part, and no mirror is set (checkpoint.mirror)")
     for n, p in enumerate(procs):
         assert p.returncode != 0, f"node {n} should have failed"
         assert p.stderr.count(want) >= 2, f"node {n}: both its ranks must say it\n{p.stderr[-4000:]}"
