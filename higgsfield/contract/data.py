@@ -177,10 +177,10 @@ class CommitRequest(Typed):
 
 @dataclass(frozen=True)
 class CommitReply(Reply):
-    """The version now current, its directory, and whether it was built now (False: it was there)."""
+    """The version now ``current``, its directory, and whether it was built now (False: it was there)."""
 
     name: str = field(metadata=rule(check=check_data_name))
-    version: str = field(metadata=rule(check=_version))
+    current: str = field(metadata=rule(check=_version))
     path: str = ""
     built: bool = False
 
@@ -250,7 +250,7 @@ class IngestReply(Reply):
     """What a node downloaded and made current: the manifest the other nodes copy, and its version."""
 
     manifest: Manifest
-    version: str = field(metadata=rule(check=_version))
+    current: str = field(metadata=rule(check=_version))
     path: str = ""
 
 

@@ -42,7 +42,7 @@ def test_receive_commit_and_run_paths(tmp_path: Path) -> None:
     assert got.stored == 2
     m = _manifest(files)
     done = store.commit(CommitRequest(name="corpus", manifest=m))
-    assert done.built and done.version == m.version()
+    assert done.built and done.current == m.version()
     root = Path(done.path)
     assert (root / "sub" / "b.bin").read_bytes() == files["sub/b.bin"]
     assert not (root / "a.txt").stat().st_mode & 0o222 and not (root / "sub").stat().st_mode & 0o222  # read-only
@@ -53,9 +53,9 @@ def test_receive_commit_and_run_paths(tmp_path: Path) -> None:
     files2 = {**files, "a.txt": b"hello again"}
     store.receive(_stream([files2["a.txt"]]))
     done2 = store.commit(CommitRequest(name="corpus", manifest=_manifest(files2)))
-    assert store.current("corpus") == done2.version != done.version
+    assert store.current("corpus") == done2.current != done.current
     pruned = store.prune()
-    assert pruned.removed == [f"corpus/{done.version}"] and pruned.objects == 1
+    assert pruned.removed == [f"corpus/{done.current}"] and pruned.objects == 1
     assert (Path(done2.path) / "sub" / "b.bin").exists()
 
 

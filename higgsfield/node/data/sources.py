@@ -69,7 +69,7 @@ def ingest(store: Store, name: str, req: IngestRequest) -> IngestReply:
         raise DataError(f"data '{name}': {req.source} holds no files")
     source = req.source + (f"@{req.revision}" if req.revision else "")
     done = store.commit(CommitRequest(name=name, manifest=manifest, source=source))
-    return IngestReply(manifest=manifest, version=done.version, path=done.path)
+    return IngestReply(manifest=manifest, current=done.current, path=done.path)
 
 
 def _hub(req: IngestRequest, dest: Path) -> None:

@@ -182,7 +182,7 @@ class Store:
         tmp = edir / f".source-{secrets.token_hex(4)}"
         tmp.write_text(req.source)
         os.replace(tmp, src)
-        return CommitReply(name=req.name, version=version, path=str(final), built=built)
+        return CommitReply(name=req.name, current=version, path=str(final), built=built)
 
     def current(self, name: str) -> str | None:
         try:

@@ -158,6 +158,13 @@ async def deploy_async(cfg: Config, *, dirty: bool = False, console: Any = None)
     result.seconds = time.monotonic() - t0
     result.nodes = [r.value for r in results if r.ok and r.value is not None]
     Group.check(results, "deploy")
+    if cfg.data:   # the data: entries that changed (an unchanged one sends nothing)
+        from higgsfield.control.backends.nodes.data.push import push_async
+        from higgsfield.control.secrets import collect
+
+        pushed = await push_async(cfg, secrets=collect(cfg, required=False))
+        say(f"data: {', '.join(f'{e.name} {e.version}' for e in pushed.entries)} on every node "
+            f"({pushed.uplink_bytes} bytes sent from here)")
     return result
 
 

@@ -130,6 +130,10 @@ def _candidates(cfg: Config, exclude: tuple[str, ...]) -> list[NodeConfig]:
 async def launch(group: Group, cfg: Config, plan: RunPlan, *,
                  secrets: dict[str, str] | None = None) -> RunHandle:
     """Start ``plan`` on ``group`` (its nodes, connected, in node-rank order); returns when every node started it."""
+    if cfg.data:   # a node whose copy of a data: entry is stale is refused (exit 2) before anything starts
+        from higgsfield.control.backends.nodes.data.check import refuse_stale
+
+        await refuse_stale(cfg, group)
     names = [m.name for m in group.members]
     master = group.members[0].node
     master_addr = "127.0.0.1" if master.is_local else master.host

@@ -118,7 +118,7 @@ def laptop_manifests(cfg: Config, entries: list[Entry]) -> None:
             e.manifest = scan(e.root, cache=cache / f"{e.name}.json", name=e.name)
 
 
-async def _status(cfg: Config, group: Group) -> dict[str, DataStatusReply]:
+async def node_status(cfg: Config, group: Group) -> dict[str, DataStatusReply]:
     async def one(m: Member) -> DataStatusReply:
         return await invoke_reply(m.transport, cfg, ["data", "status", "--project", cfg.name], DataStatusReply)
 
@@ -151,7 +151,7 @@ async def push_async(cfg: Config, names: Sequence[str] = (), *, secrets: dict[st
                                              or "", secrets=dict(secrets or {})))),
                                          timeout=max(cfg.ssh.command_timeout, 3600))
                 e.manifest = got.manifest
-        status = await _status(cfg, group)
+        status = await node_status(cfg, group)
         wanted: dict[str, list[Entry]] = {}      # node -> entries not current there
         for m in group.members:
             st = status[m.name]
