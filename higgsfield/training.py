@@ -46,6 +46,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from higgsfield._lib import profile_arm as _profile
 from higgsfield.contract.layout import progress_path
 from higgsfield.metrics import METRICS_FILE, RUN_DIR_ENV, StepMetrics, point
 
@@ -82,6 +83,7 @@ class _Progress:
         except OSError:
             return   # a full disk: progress is advisory, training goes on
         self._last_write, self._last_step = now, step
+        _profile.poll()   # `higgsfield profile`: a request file read at most once a second, here
 
     def _open(self) -> bool:
         run_dir = os.environ.get(RUN_DIR_ENV)
@@ -109,6 +111,8 @@ def progress(step: int) -> None:
     :meth:`StepTimer.step` calls it for you.
     """
     _progress.report(step)
+    if _profile.armed.active:   # a profile was asked for: its steps are recorded (one boolean otherwise)
+        _profile.armed.step(step)
 
 
 def init_distributed() -> None:
