@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from higgsfield._lib.atomic_files import write_bytes
 from higgsfield._lib.ckpt_agree import attempt
+from higgsfield._lib.ckpt_async import save_in_background
 from higgsfield._lib.ckpt_layout import Layout
 
 __all__ = ["copies_per_node", "load_shards", "module", "node_local_planner", "node_local_writer", "save_shards",
@@ -51,7 +52,8 @@ def module(model: Any) -> torch.nn.Module:
 def save_shards(model: Any, optimizer: Any, path: Path, layout: Layout, async_group: Any = None) -> tuple[Any, Any]:
     """Write the shards into ``path``; returns (the future of an async save or None, the node-local writer or None).
 
-    ``async_group``: a process group to save in the background on (None: save now).
+    ``async_group``: a process group to save in the background on (None: save now), in a thread that never
+    keeps a failing rank from exiting (:mod:`higgsfield._lib.ckpt_async`).
     """
     if getattr(model, "engine", "fsdp") == "deepspeed":
         engine = model.ds_engine
@@ -72,7 +74,7 @@ def save_shards(model: Any, optimizer: Any, path: Path, layout: Layout, async_gr
     if async_group is None:
         dcp.save(state, **kw)
         return None, writer
-    return dcp.async_save(state, process_group=async_group, **kw), writer
+    return save_in_background(state, async_group, **kw), writer
 
 
 def load_shards(model: Any, optimizer: Any, path: Path, saved_world_size: int) -> None:

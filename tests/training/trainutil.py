@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = Path(__file__).resolve().parent / "launch.py"
 #: A model and batch small enough for 2 cores shared with other test runs.
@@ -72,15 +74,33 @@ def start_two_nodes(tmp: Path, params: dict[str, Any], run: str, env: dict[str, 
     return procs, metrics
 
 
-def kill_sessions(procs: list[subprocess.Popen[str]]) -> None:
-    """SIGKILL each agent's whole session (the agent and its workers), as a lost machine would."""
+def kill_sessions(procs: list[subprocess.Popen[str]], timeout: float = 30) -> None:
+    """SIGKILL each agent's whole tree, as a lost machine would, and wait for it, ``timeout`` s at most.
+
+    The agent's session is not all of it: torchrun starts each worker in a session of its own, so the
+    workers (found while the agent still is their parent) and their process groups are killed too. A
+    worker left alive would hold the agent's stdout and keep ``communicate`` from ever seeing its end.
+    """
+    ours = os.getpgrp()
+    tree: list[psutil.Process] = []
     for p in procs:
         try:
-            os.killpg(p.pid, signal.SIGKILL)
+            os.killpg(p.pid, signal.SIGSTOP)  # an agent that restarts its workers starts none while stopped
+            tree += psutil.Process(p.pid).children(recursive=True)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            pass
+    for pid in [p.pid for p in procs] + [c.pid for c in tree]:
+        try:
+            group = os.getpgid(pid)
+            if group != ours:
+                os.killpg(group, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    _, alive = psutil.wait_procs(tree, timeout=timeout)
+    assert not alive, f"still alive {timeout} s after SIGKILL: {alive}"
     for p in procs:
-        p.communicate(timeout=60)
+        p.communicate(timeout=timeout)
 
 
 def finish_two_nodes(procs: list[subprocess.Popen[str]], metrics: Path, timeout: float = 400
