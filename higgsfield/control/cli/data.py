@@ -99,3 +99,64 @@ def _table(nodes: list[Any]) -> Any:
         t.add_row(n.node, n.state, f"{human_bytes(n.done)} / {human_bytes(n.total)}",
                   f"{human_bytes(int(n.rate))}/s" if n.rate else "", f"{n.eta:.0f}s" if n.eta is not None else "")
     return t
+
+
+@data.command()
+@click.option("--json", "as_json", is_flag=True, help="Print (node, entry, version) rows and the differences as JSON.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Each data: entry's version on every node; a node that differs is named (exit 1)."""
+    from higgsfield.control.backends.nodes.data.check import data_versions
+
+    cfg = get_config(ctx)
+    if cfg.slurm is not None:
+        cfg = cfg.on_login_node()
+    held, diffs = data_versions(cfg)
+    if as_json:
+        click.echo(json.dumps({"versions": [{"node": n, "entry": e, "version": v} for n, e, v in held],
+                               "differ": diffs}, sort_keys=True))
+    else:
+        render_versions(held, diffs)
+    if diffs:
+        ctx.exit(1)
+
+
+def render_versions(held: list[tuple[str, str, str | None]], diffs: list[str]) -> None:
+    """The rows as doctor and ``data status`` show them."""
+    from higgsfield.contract.text import inert
+
+    for node, entry, version in held:
+        click.echo(f"  data {inert(entry)} on {inert(node)}: {version or 'missing'}")
+    for line in diffs:
+        click.echo(f"  {inert(line)}")
+
+
+@data.command()
+@click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
+@click.pass_context
+def prune(ctx: click.Context, dry_run: bool) -> None:
+    """Remove every data version that is not current on each node, and the files no version uses."""
+    import asyncio
+
+    from higgsfield.contract.data import PruneDataReply
+    from higgsfield.contract.text import inert
+    from higgsfield.contract.units import human_bytes
+    from higgsfield.control.backends.nodes.output import invoke_reply
+    from higgsfield.control.remote import Group, open_group
+
+    cfg = get_config(ctx)
+    if cfg.slurm is not None:
+        cfg = cfg.on_login_node()
+
+    async def go() -> list[Any]:
+        async with open_group(cfg) as group:
+            return Group.check(await group.run(lambda m: invoke_reply(
+                m.transport, cfg, ["data", "prune", "--project", cfg.name] + (["--dry-run"] if dry_run else []),
+                PruneDataReply)), "data prune")
+
+    for r in asyncio.run(go()):
+        verb = "would remove" if dry_run else "removed"
+        click.echo(f"{inert(r.node)}: {verb} {len(r.value.removed)} version(s), {r.value.objects} file(s), "
+                   f"{human_bytes(r.value.freed_bytes)}")
+        for v in r.value.removed:
+            click.echo(f"  {inert(v)}")

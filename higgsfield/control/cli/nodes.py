@@ -292,6 +292,11 @@ def doctor(ctx: click.Context, as_json: bool, nodes: tuple[str, ...], fabric: bo
         click.echo(json.dumps(encode(report.as_json()), indent=2, sort_keys=True))
     else:
         _render_doctor(_console(), report)
+        if cfg.data:   # each data: entry's version per node, a node that differs named
+            from higgsfield.control.backends.nodes.data.check import data_versions
+            from higgsfield.control.cli.data import render_versions
+
+            render_versions(*data_versions(cfg))
     if not report.ok:
         if as_json:
             sys.exit(1)

@@ -47,3 +47,37 @@ async def refuse_stale(cfg: Config, group: Group) -> None:
                 wanted = f"this project's is {want}" if want else "node 0 has none"
                 raise DataError(f"{node}: data '{name}' is stale there ({what}, {wanted}): run 'higgsfield data "
                                 f"push {name}' (or deploy)")
+
+
+async def _held(cfg: Config) -> list[tuple[str, str, str | None]]:
+    from higgsfield.control.remote import open_group
+
+    async with open_group(cfg) as group:
+        return await versions(cfg, group)
+
+
+def differing(cfg: Config, held: list[tuple[str, str, str | None]]) -> list[str]:
+    """One line per node whose version of an entry is not this project's (a laptop path) or not the most nodes'."""
+    from collections import Counter
+
+    entries = {e.name: e for e in select(cfg, ())} if cfg.data else {}
+    laptop_manifests(cfg, list(entries.values()))
+    out = []
+    for name, e in entries.items():
+        rows = [(node, v) for node, n, v in held if n == name]
+        common = Counter(v for _, v in rows if v).most_common(1)
+        want = e.version if e.manifest is not None else (common[0][0] if common else None)
+        for node, v in rows:
+            if v != want:
+                out.append(f"{node} differs: data '{name}' is {v or 'missing'} there, "
+                           f"{'this project' if e.manifest is not None else 'the other nodes'} "
+                           f"{'has' if e.manifest is not None else 'hold'} {want}")
+    return out
+
+
+def data_versions(cfg: Config) -> tuple[list[tuple[str, str, str | None]], list[str]]:
+    """(node, entry, version) of every node and entry, and the lines naming the nodes that differ."""
+    import asyncio
+
+    held = asyncio.run(_held(cfg))
+    return held, differing(cfg, held)
