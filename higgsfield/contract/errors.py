@@ -38,6 +38,9 @@ contract, every side may import.
         │   └── BadRequest          (node.slurm_run) a field of the request is wrong: the job's start failure
         ├── NotEnoughNodes          (control.backends.pick) fewer healthy nodes than ``--nodes K`` (exit 2)
         ├── NoStacks                (control.backends.backend) ``stacks`` of a run with none to show (exit 2)
+        ├── ProfileError            (control.backends.nodes.profile) ``profile`` of a run not running, unknown,
+        │                           or without that node (exit 2)
+        ├── NotProfiled             (node.runs.profile) ``invoker profile`` of a run not running here (exit 2)
         ├── PullError               (control.backends.nodes.pull) a step not complete everywhere, a bad
         │                           ``--step`` (exit 2)
         ├── PruneRefused            (control.backends.nodes.prune) a prune that would touch an active run,

@@ -8,7 +8,7 @@ output is JSON on stdout: each node function returns the verb's typed, versioned
 ``#hb`` lines as a heartbeat with ``--heartbeat``.
 
     version | deployed | deploy | build | env | facts (drift) | fabric-last (dashboard) | start | status | logs | kill
-    | stacks | files (pull) | prune | usage (doctor)
+    | stacks | profile | files (pull) | prune | usage (doctor)
 """
 
 from __future__ import annotations
@@ -279,6 +279,24 @@ def stacks(ctx: click.Context, project: str, run_name: str, ranks: tuple[int, ..
     if ranks:
         out = [s for s in out if s.rank in ranks]
     _emit(StacksReply(run=run_name, state=record.state, ranks=out, saved=bool(at_stall)))
+
+
+@invoker.command()
+@click.option("--project", required=True)
+@click.option("--run", "run_name", required=True)
+@click.option("--steps", type=click.IntRange(1, 100), default=3, show_default=True)
+@click.option("--rank", "ranks", type=click.IntRange(min=0), multiple=True, help="Only this global rank.")
+@click.option("--memory", is_flag=True, help="Also a CUDA memory snapshot (GPU ranks).")
+@click.option("--timeout", type=click.FloatRange(1, 3600), default=60.0, show_default=True)
+@click.pass_context
+def profile(ctx: click.Context, project: str, run_name: str, steps: int, ranks: tuple[int, ...], memory: bool,
+            timeout: float) -> None:
+    """Profile the next STEPS steps of the run's live ranks here; print the traces listed (ProfileReply)."""
+    from higgsfield.node.runs.profile import profile as _profile
+    from higgsfield.node.state.records import RunDir
+
+    rd = RunDir(_home(ctx), project, run_name)
+    _emit(_profile(rd, steps=steps, ranks=ranks, memory=memory, timeout=timeout))
 
 
 # The dashboard's node-side feeds (higgsfield/node/views.py): stats | metrics.

@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "status": ("higgsfield.control.cli.runs", "status", "List runs and their state on every node."),
     "kill": ("higgsfield.control.cli.runs", "kill", "Stop a run on every node."),
     "stacks": ("higgsfield.control.cli.stacks", "stacks", "Show what every rank of a run is doing: its stacks, grouped."),
+    "profile": ("higgsfield.control.cli.profile", "profile", "Profile the next N steps of every rank of a live run."),
     "data": ("higgsfield.control.cli.data", "data", "Send the data: entries (data, weights) to every node: data push."),
     "prune": ("higgsfield.control.cli.prune", "prune", "Free node disk: remove finished runs, unused images (--dry-run)."),
     "pull": ("higgsfield.control.cli.runs", "pull", "Bring a run's checkpoint (every node's part, merged) and logs home."),
