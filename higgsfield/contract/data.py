@@ -208,6 +208,8 @@ class FetchRequest(Typed):
     port: int
     token: str
     shas: list[str] = field(default_factory=list)
+    commits: list[CommitRequest] = field(default_factory=list)
+    """Versions to make current once the objects are in (saves a command per node)."""
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,12 @@ def fetch(ctx: click.Context, project: str) -> None:
     from higgsfield.contract.data import FetchRequest
     from higgsfield.node.data.peer import fetch as _fetch
 
-    _emit(_fetch(_store(ctx, project), _request(FetchRequest), progress=_emit))
+    store = _store(ctx, project)
+    req = _request(FetchRequest)
+    got = _fetch(store, req, progress=_emit)
+    for c in req.commits:   # the objects are all here now: make the versions current
+        store.commit(c)
+    _emit(got)
 
 
 @data.command()

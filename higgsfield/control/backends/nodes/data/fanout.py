@@ -22,7 +22,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from higgsfield.contract.codec import encode
-from higgsfield.contract.data import DataError, FetchRequest, PutReply, ServeReady, ServeRequest
+from higgsfield.contract.data import (
+    CommitRequest,
+    DataError,
+    FetchRequest,
+    PutReply,
+    ServeReady,
+    ServeRequest,
+)
 from higgsfield.contract.errors import RemoteError
 from higgsfield.control.backends.nodes.output import decode_reply
 from higgsfield.control.config import Config
@@ -59,7 +66,7 @@ class NodeProgress:
 
 
 async def copy(cfg: Config, src: Member, dst: Member, shas: list[str], p: NodeProgress,
-               tick: Callable[[], None]) -> None:
+               tick: Callable[[], None], commits: list[CommitRequest]) -> None:
     """``dst`` takes ``shas`` from ``src`` (module doc)."""
     token = _random.token_hex(32)
     serve = src.transport.stream([*invoker_argv(cfg, src.node), "data", "serve", "--project", cfg.name],
@@ -69,7 +76,7 @@ async def copy(cfg: Config, src: Member, dst: Member, shas: list[str], p: NodePr
         ready = decode_reply(src.name, first, ServeReady)
         p.state, p.via, p.started = f"copying from {src.name}", src.name, time.monotonic()
         tick()
-        req = FetchRequest(host=src.node.host, port=ready.port, token=token, shas=shas)
+        req = FetchRequest(host=src.node.host, port=ready.port, token=token, shas=shas, commits=commits)
         argv = [*invoker_argv(cfg, dst.node), "data", "fetch", "--project", cfg.name]
 
         async def fetch() -> None:
@@ -86,11 +93,15 @@ async def copy(cfg: Config, src: Member, dst: Member, shas: list[str], p: NodePr
     finally:
         await serve.aclose()  # type: ignore[attr-defined]
     p.done, p.ended = p.total, time.monotonic()
+    p.state = "done"
+    tick()
 
 
 async def copy_rounds(cfg: Config, group: Group, missing: dict[str, list[str]], prog: dict[str, NodeProgress],
-                      tick: Callable[[], None], *, commit: Callable[[Member], Awaitable[None]]) -> None:
-    """Every node but node 0 gets its ``missing`` objects from a holder, in doubling rounds, then commits."""
+                      tick: Callable[[], None], *, commit: Callable[[Member], Awaitable[None]],
+                      commits: Callable[[Member], list[CommitRequest]]) -> None:
+    """Every node but node 0 gets its ``missing`` objects from a holder, in doubling rounds, and makes the
+    new versions current (``commits``, in the same command); a node that lacks nothing only ``commit``s."""
     first, rest = group.members[0], group.members[1:]
     holders = [first] + [m for m in rest if not missing[m.name]]
     pending = [m for m in rest if missing[m.name]]
@@ -103,8 +114,7 @@ async def copy_rounds(cfg: Config, group: Group, missing: dict[str, list[str]], 
 
         async def one(pair: tuple[Member, Member]) -> Member:
             src, dst = pair
-            await copy(cfg, src, dst, missing[dst.name], prog[dst.name], tick)
-            await commit(dst)
+            await copy(cfg, src, dst, missing[dst.name], prog[dst.name], tick, commits(dst))
             return dst
 
         got = await asyncio.gather(*(one(pr) for pr in pairs), return_exceptions=True)

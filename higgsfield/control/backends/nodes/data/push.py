@@ -53,8 +53,8 @@ from higgsfield.control.backends.nodes.output import invoke_reply
 from higgsfield.control.config import Config
 from higgsfield.control.remote import Group, Member, open_group
 
-BATCH_BYTES = 16 << 20     # one ``put`` command's objects (a file larger than this goes alone)
-PUT_CONCURRENCY = 3        # puts in flight to node 0: the link stays busy while one starts up
+BATCH_BYTES = 64 << 20     # one ``put`` command's objects (a file larger than this goes alone)
+PUT_CONCURRENCY = 2        # puts in flight to node 0: the link stays busy while the next one starts up
 SLACK = 64 << 20           # free space kept beyond what a push needs
 
 
@@ -183,9 +183,12 @@ async def push_async(cfg: Config, names: Sequence[str] = (), *, secrets: dict[st
         tick()
         result.uplink_bytes = await _send_to_first(cfg, first, [objects[s] for s in missing[first.name]],
                                                    prog[first.name], tick)
-        await _commit(cfg, first, wanted[first.name], prog[first.name], tick)
-        await copy_rounds(cfg, group, missing, prog, tick,
-                          commit=lambda m: _commit(cfg, m, wanted[m.name], prog[m.name], tick))
+        # node 0 makes its versions current while it serves the others (its objects are all there)
+        await asyncio.gather(
+            _commit(cfg, first, wanted[first.name], prog[first.name], tick),
+            copy_rounds(cfg, group, missing, prog, tick,
+                        commit=lambda m: _commit(cfg, m, wanted[m.name], prog[m.name], tick),
+                        commits=lambda m: [_commit_request(e) for e in wanted[m.name]]))
     result.entries = [PushedEntry(name=e.name, version=e.version, source=e.source, files=len(_files(e)),
                                   bytes=sum(f.size for f in _files(e))) for e in entries]
     result.seconds = time.monotonic() - t0
@@ -232,6 +235,11 @@ async def _send_to_first(cfg: Config, m: Member, items: list[tuple[Entry, DataFi
             t.cancel()
         raise
     return sent
+
+
+def _commit_request(e: Entry) -> CommitRequest:
+    assert e.manifest is not None
+    return CommitRequest(name=e.name, manifest=e.manifest, source=e.source)
 
 
 def _files(e: Entry) -> list[DataFile]:
