@@ -33,8 +33,8 @@ Why these choices:
   (nodes, ranks per node) mesh: the per-layer collectives stay off the network),
   ``replicate`` over none (``zero_stage=0``). The default ``auto`` is what
   ``zero_stage`` implies (replicate for 0, else full): hybrid holds more per rank
-  and a torchrun restart under it hung in tests, so a run asks for it. Rank 0
-  prints the choice at startup. Why: :mod:`higgsfield._lib.mesh`.
+  (a model that fits fully sharded may not fit one node's share), so a run asks
+  for it. Rank 0 prints the choice at startup. Why: :mod:`higgsfield._lib.mesh`.
 - ``precision``: ``bf16`` computes in bf16 but keeps fp32 master weights and
   reduces gradients in fp32; ``bf16_pure`` stores everything in bf16 (less
   memory, lossy updates: the original library's "bf16"); ``fp16`` keeps fp32

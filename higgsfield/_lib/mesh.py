@@ -16,12 +16,12 @@ parameters too, between forward and backward); ``sharding`` says *over which ran
 ``zero_stage=0`` is ``replicate`` and only that, and ``full`` and ``hybrid`` need 2 or 3.
 
 The default, ``auto``, is what ``zero_stage`` implies: replicate for 0, full otherwise;
-hybrid is asked for. It is not the default because of what the tests saw: 2 nodes x 2 ranks
-under hybrid, a worker killed mid-run with an asynchronous save in flight, and torchrun's
-restart hung in 7 of 11 tries here (tests/training/test_checkpoint_node_local.py's first run):
-a surviving rank's background save thread waits in a gloo broadcast for the dead peer, so the
-rank never exits and its node never restarts. Full sharding resumes there, and so does hybrid
-with synchronous saves (3 of 3). Until that is fixed a run must ask for hybrid.
+hybrid is asked for. What keeps it off the default is memory: ``auto`` cannot tell whether the
+model fits one node's share (above), and a run that fits fully sharded must not fail for lack
+of memory by default. (It was kept off for a hang too, now fixed: 2 nodes x 2 ranks under hybrid,
+a worker killed with an asynchronous save in flight, and torchrun's restart hung in 7 of 11
+tries, since a surviving rank could not exit while its save thread waited in a gloo collective.
+Saves no longer hold a failing rank, :mod:`higgsfield._lib.ckpt_async`, and that run restarts.)
 DeepSpeed's ``hybrid`` is ZeRO++ hpZ (:mod:`higgsfield._lib.deepspeed`).
 
 Every rank must build the same mesh, so what the choice reads is agreed first (:func:`agree`:
