@@ -285,6 +285,9 @@ def node_env(pinned: PinnedSlurmRun, rd: RunDir, host: str, base: dict[str, str]
     env.update(run_variables(project=spec.project, experiment=spec.experiment, run=spec.run, run_dir=str(rd.path),
                              node=host, checkpoint_dir=pinned.checkpoint_dir,
                              checkpoint_mirror=spec.checkpoint_mirror))
+    from higgsfield.node.data.store import data_variables
+
+    env.update(data_variables(rd.home, spec.project))   # data push put them in the shared workdir, once
     return env
 
 
