@@ -137,8 +137,6 @@ class DataStatusReply(Reply):
 
     entries: list[EntryState] = field(default_factory=list)
     free_bytes: int = 0
-    objects: int = 0
-    object_bytes: int = 0
 
     def entry(self, name: str) -> EntryState | None:
         return next((e for e in self.entries if e.name == name), None)
@@ -316,8 +314,9 @@ class PushReport(Typed):
 
 @dataclass(frozen=True)
 class HashCache(Typed):
-    """The laptop's cache of one entry's sha256s (``.higgsfield/data-cache/<name>.json``): per file its size,
-    mtime (ns), inode and sha256, valid for ``root`` only."""
+    """The laptop's cache of one entry's sha256s (``.higgsfield/data-cache/<name>.json``), valid for ``root``
+    only: one string per file, ``path NUL size NUL mtime_ns NUL inode NUL sha256`` (10,000 files decode in
+    milliseconds as strings, where as objects they took a third of a second)."""
 
     root: str
-    files: dict[str, tuple[int, int, int, str]] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)

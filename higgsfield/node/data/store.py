@@ -210,18 +210,12 @@ class Store:
                 source = ""
             out.append(EntryState(name=name, current=cur, versions=versions, source=source,
                                   path=str(vdir / cur) if cur else ""))
-        count = size = 0
-        if self.objects.is_dir():
-            for p in self.objects.glob("??/*"):
-                count += 1
-                with contextlib.suppress(OSError):
-                    size += p.stat().st_size
         probe = self.root if self.root.exists() else self.root.parents[1]
         try:
             free = shutil.disk_usage(probe).free
         except OSError:
             free = 0
-        return DataStatusReply(entries=out, free_bytes=free, objects=count, object_bytes=size)
+        return DataStatusReply(entries=out, free_bytes=free)   # objects not counted: a push asks this each time
 
     def prune(self, *, keep: set[str] | None = None, dry_run: bool = False) -> PruneDataReply:
         """Remove every version that is not current (nor in ``keep``), then the objects no version links."""

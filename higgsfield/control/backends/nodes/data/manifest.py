@@ -18,7 +18,6 @@ import contextlib
 import hashlib
 import json
 import os
-import stat
 from pathlib import Path
 
 from higgsfield.contract import codec
@@ -36,22 +35,25 @@ def _sha256(path: Path) -> str:
 
 
 def _walk(root: Path) -> list[tuple[str, os.stat_result]]:
-    """Every regular file under ``root`` (symlinks followed to files, not to directories), sorted by path."""
-    out: list[tuple[str, os.stat_result]] = []
+    """Every regular file under ``root`` (symlinks followed to files, not into directories), sorted by path."""
     if root.is_file():
         return [(root.name, root.stat())]
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        rel_dir = Path(dirpath).relative_to(root)
-        for name in filenames:
-            p = Path(dirpath) / name
-            try:
-                st = p.stat()
-            except OSError:
-                continue   # a dangling link
-            if stat.S_ISREG(st.st_mode):
-                out.append(((rel_dir / name).as_posix(), st))
-    return sorted(out)
+    out: list[tuple[str, os.stat_result]] = []
+    todo = [("", str(root))]
+    while todo:
+        rel, path = todo.pop()
+        with os.scandir(path) as it:
+            for d in it:
+                name = f"{rel}{d.name}"
+                try:
+                    if d.is_dir(follow_symlinks=False):
+                        todo.append((name + "/", d.path))
+                    elif d.is_file():
+                        out.append((name, d.stat()))
+                except OSError:
+                    continue   # a dangling link, a file gone meanwhile
+    out.sort(key=lambda x: x[0])
+    return out
 
 
 def scan(root: Path, *, cache: Path | None = None, name: str = "") -> Manifest:
@@ -59,18 +61,19 @@ def scan(root: Path, *, cache: Path | None = None, name: str = "") -> Manifest:
     if not root.exists():
         raise DataError(f"data '{name}': {root} does not exist: fix its source in higgsfield.yml")
     where = str(root.resolve())
-    known: dict[str, tuple[int, int, int, str]] = {}
+    known: dict[str, list[str]] = {}
     if cache is not None:
         with contextlib.suppress(OSError, ValueError):   # absent, not JSON, not a cache (DecodeError): hash
             old = codec.decode(HashCache, json.loads(cache.read_text()))
-            known = old.files if old.root == where else {}
-    files, fresh = [], {}
+            if old.root == where:
+                known = {parts[0]: parts for line in old.files if len(parts := line.split("\0")) == 5}
+    files, fresh = [], []
     for rel, st in _walk(root):
-        key = (st.st_size, st.st_mtime_ns, st.st_ino)
+        key = [rel, str(st.st_size), str(st.st_mtime_ns), str(st.st_ino)]
         seen = known.get(rel)
-        sha = seen[3] if seen is not None and tuple(seen[:3]) == key else \
+        sha = seen[4] if seen is not None and seen[:4] == key else \
             _sha256(root / rel if root.is_dir() else root)
-        fresh[rel] = (*key, sha)
+        fresh.append("\0".join([*key, sha]))
         files.append(DataFile(path=rel, size=st.st_size, sha256=sha))
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
