@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 from higgsfield._lib import profile_arm as _profile
+from higgsfield._lib import straggler_probe as _straggler
 from higgsfield.contract.layout import progress_path
 from higgsfield.metrics import METRICS_FILE, RUN_DIR_ENV, StepMetrics, point
 
@@ -111,6 +112,7 @@ def progress(step: int) -> None:
     :meth:`StepTimer.step` calls it for you.
     """
     _progress.report(step)
+    _straggler.step(step)   # this rank's own work per step, for the node's straggler rule (off: one test)
     if _profile.armed.active:   # a profile was asked for: its steps are recorded (one boolean otherwise)
         _profile.armed.step(step)
 

@@ -26,7 +26,8 @@ Coordinator -> member: :class:`Heartbeat`; :class:`Prepare`; :class:`Cancel`;
 :class:`Go` (the rendezvous port); :class:`Abort` and :class:`FinalVerdict` (a
 :class:`~higgsfield.contract.failure.Verdict`'s fields); :class:`Bye`; :class:`Stall`
 (take your ranks' stacks); :class:`Stalled` (the diagnosis); :class:`Progressing` (a
-waited-out stall ended); :class:`Restart` (kill your workers: torchrun restarts them).
+waited-out stall ended); :class:`Restart` (kill your workers: torchrun restarts them);
+:class:`Straggling` (the ranks named stragglers now).
 
 The states either end keeps are :class:`Admission` (a member's), :class:`LastWord` and
 :class:`StallPhase` (the coordinator's).
@@ -49,6 +50,7 @@ from higgsfield.contract.codec import decode, rule
 from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.failure import Failure, Verdict
 from higgsfield.contract.stacks import Diagnosis, RankStacks
+from higgsfield.contract.straggler import RankWork, Straggler
 
 MAX_RANKS = 4096    # rank stacks one node may send (the rest are left out)
 
@@ -105,6 +107,17 @@ def _rank_stacks(v: object) -> tuple[RankStacks, ...]:
     for item in v[:MAX_RANKS]:
         with contextlib.suppress(DecodeError):
             out.append(decode(RankStacks, item))
+    return tuple(out)
+
+
+def _rank_work(v: object) -> tuple[RankWork, ...]:
+    """A node's ranks' own work; a rank's that does not decode is left out (the others are still judged)."""
+    if not isinstance(v, list):
+        raise ValueError("a list")
+    out = []
+    for item in v[:MAX_RANKS]:
+        with contextlib.suppress(DecodeError):
+            out.append(decode(RankWork, item))
     return tuple(out)
 
 
@@ -180,6 +193,8 @@ class Progress:
     TAG: ClassVar[str] = "progress"
     at: float
     steps: bool
+    work: tuple[RankWork, ...] = field(default=(), metadata=rule(decode=_rank_work, sparse=True))
+    """Its ranks' latest own work per step (:mod:`higgsfield.contract.straggler`); an older node sends none."""
 
 
 @dataclass(frozen=True)
@@ -298,6 +313,15 @@ class Stalled:
 
 
 @dataclass(frozen=True)
+class Straggling:
+    """The ranks named stragglers now (none: the last one was cleared); every node keeps them in its record."""
+
+    TAG: ClassVar[str] = "straggling"
+    stragglers: tuple[Straggler, ...]
+    at: float
+
+
+@dataclass(frozen=True)
 class Progressing:
     """A waited-out stall ended: a node progressed again."""
 
@@ -313,13 +337,14 @@ class Restart:
 
 Message: TypeAlias = (Challenge | Hello | Welcome | Heartbeat
                       | Admitted | Unadmitted | Ready | Progress | Stacks | Finished | Failed | Killed | Stopped
-                      | Prepare | Cancel | Go | Abort | FinalVerdict | Bye | Stall | Stalled | Progressing | Restart)
+                      | Prepare | Cancel | Go | Abort | FinalVerdict | Bye | Stall | Stalled | Progressing | Restart
+                      | Straggling)
 
 #: Every kind on the wire, by its tag.
 KINDS: dict[str, type[Message]] = {cls.TAG: cls for cls in (
     Challenge, Hello, Welcome, Heartbeat,
     Admitted, Unadmitted, Ready, Progress, Stacks, Finished, Failed, Killed, Stopped,
-    Prepare, Cancel, Go, Abort, FinalVerdict, Bye, Stall, Stalled, Progressing, Restart)}
+    Prepare, Cancel, Go, Abort, FinalVerdict, Bye, Stall, Stalled, Progressing, Restart, Straggling)}
 
 
 def claimed_kind(data: object) -> type[Message] | None:
@@ -331,5 +356,5 @@ def claimed_kind(data: object) -> type[Message] | None:
 __all__ = [
     "KINDS", "Abort", "Admission", "Admitted", "Bye", "Cancel", "Challenge", "Failed", "FinalVerdict", "Finished",
     "Go", "Heartbeat", "Hello", "Killed", "LastWord", "Message", "Prepare", "Progress", "Progressing", "Ready",
-    "Restart", "Stall", "StallPhase", "Stalled", "Stacks", "Stopped", "Unadmitted", "Welcome", "claimed_kind",
+    "Restart", "Stall", "StallPhase", "Stalled", "Stacks", "Stopped", "Straggling", "Unadmitted", "Welcome", "claimed_kind",
 ]

@@ -173,6 +173,11 @@ def progress_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
     return Path(run_dir) / PROGRESS / f"rank{int(rank)}"
 
 
+def work_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    """The file rank ``rank`` writes its own work per step to (:mod:`higgsfield.contract.straggler`)."""
+    return Path(run_dir) / PROGRESS / f"work{int(rank)}"
+
+
 def stacks_dump_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
     """The file rank ``rank``'s faulthandler appends its threads' stacks to when signalled."""
     return Path(run_dir) / STACKS / f"rank{int(rank)}"

@@ -24,6 +24,7 @@ from higgsfield.contract.decode import DecodeError, tail
 from higgsfield.contract.names import NAME_RE, check_node_name, is_run_name
 from higgsfield.contract.stacks import Diagnosis
 from higgsfield.contract.states import STATES
+from higgsfield.contract.straggler import Straggler
 from higgsfield.contract.text import has_control, one_line, shown
 
 NODE_RUNS_VERSION = 1
@@ -90,6 +91,8 @@ class NodeRunView:
     stall: Diagnosis | None = None
     """The diagnosis at the run's latest stall, or None."""
     stalled_at: float | None = None
+    stragglers: list[Straggler] = field(default_factory=list)
+    """The ranks the run's straggler rule names now (every node keeps the coordinator's finding)."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
 

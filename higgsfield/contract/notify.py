@@ -14,12 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-Event = Literal["started", "succeeded", "failed", "stalled", "recovered", "lost"]
-EVENTS: tuple[Event, ...] = ("started", "succeeded", "failed", "stalled", "recovered", "lost")
+Event = Literal["started", "succeeded", "failed", "stalled", "recovered", "lost", "straggler"]
+EVENTS: tuple[Event, ...] = ("started", "succeeded", "failed", "stalled", "recovered", "lost", "straggler")
 """``started``: torchrun runs on node 0; ``succeeded`` / ``failed``: the run's end (a kill by a user is
 not news to them); ``stalled``: the watchdog's diagnosis; ``recovered`` / ``lost``: a node lost and the
-run going on without it."""
-DEFAULT_EVENTS: tuple[Event, ...] = ("succeeded", "failed", "stalled", "recovered", "lost")
+run going on without it; ``straggler``: a rank named slow by its own work per step (``on_straggler: warn``)."""
+DEFAULT_EVENTS: tuple[Event, ...] = ("succeeded", "failed", "stalled", "recovered", "lost", "straggler")
 """Everything but ``started``: what a user away from the screen wants to hear of."""
 
 

@@ -23,6 +23,7 @@ from higgsfield.contract.codec import encode, rule
 from higgsfield.contract.nodepart import NodePart
 from higgsfield.contract.stacks import Diagnosis
 from higgsfield.contract.states import ACTIVE
+from higgsfield.contract.straggler import Straggler
 
 STATUS_VERSION = 1
 
@@ -54,6 +55,8 @@ class RunStatus:
     """The run's resolved params (what a re-run starts from); added to schema 1 (readers ignore new keys)."""
     stall: Diagnosis | None = None
     """The diagnosis of the run's latest stall; added to schema 1 like ``params``."""
+    stragglers: list[Straggler] = field(default_factory=list)
+    """The ranks named slow by their own work per step (:mod:`higgsfield.contract.straggler`); added to schema 1."""
 
     @property
     def duration(self) -> float | None:
@@ -97,6 +100,7 @@ class RunStatusJson:
     params: dict[str, Any]
     stall: Diagnosis | None
     node_states: dict[str, str | None]
+    stragglers: list[Straggler] = field(default_factory=list)
 
     @classmethod
     def of(cls, s: RunStatus) -> RunStatusJson:
@@ -104,7 +108,7 @@ class RunStatusJson:
                    created_at=s.created_at, started_at=s.started_at, ended_at=s.ended_at, duration=s.duration,
                    exit_code=s.exit_code, failed_node=s.failed_node, failed_rank=s.failed_rank, reason=s.reason,
                    error_tail=list(s.error_tail), params=dict(s.params), stall=s.stall,
-                   node_states={n: p.state for n, p in s.nodes.items()})
+                   node_states={n: p.state for n, p in s.nodes.items()}, stragglers=list(s.stragglers))
 
 
 def status_json(status: RunStatus) -> dict[str, Any]:

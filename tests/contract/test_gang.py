@@ -39,11 +39,13 @@ from higgsfield.contract.gang import (
     Stalled,
     StallPhase,
     Stopped,
+    Straggling,
     Unadmitted,
     Welcome,
     claimed_kind,
 )
 from higgsfield.contract.stacks import MAIN, Diagnosis, Frame, Group, RankStacks, Thread
+from higgsfield.contract.straggler import RankWork, Straggler
 
 F = Failure("n1", 3, 1.5, "rank 3: boom", ["line"])
 F_WIRE = {"version": 1, "node": "n1", "rank": 3, "at": 1.5, "reason": "rank 3: boom", "tail": ["line"],
@@ -83,6 +85,12 @@ TODAY: list[tuple[Message, dict[str, object]]] = [
     (Stalled(D, 7.0), {"t": "stalled", "diagnosis": D_WIRE, "at": 7.0}),
     (Progressing(), {"t": "progressing"}),
     (Restart(), {"t": "restart"}),
+    (Progress(at=2.5, steps=True, work=(RankWork(rank=3, step=9, steps=2, own_s=0.25, step_s=0.3),)),
+     {"t": "progress", "at": 2.5, "steps": True,
+      "work": [{"rank": 3, "step": 9, "steps": 2, "own_s": 0.25, "step_s": 0.3, "node": ""}]}),
+    (Straggling((Straggler("n2", 3, 1.3, 31, 40, 0.26, 0.2, 8.0),), 8.0),
+     {"t": "straggling", "stragglers": [{"node": "n2", "rank": 3, "ratio": 1.3, "since_step": 31, "step": 40,
+                                        "own_s": 0.26, "median_s": 0.2, "at": 8.0}], "at": 8.0}),
 ]
 
 

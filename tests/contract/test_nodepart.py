@@ -47,7 +47,8 @@ def test_the_merge_keeps_each_nodes_part_typed_and_status_json_is_unchanged() ->
     assert d == {"version": 1, "project": "p", "experiment": "e", "run": "e-1", "state": "stalled",
                  "nodes": ["a", "b"], "created_at": 1.0, "started_at": 2.0, "ended_at": None, "exit_code": None,
                  "failed_node": None, "failed_rank": None, "reason": None, "error_tail": [], "params": {"lr": 0.1},
-                 "stall": DIAGNOSIS, "node_states": {"a": "stalled", "b": "stalled"}, "stalled_at": 8.5}
+                 "stall": DIAGNOSIS, "node_states": {"a": "stalled", "b": "stalled"}, "stalled_at": 8.5,
+                 "stragglers": []}
 
 
 def test_a_scheduler_knows_only_the_state_and_the_json_reads_back() -> None:

@@ -383,7 +383,7 @@ def test_notify_destinations_are_secrets_read_like_the_others_and_kept_from_the_
 
     cfg = parse_config("name: a\nnodes:\n  - host: h1\nsecrets: [HF_TOKEN]\nnotify:\n  to: [SLACK, HOOK]\n",
                        tmp_path / "higgsfield.yml")
-    assert cfg.notify is not None and cfg.notify.events == ["succeeded", "failed", "stalled", "recovered", "lost"]
+    assert cfg.notify is not None and cfg.notify.events == ["succeeded", "failed", "stalled", "recovered", "lost", "straggler"]
     write(tmp_path / "env", "HF_TOKEN=t\nSLACK=slack://a/b/c\n")
     got = secrets.notify(cfg, {"HOOK": "json://h/p"})
     assert got.urls == ("slack://a/b/c", "json://h/p") and got.wants("failed") and not got.wants("started")

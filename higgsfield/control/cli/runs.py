@@ -257,6 +257,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
             what = "stalled" if r.state == STALLED else f"first failure on {failure_of(r)}"
             out.print(f"\n{clean(r.run)}: {clean(what)}:", markup=False, highlight=False)
             _print_failure(out, r)
+        for r in [r for r in runs if r.active and r.stragglers]:   # named by their own work per step
+            out.print(f"\n{clean(r.run)}: " + "; ".join(f"straggler: {clean(s.summary)}" for s in r.stragglers),
+                      markup=False, highlight=False)
     else:
         out.print("no runs yet: start one with 'higgsfield run EXPERIMENT'")
     for node, reason in unreachable.items():

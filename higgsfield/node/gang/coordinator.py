@@ -298,8 +298,8 @@ class Coordinator:
                     self.ready.add(rank)
                     if len(self.ready) == len(self.nodes):
                         self._go()
-            case Progress():
-                self.stall.progress(rank, time.time())
+            case Progress(work=work):
+                self.stall.progress(rank, time.time(), work)
             case Stacks(ranks=ranks):
                 self.stall.stacks(rank, ranks)
             case Finished():

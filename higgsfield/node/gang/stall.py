@@ -25,9 +25,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from higgsfield.contract.failure import Failure
-from higgsfield.contract.gang import Message, Progressing, Restart, Stall, Stalled, StallPhase
+from higgsfield.contract.gang import Message, Progressing, Restart, Stall, Stalled, StallPhase, Straggling
 from higgsfield.contract.stacks import Diagnosis, RankStacks, diagnose
 from higgsfield.contract.stall_policy import OnStall, StallPolicy
+from higgsfield.contract.straggler import RankWork
+from higgsfield.node.gang.stragglers import StragglerRule
 from higgsfield.node.gang.watchdog import Watchdog
 
 STACKS_WAIT_S = 8.0  # after ``stall``: how long the members have to send their ranks' stacks
@@ -62,13 +64,21 @@ class StallWatch:
         self.collected: dict[int, list[RankStacks]] = {}
         self.restarts = 0
         self.diagnosis: Diagnosis | None = None
+        self.stragglers = StragglerRule()                # the slow rank, named by its own work per step
+
 
     def start(self, now: float) -> None:
         if not self.policy.off:
             self.dog = Watchdog(self.policy.stall_timeout, self.policy.startup_timeout, now)
 
-    def progress(self, node_rank: int, now: float) -> None:
-        """Node ``node_rank``'s ranks progressed (the message arrived at ``now``)."""
+    def progress(self, node_rank: int, now: float, work: Sequence[RankWork] = ()) -> None:
+        """Node ``node_rank``'s ranks progressed (the message arrived at ``now``), with their own work per step
+        (judged by :mod:`~higgsfield.node.gang.stragglers`; a change of the ranks named is broadcast)."""
+        node = self.nodes[node_rank]
+        if work and self.stragglers.report([replace(w, node=node) for w in work], now):
+            found = self.stragglers.findings()
+            self.say("stragglers: " + ("; ".join(s.summary for s in found) if found else "none now"))
+            self.broadcast(Straggling(found, now))
         if self.dog is None:
             return
         self.dog.progress(self.nodes[node_rank], now)

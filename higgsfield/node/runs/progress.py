@@ -10,6 +10,10 @@ A run that reports no steps (a loop of its own) still shows life in its output:
 then the newest modification time of its rank logs is its progress (``steps``
 False). Once any rank reports steps only steps count, so a rank printing
 "waiting..." while the run hangs does not hide the hang.
+
+With its progress the node sends its ranks' own work per step (``RUN_DIR/progress/work<N>``,
+written by :mod:`higgsfield._lib.straggler_probe`; :func:`work`), which the coordinator's
+straggler rule judges (:mod:`higgsfield.node.gang.stragglers`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import os
 from dataclasses import dataclass
 
 from higgsfield.contract import layout
+from higgsfield.contract.straggler import RankWork, parse_work
 from higgsfield.node.state.records import RunDir
 
 
@@ -27,13 +32,15 @@ class Progress:
 
     at: float
     steps: bool
+    work: tuple[RankWork, ...] = ()
+    """Its ranks' latest own work per step (none: no rank measures it)."""
 
 
 def latest(rd: RunDir) -> Progress | None:
     """The newest progress of ``rd``'s ranks on this node, or None before the first."""
     stepped = _newest_step(rd)
     if stepped is not None:
-        return Progress(stepped, True)
+        return Progress(stepped, True, work(rd))
     output = _newest_output(rd)
     return Progress(output, False) if output is not None else None
 
@@ -55,6 +62,27 @@ def _reports(rd: RunDir) -> list[tuple[int, float]]:
         except (OSError, IndexError, ValueError):
             continue
     return out
+
+
+def work(rd: RunDir) -> tuple[RankWork, ...]:
+    """This node's ranks' latest own work per step (``progress/work<N>``); a file half-written or not ours is
+    skipped."""
+    try:
+        entries = list(os.scandir(rd.path / layout.PROGRESS))
+    except OSError:
+        return ()
+    out = []
+    for e in entries:
+        if not (e.name.startswith("work") and e.name[4:].isdigit()):
+            continue
+        try:
+            with open(e.path, "rb") as f:
+                got = parse_work(int(e.name[4:]), f.read(128))
+        except OSError:
+            continue
+        if got is not None:
+            out.append(got[0])
+    return tuple(sorted(out, key=lambda w: w.rank))
 
 
 def _newest_step(rd: RunDir) -> float | None:

@@ -77,7 +77,7 @@ from higgsfield.contract.states import FAILED, KILLED, QUEUED, RUNNING, STALLED,
 from higgsfield.node.gang import queue, wire
 from higgsfield.node.gang.coordinator import Coordinator, lost_failure
 from higgsfield.node.gang.member import Inbox, Lost, Member
-from higgsfield.node.runs import failure, progress
+from higgsfield.node.runs import failure, progress, stragglers
 from higgsfield.node.runs import stacks as rank_stacks
 from higgsfield.node.runs.notify import Note, Notifier, ending
 from higgsfield.node.runtime import torchrun
@@ -331,13 +331,13 @@ class Supervisor:
                     return str(e), cause
                 if rc is not None:
                     return rc, cause
-                msg = self._next(0.2)
+                msg = stragglers.noted(self._next(0.2), self.rd, self.notifier, self._note, say)  # Straggling: kept
                 if cause is None and time.monotonic() - read_progress >= PROGRESS_EVERY_S:
                     read_progress = time.monotonic()
                     p = progress.latest(self.rd)
                     if p is not None and p.at > sent_progress:
                         sent_progress = p.at
-                        self.member.send(Progress(at=p.at, steps=p.steps))
+                        self.member.send(Progress(at=p.at, steps=p.steps, work=p.work))
                 if cause is None and isinstance(msg, (Stall, Stalled, Progressing, Restart)):
                     self._on_stall(msg)
                     continue

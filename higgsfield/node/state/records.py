@@ -53,6 +53,7 @@ from higgsfield.contract.failure import Failure
 from higgsfield.contract.names import NAME_RE, check_node_name, is_run_name
 from higgsfield.contract.stacks import Diagnosis
 from higgsfield.contract.states import FAILED, QUEUED, STATES, TERMINAL
+from higgsfield.contract.straggler import Straggler
 from higgsfield.contract.text import has_control, one_line, shown
 from higgsfield.node.state.home import NodeState
 
@@ -128,6 +129,7 @@ class RunRecord:
     attempt: str | None = None         # the start that made this record (a failed start stops only its own)
     stall: Diagnosis | None = None        # the diagnosis at the run's (latest) stall, kept
     stalled_at: float | None = None       # when the coordinator found it stalled
+    stragglers: list[Straggler] = field(default_factory=list)   # the ranks named stragglers now (node.gang.stragglers)
     attempts: list[Attempt] = field(default_factory=list)   # every start of this name here, oldest first
 
     @property

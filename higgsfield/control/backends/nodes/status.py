@@ -107,7 +107,7 @@ def merge(records: Iterable[NodeRunView]) -> list[RunStatus]:
             failed_rank=first.failed_rank if first else None,
             reason=first.reason if first else None,
             error_tail=list(first.error_tail) if first else [],
-            params=dict(recs[0].params)))
+            params=dict(recs[0].params), stragglers=next((list(r.stragglers) for r in recs if r.stragglers), [])))
     return sorted(out, key=lambda s: s.created_at)
 
 

@@ -89,8 +89,17 @@ function route() {
 function stateBadge(r) {
   const b = el("span", {class: `state s-${r.state}`, text: r.state});
   if (r.stall) b.title = `stalled: ${r.stall.summary}`;
+  if (ACTIVE.includes(r.state) && r.stragglers && r.stragglers.length) {
+    b.classList.add("straggling");
+    b.title = r.stragglers.map(stragglerText).join("\n");
+  }
   if (r.stale_nodes && r.stale_nodes.length) b.title = `last known: ${r.stale_nodes.join(", ")} not answering`;
   return b;
+}
+/* a rank named slow by its own work per step (the node side's straggler rule) */
+function stragglerText(s) {
+  return `rank ${s.rank} on ${s.node}: ${s.ratio.toFixed(2)}x slower than the median rank ` +
+         `(${Math.round(s.own_s * 1000)} ms of own work per step against ${Math.round(s.median_s * 1000)} ms) since step ${s.since_step}`;
 }
 function queueText(r) {
   if (r.queue_position) return `#${r.queue_position} waiting`;
@@ -252,6 +261,15 @@ function renderRunHead() {
   if (r.stall) {
     sb.replaceChildren(el("div", {class: "stall-who", text: `Stalled${r.stalled_at ? " at " + when(r.stalled_at) : ""}: ${r.stall.summary}`}));
     if (!S.stacksTaken) renderGroups(r.stall, $("#stacks"), "at the stall");
+  }
+  const gb = $("#run-stragglers");
+  const slow = r.stragglers || [];
+  gb.classList.toggle("hidden", !slow.length);
+  if (slow.length) {
+    gb.replaceChildren(el("div", {class: "straggler-who", text: ACTIVE.includes(r.state) ? "Straggler" + (slow.length > 1 ? "s" : "") + " now:" : "Straggler" + (slow.length > 1 ? "s" : "") + " when it ended:"}),
+                       ...slow.map((s) => el("div", {class: "straggler", "data-node": s.node, "data-rank": String(s.rank)},
+                                             el("span", {class: "rank", text: `rank ${s.rank} on ${s.node}`}),
+                                             el("span", {text: ": " + stragglerText(s).replace(/^rank \d+ on [^:]+: /, "")}))));
   }
   fillSelect($("#l-node"), r.nodes || []);
 }
