@@ -22,14 +22,14 @@ from higgsfield.control.config import find_config, json_schema, load_config, par
 CLI_CASES = [
     ("unknown-top-key", "name: a\nnodes:\n  - host: h1\nfoo: 1\n",
      "4: foo: unknown key 'foo' (allowed: name, slurm, nodes, ssh, nproc_per_node, runtime, secrets, state_dir, "
-     "docker, install, default_branch, retention, checkpoint, notify, stall_timeout, startup_timeout, on_stall, preflight)"),
+     "docker, install, default_branch, retention, checkpoint, notify, stall_timeout, startup_timeout, on_stall, on_straggler, preflight, data)"),
     ("root-in-ssh", "name: a\nnodes:\n  - host: h1\nssh:\n  user: root\n",
      "5: ssh.user: 'root' is refused: use a non-root user with passwordless sudo"),
     ("root-per-node", "name: a\nnodes:\n  - host: h1\n  - host: h2\n    user: root\n",
      "5: nodes[1].user: 'root' is refused: use a non-root user with passwordless sudo"),
     ("empty-node-list", "name: a\nnodes: []\n", "2: nodes: list at least one node (or describe a Slurm cluster in a slurm block)"),
     ("notify-unknown-event", "name: a\nnodes:\n  - host: h1\nnotify:\n  to: [HOOK]\n  events: [failed, exploded]\n",
-     "6: notify.events[1]: must be 'started', 'succeeded', 'failed', 'stalled', 'recovered' or 'lost' "
+     "6: notify.events[1]: must be 'started', 'succeeded', 'failed', 'stalled', 'recovered', 'lost' or 'straggler' "
      "(got 'exploded')"),
     ("notify-not-a-name", "name: a\nnodes:\n  - host: h1\nnotify:\n  to: ['https://hooks.slack.com/x']\n",
      "5: notify.to: 'https://hooks.slack.com/x' is not a valid secret name: use UPPER_CASE letters, digits and _: "

@@ -44,6 +44,7 @@ from higgsfield.contract.names import (
     check_text,
 )
 from higgsfield.contract.stall_policy import DEFAULT_STALL
+from higgsfield.contract.straggler import OnStraggler
 from higgsfield.contract.text import shown
 from higgsfield.control.config.blocks import (
     CheckpointConfig,
@@ -166,6 +167,11 @@ class Config(_Model):
         DEFAULT_STALL.on_stall, title="On Stall", description="What a stalled run does: fail (stop it everywhere, free its GPUs), restart (its "
                             "workers, from the last checkpoint, counted against --max-restarts) or wait (shown "
                             "'stalled' until it progresses again). --on-stall per run.")
+    on_straggler: OnStraggler = Field(
+        OnStraggler.WARN, title="On Straggler", description="What a run does when a rank's own work per step stays well "
+                             "above the other ranks' median (higgsfield.node.gang.stragglers): warn (name it in "
+                             "status, on the dashboard and as the 'straggler' notify event; the run goes on). "
+                             "The one choice today: 'replace' waits for node recovery.")
 
     preflight: bool = Field(
         False, description="Test the fabric before every run (doctor --fabric): a slow or failing node is "
