@@ -209,6 +209,11 @@ class Session(Protocol):
         the run is active, else the ones its nodes saved at its stall (``saved``). Raises :class:`NoStacks`
         (exit 2) when there are none: a run that ended without stalling."""
 
+    async def profile(self, status: RunStatus, *, steps: int = 3, dest: Any = None) -> Any:
+        """``higgsfield profile``: the run's ranks' next ``steps`` steps profiled, the traces in ``dest`` (default
+        ``./profiles/RUN/TIME``); a ``ProfileResult`` (:mod:`higgsfield.control.backends.nodes.profile`). A run
+        that is not running: one line, exit 2; a Slurm cluster: not yet (one line, exit 2)."""
+
 
 #: How a :class:`Fleet` tells the dashboard what changed: ``"runs"`` (records, queue) or ``"node"`` (a machine).
 Changed = Callable[[str], None]

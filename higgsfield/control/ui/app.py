@@ -10,6 +10,8 @@
     GET  /api/experiments/{exp}/form    the typed form of the experiment (?run=NAME: filled from that run)
     POST /api/runs/{run}/kill           kill the run on every node (a Slurm run: scancel)
     POST /api/runs/{run}/stacks         every rank's stack now (a stalled run: the saved ones) + the diagnosis
+    POST /api/runs/{run}/profile        its next 3 steps profiled on every rank (higgsfield profile), the shares
+    GET  /api/runs/{run}/profiles/{stamp}/merged.trace.json   that profile's merged timeline (Perfetto opens it)
     POST /api/runs                      {"experiment", "values": {...}, "check": bool}: validate (and start) a run
 
 Every request passes :class:`~higgsfield.control.ui.security.Guard` first (token cookie, CSRF
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -58,6 +61,7 @@ STATIC = files("higgsfield.control.ui") / "static"
 # server, not cost: a team's tabs through one SSH tunnel all arrive from 127.0.0.1, and 8 kept 42 of 50 out.
 MAX_STREAMS_PER_CLIENT = 64
 RETRY_MS = 1000     # the browser reconnects a dropped stream after this long
+_STAMP = re.compile(r"\d{8}-\d{6}")   # a profile's folder under ./profiles/<run>/
 MAX_DEPTH = 32       # a form is {"experiment", "values": {name: scalar}, "check"}: depth 2
 
 
@@ -210,6 +214,11 @@ def _keepalive() -> ServerSentEvent:
     return ServerSentEvent(comment="keepalive", sep="\n")
 
 
+def _path(request: Request, *names: str) -> list[str]:
+    """The route's path parameters ``names`` (strings: starlette's default convertor), in that order."""
+    return [str(request.path_params[n]) for n in names]
+
+
 def create_app(hub: Hub, token: str) -> Starlette:
     """The ASGI app of ``hub`` (wrap it in :class:`~higgsfield.control.ui.security.Guard` to serve it)."""
     csrf = csrf_token(token)
@@ -289,6 +298,22 @@ def create_app(hub: Hub, token: str) -> Starlette:
         except HiggsfieldError as e:
             return _error(e)
 
+    async def profile(request: Request) -> Response:
+        (run,) = _path(request, "run")
+        if not is_run_name(run):
+            return _error(f"no run named {shown(run)} (see 'higgsfield status')", 404)
+        try:
+            return JSONResponse(await hub.profile(run))
+        except HiggsfieldError as e:
+            return _error(e)
+
+    async def profile_trace(request: Request) -> Response:
+        run, stamp = _path(request, "run", "stamp")
+        path = hub.cfg.project_dir / "profiles" / run / stamp / "merged.trace.json"
+        if not is_run_name(run) or not _STAMP.fullmatch(stamp) or not path.is_file():
+            return _error("no such profile", 404)
+        return FileResponse(path, media_type="application/json", filename=f"{run}-{stamp}.trace.json")
+
     async def start(request: Request) -> Response:
         try:
             body: Any = await read_json(request)
@@ -312,6 +337,8 @@ def create_app(hub: Hub, token: str) -> Starlette:
         Route("/api/experiments/{experiment}/form", form),
         Route("/api/runs/{run}/kill", kill, methods=["POST"]),
         Route("/api/runs/{run}/stacks", stacks, methods=["POST"]),
+        Route("/api/runs/{run}/profile", profile, methods=["POST"]),
+        Route("/api/runs/{run}/profiles/{stamp}/merged.trace.json", profile_trace),
         Route("/api/runs", start, methods=["POST"]),
         Mount("/static", app=StaticFiles(directory=str(STATIC)), name="static"),
     ]

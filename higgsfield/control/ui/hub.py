@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import time
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from typing import Any
@@ -212,6 +213,21 @@ class Hub:
         return {"run": run, "saved": found.saved, "stacks": encode(found.stacks),
                 "diagnosis": encode(diagnose(found.stacks, silent=list(found.unreachable))),
                 "unreachable": dict(found.unreachable)}
+
+    async def profile(self, run: str, steps: int = 3) -> dict[str, Any]:
+        """``higgsfield profile RUN --steps N``, over the dashboard's connections: the traces in
+        ``./profiles/RUN/TIME/`` of the project, each rank's shares, and where the merged timeline is."""
+        from higgsfield.contract.traces import shares_line
+
+        status = next((r for r in self.runs() if r.run == run), None)
+        if status is None:
+            raise RunError(f"no run named '{run}' (see 'higgsfield status')")
+        dest = self.cfg.project_dir / "profiles" / run / time.strftime("%Y%m%d-%H%M%S")
+        res = await self.fleet.session(list(status.nodes)).profile(status, steps=steps, dest=dest)
+        return {"run": run, "stamp": dest.name, "merged": res.merged is not None, "dir": str(dest),
+                "ranks": [f"{r.node}/{r.done.rank}: " + (shares_line(r.summary) if r.summary else
+                                                         r.done.error or "no trace") for r in res.ranks],
+                "missing": list(res.missing), "unreachable": dict(res.unreachable)}
 
     def form(self, experiment: str, run: str | None = None) -> dict[str, Any]:
         """The typed form of ``experiment`` (its Actions workflow's), filled from ``run``'s params if given."""

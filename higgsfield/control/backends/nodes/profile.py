@@ -32,6 +32,7 @@ from higgsfield.control.config import Config
 from higgsfield.control.remote import Group, Member, open_group
 
 MERGED = "merged.trace.json"
+STAMP = "%Y%m%d-%H%M%S"     # ./profiles/<run>/<stamp>/: one folder per profile
 WAIT_S = 60.0
 """How long each node waits for its ranks (from the request to their last trace), by default."""
 
@@ -71,12 +72,22 @@ async def profile_run(cfg: Config, target: str, *, steps: int = 3, node: str | N
             status = await find_run(group, cfg, target)
         except RunError as e:
             raise ProfileError(str(e)) from None
-        if not status.active:
-            raise ProfileError(f"run '{status.run}' is {status.state}, not running: only a live run can be "
-                               "profiled")
-        members = _members(group, cfg, status, node)
-        dest = dest or Path("profiles") / status.run / time.strftime("%Y%m%d-%H%M%S")
-        result = await _ask(members, cfg, status, steps, rank, memory, timeout, dest)
+        result = await profile_group(group, cfg, status, steps=steps, node=node, rank=rank, memory=memory,
+                                     dest=dest, timeout=timeout)
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+async def profile_group(group: Group, cfg: Config, status: RunStatus, *, steps: int = 3, node: str | None = None,
+                        rank: int | None = None, memory: bool = False, dest: Path | None = None,
+                        timeout: float = WAIT_S) -> ProfileResult:
+    """:func:`profile_run` over ``group``'s open connections, ``status`` found (the dashboard's session)."""
+    t0 = time.monotonic()
+    if not status.active:
+        raise ProfileError(f"run '{status.run}' is {status.state}, not running: only a live run can be profiled")
+    members = _members(group, cfg, status, node)
+    dest = dest or Path("profiles") / status.run / time.strftime(STAMP)
+    result = await _ask(members, cfg, status, steps, rank, memory, timeout, dest)
     result.seconds = time.monotonic() - t0
     return result
 

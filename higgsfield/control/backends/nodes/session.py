@@ -11,6 +11,7 @@ picked), then :mod:`.start`'s ``launch``; the others are :mod:`.status`, :mod:`.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
 
 from higgsfield.contract.runstatus import RunStatus
 from higgsfield.control.backends.backend import RunList, StacksResult
@@ -18,6 +19,7 @@ from higgsfield.control.backends.nodes.drift import admit
 from higgsfield.control.backends.nodes.kill import kill_runs
 from higgsfield.control.backends.nodes.logs import LOST_AFTER_S, LogLine, follow, stream_logs
 from higgsfield.control.backends.nodes.metrics import read_metrics
+from higgsfield.control.backends.nodes.profile import ProfileResult, profile_group
 from higgsfield.control.backends.nodes.stacks import take_stacks
 from higgsfield.control.backends.nodes.start import RunHandle, RunPlan, launch
 from higgsfield.control.backends.nodes.status import final_status, find_run, merge, query_runs, skipped_lines
@@ -63,3 +65,6 @@ class NodesSession:
 
     async def stacks(self, status: RunStatus, *, node: str | None = None, rank: int | None = None) -> StacksResult:
         return await take_stacks(self.group, self.cfg, status, node=node, rank=rank)
+
+    async def profile(self, status: RunStatus, *, steps: int = 3, dest: Path | None = None) -> ProfileResult:
+        return await profile_group(self.group, self.cfg, status, steps=steps, dest=dest)

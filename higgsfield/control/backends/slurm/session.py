@@ -206,6 +206,11 @@ class SlurmSession:
             missing = {n: why for n, why in missing.items() if n == node}
         return StacksResult(picked, saved=saved, unreachable=missing)
 
+    async def profile(self, status: RunStatus, *, steps: int = 3, dest: Any = None) -> Any:
+        from higgsfield.control.backends.nodes.profile import ProfileError
+
+        raise ProfileError("profile is not available on a Slurm cluster yet: it reaches the SSH nodes' ranks")
+
     # -- kill -------------------------------------------------------------------------------
 
     async def kill(self, target: str) -> list[RunStatus]:

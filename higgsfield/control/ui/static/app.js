@@ -247,6 +247,7 @@ function renderRunHead() {
   st.textContent = r.state; st.className = `state s-${r.state}`;
   $("#run-kill").classList.toggle("hidden", !ACTIVE.includes(r.state));
   $("#stacks-take").classList.toggle("hidden", !ACTIVE.includes(r.state) && !r.stall);
+  $("#profile-take").classList.toggle("hidden", !ACTIVE.includes(r.state));
   const facts = [["experiment", r.experiment], ["params", params(r.params) || "–"], ["nodes", (r.nodes || []).join(", ")],
                  ["queue", queueText(r)], ["created", when(r.created_at)], ["started", when(r.started_at)],
                  ["duration", dur(r.duration)], ["exit code", r.exit_code == null ? "–" : String(r.exit_code)]];
@@ -308,10 +309,31 @@ async function takeStacks() {
   } catch (e) { $("#stacks-note").textContent = ""; toast(`stacks of ${run}: ${e.message}`, true); }
   finally { btn.disabled = false; }
 }
+/* -- "Profile 3 steps": every rank's trace (higgsfield profile), each rank's shares, the merged timeline linked -- */
+async function takeProfile() {
+  if (!S.run) return;
+  const run = S.run, btn = $("#profile-take"), box = $("#profile");
+  btn.disabled = true; $("#profile-note").textContent = "(profiling…)";
+  try {
+    const data = await post(`/api/runs/${encodeURIComponent(run)}/profile`);
+    if (S.run !== run) return;
+    box.replaceChildren();
+    for (const line of data.ranks) box.append(el("div", {class: "mono small"}, line));
+    for (const who of data.missing) box.append(el("div", {class: "muted small"}, `${who}: no trace in time`));
+    if (data.merged) {
+      const a = el("a", {href: `/api/runs/${encodeURIComponent(run)}/profiles/${data.stamp}/merged.trace.json`},
+                   "merged timeline (open it in ui.perfetto.dev)");
+      box.append(el("div", {}, a));
+    }
+    $("#profile-note").textContent = `(${data.dir})`;
+  } catch (e) { $("#profile-note").textContent = ""; toast(`profile of ${run}: ${e.message}`, true); }
+  finally { btn.disabled = false; }
+}
 function openRun(run) {
   if (S.runSource) { S.runSource.close(); S.runSource = null; }
   S.run = run; S.lines = []; S.shown = 0; S.points = []; S.skipped = 0; S.drawn = false; S.stacksTaken = false;
   $("#stacks").replaceChildren(); $("#stacks-note").textContent = "";
+  $("#profile").replaceChildren(); $("#profile-note").textContent = "";
   if (S.drawTimer) { clearTimeout(S.drawTimer); S.drawTimer = null; }
   $("#log").replaceChildren(); destroyCharts(); updatePointsLabel(); updateSkipped();
   if (!run) return;
@@ -590,6 +612,7 @@ async function main() {
   $("#new-run").onclick = () => openForm($("#new-exp").value, null);
   $("#run-kill").onclick = () => S.run && kill(S.run);
   $("#stacks-take").onclick = takeStacks;
+  $("#profile-take").onclick = takeProfile;
   $("#run-rerun").onclick = () => { const r = currentRun(); if (r) openForm(r.experiment, r.run); };
   $("#form-cancel").onclick = () => $("#form-dialog").close();
   $("#form-check").onclick = () => submitForm(true);
