@@ -33,6 +33,7 @@ from higgsfield.contract.gang import (
     Progress,
     Progressing,
     Ready,
+    Regroup,
     Restart,
     Stacks,
     Stall,
@@ -83,6 +84,8 @@ TODAY: list[tuple[Message, dict[str, object]]] = [
     (Stalled(D, 7.0), {"t": "stalled", "diagnosis": D_WIRE, "at": 7.0}),
     (Progressing(), {"t": "progressing"}),
     (Restart(), {"t": "restart"}),
+    (Regroup(nodes=("n0", "n1"), lost=("n2",), recovery=1),
+     {"t": "regroup", "nodes": ["n0", "n1"], "lost": ["n2"], "recovery": 1}),
 ]
 
 

@@ -81,8 +81,9 @@ class Attempt:
     number: int
     at: float
     nodes: list[str]
-    why: str                            # "first start" | "the name re-used"
+    why: str                            # "first start" | "the name re-used" | "recovery N: NODE lost"
     logs: dict[str, int] = field(default_factory=dict)   # log file name -> its size when this attempt began
+    lost: list[str] = field(default_factory=list)        # a recovery: the nodes whose loss began it
 
     @property
     def header(self) -> str:
@@ -129,6 +130,7 @@ class RunRecord:
     stall: Diagnosis | None = None        # the diagnosis at the run's (latest) stall, kept
     stalled_at: float | None = None       # when the coordinator found it stalled
     attempts: list[Attempt] = field(default_factory=list)   # every start of this name here, oldest first
+    lost: list[str] = field(default_factory=list)           # nodes this run lost and went on without
 
     @property
     def terminal(self) -> bool:
@@ -192,6 +194,11 @@ class RunDir:
     @property
     def logs(self) -> Path:
         return self.path / layout.LOGS
+
+    def log_sizes(self) -> dict[str, int]:
+        """Each log file's size now: where the output of an attempt that begins now will begin."""
+        logs = self.logs
+        return {p.name: p.stat().st_size for p in logs.glob("*.log") if p.is_file()} if logs.is_dir() else {}
 
     @property
     def launcher_log(self) -> Path:
