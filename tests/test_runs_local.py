@@ -521,3 +521,23 @@ def test_a_broken_log_stream_is_reattached_without_losing_or_repeating_a_line(
         _collect(follow(group, cfg, status, lost_after=30))
     assert not [c for c in a.calls if "kill" in c]
     assert a.closes == 1 and b.closes == 0
+
+
+def test_status_of_a_recovered_run_leaves_the_lost_node_out_and_shows_the_recovery() -> None:
+    from higgsfield.control.backends.nodes import merge as _merge
+
+    base = {"project": "p", "experiment": "e", "run": "r", "nproc": 1, "created_at": 1.0}
+    first = {"number": 1, "at": 1.0, "nodes": ["a", "b", "c"], "why": "first start"}
+    again = {"number": 2, "at": 9.0, "nodes": ["a", "b"], "why": "recovery 1: c lost", "lost": ["c"]}
+    survivor = {**base, "nnodes": 2, "state": "succeeded", "exit_code": 0, "lost": ["c"], "attempts": [first, again]}
+    # c's record stays as the power cut left it (running), and its supervisor died with it
+    (st,) = _merge([decode(NodeRunView, {**survivor, "node": "a", "node_rank": 0}),
+                    decode(NodeRunView, {**survivor, "node": "b", "node_rank": 1}),
+                    decode(NodeRunView, {**base, "nnodes": 3, "node": "c", "node_rank": 2, "state": "running",
+                                         "attempts": [first]})])
+    assert st.state == "succeeded" and st.lost == ["c"] and st.nodes["c"].state == "lost"
+    js = status_json(st)
+    assert [a["number"] for a in js["attempts"]] == [1, 2]
+    assert js["recoveries"] == [{"number": 2, "at": 9.0, "nodes": ["a", "b"], "why": "recovery 1: c lost",
+                                 "lost": ["c"]}]
+    assert js["lost"] == ["c"] and js["node_states"]["c"] == "lost"

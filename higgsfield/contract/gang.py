@@ -27,7 +27,8 @@ Coordinator -> member: :class:`Heartbeat`; :class:`Prepare`; :class:`Cancel`;
 :class:`~higgsfield.contract.failure.Verdict`'s fields); :class:`Bye`; :class:`Stall`
 (take your ranks' stacks); :class:`Stalled` (the diagnosis); :class:`Progressing` (a
 waited-out stall ended); :class:`Restart` (kill your workers: torchrun restarts them);
-:class:`Straggling` (the ranks named stragglers now).
+:class:`Straggling` (the ranks named stragglers now);
+:class:`Regroup` (a node was lost: the run goes on on these nodes, from its last checkpoint).
 
 The states either end keeps are :class:`Admission` (a member's), :class:`LastWord` and
 :class:`StallPhase` (the coordinator's).
@@ -322,6 +323,18 @@ class Straggling:
 
 
 @dataclass(frozen=True)
+class Regroup:
+    """A node was lost and the run goes on without it: its nodes from now on, in node-rank order (every one
+    a survivor), the nodes lost so far, and this recovery's number. Sent to the survivors once each of them
+    has stopped its torchrun; admission then starts over on them, and ``go`` starts the next attempt."""
+
+    TAG: ClassVar[str] = "regroup"
+    nodes: tuple[str, ...]
+    lost: tuple[str, ...]
+    recovery: int
+
+
+@dataclass(frozen=True)
 class Progressing:
     """A waited-out stall ended: a node progressed again."""
 
@@ -338,13 +351,13 @@ class Restart:
 Message: TypeAlias = (Challenge | Hello | Welcome | Heartbeat
                       | Admitted | Unadmitted | Ready | Progress | Stacks | Finished | Failed | Killed | Stopped
                       | Prepare | Cancel | Go | Abort | FinalVerdict | Bye | Stall | Stalled | Progressing | Restart
-                      | Straggling)
+                      | Straggling | Regroup)
 
 #: Every kind on the wire, by its tag.
 KINDS: dict[str, type[Message]] = {cls.TAG: cls for cls in (
     Challenge, Hello, Welcome, Heartbeat,
     Admitted, Unadmitted, Ready, Progress, Stacks, Finished, Failed, Killed, Stopped,
-    Prepare, Cancel, Go, Abort, FinalVerdict, Bye, Stall, Stalled, Progressing, Restart, Straggling)}
+    Prepare, Cancel, Go, Abort, FinalVerdict, Bye, Stall, Stalled, Progressing, Restart, Straggling, Regroup)}
 
 
 def claimed_kind(data: object) -> type[Message] | None:
@@ -355,6 +368,6 @@ def claimed_kind(data: object) -> type[Message] | None:
 
 __all__ = [
     "KINDS", "Abort", "Admission", "Admitted", "Bye", "Cancel", "Challenge", "Failed", "FinalVerdict", "Finished",
-    "Go", "Heartbeat", "Hello", "Killed", "LastWord", "Message", "Prepare", "Progress", "Progressing", "Ready",
+    "Go", "Heartbeat", "Hello", "Killed", "LastWord", "Message", "Prepare", "Progress", "Progressing", "Ready", "Regroup",
     "Restart", "Stall", "StallPhase", "Stalled", "Stacks", "Stopped", "Straggling", "Unadmitted", "Welcome", "claimed_kind",
 ]

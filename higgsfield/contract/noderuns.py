@@ -55,6 +55,25 @@ def _shown_text(v: str) -> None:
         raise ValueError(f"{shown(v)} holds a control character or is too long")
 
 
+def _names(v: list[str]) -> None:
+    for name in v:
+        check_node_name(name)
+
+
+@dataclass(frozen=True)
+class AttemptView:
+    """One start of a run's name, as a node's record keeps it: ``lost`` names the nodes whose loss began it
+    (a recovery: the run went on on ``nodes``, from its last checkpoint)."""
+
+    WHAT: ClassVar[str] = "attempt"
+
+    number: int
+    at: float
+    nodes: list[str] = field(default_factory=list, metadata=rule(check=_names))
+    why: str = field(default="", metadata=rule(check=_shown_text))
+    lost: list[str] = field(default_factory=list, metadata=rule(check=_names))
+
+
 @dataclass(frozen=True)
 class NodeRunView:
     """One node's record of its part of a run, as ``invoker status`` (or the dashboard's feed) sends it.
@@ -93,6 +112,9 @@ class NodeRunView:
     stalled_at: float | None = None
     stragglers: list[Straggler] = field(default_factory=list)
     """The ranks the run's straggler rule names now (every node keeps the coordinator's finding)."""
+    attempts: list[AttemptView] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list, metadata=rule(check=_names))
+    """Nodes this run lost and went on without (their own records are left as the loss found them)."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
 

@@ -42,6 +42,7 @@ from higgsfield.contract.text import has_control
 SPEC_VERSION = 1
 
 RUNTIMES = ("auto", "docker", "process")
+DEFAULT_MAX_RECOVERIES = 3   # lost nodes a run goes on after (with min_nodes below its nodes)
 ON_STALL = ON_STALL_CHOICES   # higgsfield.contract.stall_policy.OnStall's values
 """What a run does when no rank progresses within ``stall_timeout``: fail it (the GPUs go to the next run),
 restart its workers from the last checkpoint (counted against ``max_restarts``), or wait (state ``stalled``)."""
@@ -150,7 +151,8 @@ class RunSpec:
     VERSION_DEFAULT: ClassVar[int | None] = None     # a spec always says its version
     UNKNOWN: ClassVar[str] = "refuse"                # a node must understand a spec whole
     SPARSE: ClassVar[frozenset[str]] = frozenset({
-        "attempt", "checkpoint_mirror", "stall_timeout", "startup_timeout", "on_stall"})
+        "attempt", "checkpoint_mirror", "stall_timeout", "startup_timeout", "on_stall", "min_nodes",
+        "max_recoveries"})
     """Sent only when not at their default, so a spec without them reads on a node that predates them."""
 
     project: str = field(metadata=rule(check=_name))
@@ -187,6 +189,15 @@ class RunSpec:
     """Seconds the run may take to its first progress (imports, data loading, compilation); 0: unbounded."""
     on_stall: str = field(default=DEFAULT_STALL.on_stall.value, metadata=rule(check=_one_of(ON_STALL)))
     """One of :data:`ON_STALL`."""
+    min_nodes: int = field(default=0, metadata=rule(check=_at_least(0)))
+    """The fewest nodes the run may go on on after losing some (0: all of them, no recovery by shrinking)."""
+    max_recoveries: int = field(default=DEFAULT_MAX_RECOVERIES, metadata=rule(check=_at_least(0)))
+    """How many lost nodes the run recovers from before it fails (0: none)."""
+
+    @property
+    def recovers(self) -> bool:
+        """Can this run go on after losing a node?"""
+        return self.max_recoveries > 0 and 0 < self.min_nodes < len(self.nodes)
 
     @property
     def nnodes(self) -> int:

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 from higgsfield.contract.codec import encode, rule
 from higgsfield.contract.nodepart import NodePart
+from higgsfield.contract.noderuns import AttemptView
 from higgsfield.contract.stacks import Diagnosis
 from higgsfield.contract.states import ACTIVE
 from higgsfield.contract.straggler import Straggler
@@ -57,6 +58,15 @@ class RunStatus:
     """The diagnosis of the run's latest stall; added to schema 1 like ``params``."""
     stragglers: list[Straggler] = field(default_factory=list)
     """The ranks named slow by their own work per step (:mod:`higgsfield.contract.straggler`); added to schema 1."""
+    attempts: list[AttemptView] = field(default_factory=list)
+    """Every start of the run's name, oldest first (node 0's record); added to schema 1."""
+    lost: list[str] = field(default_factory=list)
+    """The nodes it lost and went on without; added to schema 1."""
+
+    @property
+    def recoveries(self) -> list[AttemptView]:
+        """The attempts a lost node began: when, which nodes were lost, on which nodes it went on."""
+        return [a for a in self.attempts if a.lost]
 
     @property
     def duration(self) -> float | None:
@@ -101,6 +111,9 @@ class RunStatusJson:
     stall: Diagnosis | None
     node_states: dict[str, str | None]
     stragglers: list[Straggler] = field(default_factory=list)
+    attempts: list[AttemptView] = field(default_factory=list)
+    recoveries: list[AttemptView] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
 
     @classmethod
     def of(cls, s: RunStatus) -> RunStatusJson:
@@ -108,7 +121,8 @@ class RunStatusJson:
                    created_at=s.created_at, started_at=s.started_at, ended_at=s.ended_at, duration=s.duration,
                    exit_code=s.exit_code, failed_node=s.failed_node, failed_rank=s.failed_rank, reason=s.reason,
                    error_tail=list(s.error_tail), params=dict(s.params), stall=s.stall,
-                   node_states={n: p.state for n, p in s.nodes.items()}, stragglers=list(s.stragglers))
+                   node_states={n: p.state for n, p in s.nodes.items()}, stragglers=list(s.stragglers),
+                   attempts=list(s.attempts), recoveries=s.recoveries, lost=list(s.lost))
 
 
 def status_json(status: RunStatus) -> dict[str, Any]:

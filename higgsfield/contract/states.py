@@ -17,6 +17,7 @@ STALLED = "stalled"        # running, but no rank progressed within the stall ti
 SUCCEEDED = "succeeded"
 FAILED = "failed"
 KILLED = "killed"
+LOST = "lost"              # a node's part only: the run lost that node and went on without it
 
 STATES = (QUEUED, STARTING, RUNNING, STALLED, SUCCEEDED, FAILED, KILLED)
 ACTIVE: frozenset[str] = frozenset({QUEUED, STARTING, RUNNING, STALLED})

@@ -33,6 +33,7 @@ from higgsfield.contract.gang import (
     Progress,
     Progressing,
     Ready,
+    Regroup,
     Restart,
     Stacks,
     Stall,
@@ -91,6 +92,8 @@ TODAY: list[tuple[Message, dict[str, object]]] = [
     (Straggling((Straggler("n2", 3, 1.3, 31, 40, 0.26, 0.2, 8.0),), 8.0),
      {"t": "straggling", "stragglers": [{"node": "n2", "rank": 3, "ratio": 1.3, "since_step": 31, "step": 40,
                                         "own_s": 0.26, "median_s": 0.2, "at": 8.0}], "at": 8.0}),
+    (Regroup(nodes=("n0", "n1"), lost=("n2",), recovery=1),
+     {"t": "regroup", "nodes": ["n0", "n1"], "lost": ["n2"], "recovery": 1}),
 ]
 
 

@@ -48,7 +48,7 @@ def test_the_merge_keeps_each_nodes_part_typed_and_status_json_is_unchanged() ->
                  "nodes": ["a", "b"], "created_at": 1.0, "started_at": 2.0, "ended_at": None, "exit_code": None,
                  "failed_node": None, "failed_rank": None, "reason": None, "error_tail": [], "params": {"lr": 0.1},
                  "stall": DIAGNOSIS, "node_states": {"a": "stalled", "b": "stalled"}, "stalled_at": 8.5,
-                 "stragglers": []}
+                 "stragglers": [], "attempts": [], "recoveries": [], "lost": []}
 
 
 def test_a_scheduler_knows_only_the_state_and_the_json_reads_back() -> None:

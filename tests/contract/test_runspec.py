@@ -158,7 +158,7 @@ def test_states_are_one_vocabulary_and_status_json_round_trips() -> None:
     d = json.loads(json.dumps(status_json(st_)))
     assert list(d) == ["version", "project", "experiment", "run", "state", "nodes", "created_at", "started_at",
                        "ended_at", "duration", "exit_code", "failed_node", "failed_rank", "reason", "error_tail",
-                       "params", "stall", "node_states", "stragglers"]
+                       "params", "stall", "node_states", "stragglers", "attempts", "recoveries", "lost"]
     assert d["version"] == 1 and d["duration"] == 3.0 and d["node_states"] == {"gpu0": "failed", "gpu1": "killed"}
     again = decode(RunStatusJson, d)
     assert encode(again) == d and again == RunStatusJson.of(st_) and not st_.active

@@ -55,6 +55,8 @@ def test_a_live_run_is_profiled_and_goes_on(tmp_path: Path) -> None:
     assert out.count("    no CUDA memory snapshot: this rank runs on CPU") == 2
     assert "every rank in one timeline: prof/merged.trace.json" in r.stdout
     assert took < 30, took   # the target is 10 s plus the steps (bench/profile_cost.py); room for load
+    r = hf(proj, "profile", RUN, "--rank", "7")   # no such rank: one line, exit 2, at once
+    assert (r.returncode, r.stderr) == (2, f"error: run '{RUN}' has no live rank 7 to profile\n"), r.stderr
     # the run goes on, and profiling changed none of its losses
     deadline = time.monotonic() + 60
     while "step 49 loss" not in _log(proj, 0) and time.monotonic() < deadline:

@@ -12,7 +12,8 @@ import pytest
 
 from higgsfield.contract.gang import Abort, Admitted, Go, Heartbeat, Message, Prepare, Ready
 from higgsfield.node.gang import wire
-from higgsfield.node.gang.coordinator import Coordinator, listen
+from higgsfield.node.gang.coordinator import Coordinator
+from higgsfield.node.gang.listener import listen
 from higgsfield.node.gang.member import Inbox, Lost, Member
 
 pytestmark = pytest.mark.timeout(60)

@@ -27,7 +27,8 @@ from higgsfield.contract.gang import (
 from higgsfield.contract.stacks import MAIN, Frame, RankStacks, Thread
 from higgsfield.contract.stall_policy import OnStall, StallPolicy
 from higgsfield.node.gang import wire
-from higgsfield.node.gang.coordinator import Coordinator, listen
+from higgsfield.node.gang.coordinator import Coordinator
+from higgsfield.node.gang.listener import listen
 from higgsfield.node.gang.member import Inbox, Member
 
 M = TypeVar("M")

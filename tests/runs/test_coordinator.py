@@ -34,7 +34,8 @@ from higgsfield.contract.gang import (
     Welcome,
 )
 from higgsfield.node.gang import wire
-from higgsfield.node.gang.coordinator import Coordinator, listen
+from higgsfield.node.gang.coordinator import Coordinator
+from higgsfield.node.gang.listener import listen
 from higgsfield.node.gang.member import Inbox, Lost, Member
 
 M = TypeVar("M")

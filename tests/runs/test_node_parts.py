@@ -26,7 +26,7 @@ from higgsfield.contract.ports import RENDEZVOUS_PORTS, free_port
 from higgsfield.contract.runspec import Coordinator, RunSpec, StartRequest
 from higgsfield.control.backends.nodes.deploy import make_archive
 from higgsfield.node.code.deploy import deployed, unpack
-from higgsfield.node.gang import coordinator, queue
+from higgsfield.node.gang import listener, queue
 from higgsfield.node.observe import logs
 from higgsfield.node.runs import start, stop, supervisor
 from higgsfield.node.runtime import torchrun
@@ -420,7 +420,7 @@ def test_free_port_is_in_the_rendezvous_range_and_skips_reserved_and_bound(tmp_p
     again = queue.reserve_port(NodeState(tmp_path), ("p", "a"))
     assert queue.reserved_ports(NodeState(tmp_path)) == {again}
     # the coordinator's port: in the range, bound (so no one else gets it), never a reserved one
-    with coordinator.listen(reserved=set(range(lo, hi - 1))) as sock:
+    with listener.listen(reserved=set(range(lo, hi - 1))) as sock:
         port = sock.getsockname()[1]
         assert port in (hi - 1, hi) or not lo <= port <= hi
         assert port not in {free_port(ports=(port, port))}

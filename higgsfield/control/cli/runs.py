@@ -68,6 +68,11 @@ def _node_list(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option("--exclude", "exclude", default=None, metavar="NODE[,NODE]", callback=_node_list,
               help="Leave these nodes out (a name, or a host no other node shares; on Slurm: sbatch --exclude); "
                    "--nodes counts among the others.")
+@click.option("--min-nodes", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Go on without a lost node (dead, frozen, cut off) while at least N nodes are left: the nodes "
+                   "regroup by themselves and resume from the last checkpoint. Default: every node (a loss fails).")
+@click.option("--max-recoveries", type=click.IntRange(0, 1000), default=None, metavar="N",
+              help="Lost nodes a run goes on after (with --min-nodes), 0: none; default 3.")
 @click.option("--allow-drift", is_flag=True, help="Run even when the nodes differ (driver, CUDA, NCCL, packages, "
               "Python, invoker, environment, GPUs): 'higgsfield doctor' lists the differences.")
 @click.option("--preflight/--no-preflight", default=None, help="Test the fabric first (doctor --fabric); with "
@@ -77,7 +82,8 @@ def _node_list(ctx: click.Context, param: click.Parameter, value: str | None) ->
 def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: str | None, nodes: int | None,
         time_limit: str | None, partition: str | None, max_restarts: int, exclusive: bool,
         stall_timeout: float | None, startup_timeout: float | None, on_stall: str | None,
-        exclude: tuple[str, ...], allow_drift: bool, preflight: bool | None, detach: bool) -> None:
+        exclude: tuple[str, ...], min_nodes: int | None, max_recoveries: int | None, allow_drift: bool,
+        preflight: bool | None, detach: bool) -> None:
     """Run EXPERIMENT on the nodes and stream its logs until it ends (exit code = the run's).
 
     The nodes decide the run, with or without this command: a node whose part fails,
@@ -99,7 +105,8 @@ def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: 
     plan = backend.plan(RunRequest(experiment, given, run_name=run_name, nodes=nodes, max_restarts=max_restarts,
                                    exclusive=exclusive, time=time_limit, partition=partition,
                                    stall_timeout=stall_timeout, startup_timeout=startup_timeout, on_stall=on_stall,
-                                   exclude=exclude, allow_drift=allow_drift))
+                                   exclude=exclude, allow_drift=allow_drift, min_nodes=min_nodes,
+                                   max_recoveries=max_recoveries))
     err = console(stderr=True)
     started: list[RunHandle] = []
     try:
@@ -227,7 +234,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     """List runs on every node: state, nodes, start, duration, exit code, first failure."""
     from rich.text import Text
 
-    from higgsfield.control.cli._status_table import GAP, failure_of, layout, skip_warnings
+    from higgsfield.control.cli._status_table import GAP, failure_of, fmt_time, layout, skip_warnings
 
     cfg = get_config(ctx)
     listed = asyncio.run(_status(cfg))
@@ -253,6 +260,10 @@ def status(ctx: click.Context, as_json: bool) -> None:
                 line.append(clean(cell).ljust(w), style=_STATE_STYLE.get(r.state, "") if title == "STATE" else "")
             line.rstrip()
             out.print(line)
+        for r in [r for r in runs[-RECENT_FAILURES:] if r.recoveries]:
+            for a in r.recoveries:
+                out.print(clean(f"{r.run}: recovery at {fmt_time(a.at)}: {', '.join(a.lost)} lost; attempt "
+                                f"{a.number} went on on {', '.join(a.nodes)}"), markup=False, highlight=False)
         for r in [r for r in runs[-RECENT_FAILURES:] if r.state in (FAILED, STALLED)]:
             what = "stalled" if r.state == STALLED else f"first failure on {failure_of(r)}"
             out.print(f"\n{clean(r.run)}: {clean(what)}:", markup=False, highlight=False)

@@ -30,6 +30,9 @@ on with the laptop gone):
   *because* a peer died) are weighed: the failure that happened first (its ``at``,
   the failing rank's own time) is the run's, broadcast as ``verdict`` so every node
   records the same first failing node, rank and error.
+- **Recovery.** A first failure that is a lost node the run may go on without
+  (:mod:`higgsfield.node.gang.recovery`) gets the survivors ``regroup`` instead of a verdict, once
+  each has stopped; admission starts over on them. A lost node never rejoins the run.
 
 It ends when every member has given its final word (or was lost) and the verdict is
 out, saying ``bye``.
@@ -37,12 +40,11 @@ out, saying ``bye``.
 
 from __future__ import annotations
 
-import random
 import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from higgsfield.contract.failure import Failure, Verdict
@@ -64,6 +66,7 @@ from higgsfield.contract.gang import (
     Prepare,
     Progress,
     Ready,
+    Regroup,
     Stacks,
     Stopped,
     Unadmitted,
@@ -71,36 +74,12 @@ from higgsfield.contract.gang import (
 )
 from higgsfield.contract.stall_policy import StallPolicy
 from higgsfield.node.gang import wire
+from higgsfield.node.gang.recovery import Decision, losses_line, next_step
 from higgsfield.node.gang.stall import StallWatch
 
 SETTLE_S = 1.0      # after the first failure, how long later reports may still name an earlier one
 JOIN_S = 120.0      # every node's supervisor must have joined by then
 SEND_TIMEOUT_S = 2.0
-
-
-def listen(reserved: Iterable[int] = ()) -> socket.socket:
-    """A listening socket for a run's coordinator, on a free port of the rendezvous range.
-
-    The same range as torchrun's rendezvous (:data:`higgsfield.contract.ports.RENDEZVOUS_PORTS`),
-    so one firewall rule between the nodes covers both; an ephemeral port when the
-    range is full. Bound here and kept: no other run can be handed this port.
-    """
-    from higgsfield.contract.ports import RENDEZVOUS_PORTS
-
-    lo, hi = RENDEZVOUS_PORTS
-    taken = set(reserved)
-    for port in [*random.sample(range(lo, hi + 1), hi - lo + 1), 0]:
-        if port in taken:
-            continue
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            sock.bind(("", port))
-            sock.listen(64)
-        except OSError:
-            sock.close()
-            continue
-        return sock
-    raise OSError("no port to listen on")  # pragma: no cover - port 0 always binds
 
 
 @dataclass
@@ -125,9 +104,13 @@ class Coordinator:
     def __init__(self, listener: socket.socket, *, token: str, run: str, nodes: list[str],
                  pick_port: Callable[[], int], join_s: float = JOIN_S,
                  say: Callable[[str], None] = lambda _m: None, stall: StallPolicy | None = None,
-                 max_restarts: int = 0) -> None:
+                 max_restarts: int = 0, min_nodes: int = 0, max_recoveries: int = 0) -> None:
         self.listener = listener
         self.token, self.run, self.nodes = token, run, nodes
+        self.active = list(range(len(nodes)))   # the member ranks of the run's nodes now (fewer after a loss)
+        self.min_nodes, self.max_recoveries = min_nodes, max_recoveries
+        self.lost_nodes: list[str] = []          # every node lost and recovered from, in order
+        self.recoveries: list[tuple[float, list[str]]] = []   # (when, the nodes lost) per recovery
         self.pick_port, self.join_s, self.say = pick_port, join_s, say
         self.members: dict[int, _Conn] = {}
         self.pending: list[_Conn] = []
@@ -142,14 +125,18 @@ class Coordinator:
         self.abort_at = 0.0
         self.verdict: Verdict | None = None
         self.verdict_sent = False
-        self.stall = StallWatch(stall or StallPolicy(0, 0), nodes, broadcast=self._broadcast, fail=self._fail,
-                                say=say, max_restarts=max_restarts)
+        self._stall_args = (stall or StallPolicy(0, 0), max_restarts)
+        self.stall = self.new_stall()
         self.done = threading.Event()
         self._stop = threading.Event()
         self._started = time.monotonic()
         self._last_hb = 0.0
         self._sel = selectors.DefaultSelector()
         self._thread = threading.Thread(target=self._loop, name="higgsfield-coordinator", daemon=True)
+
+    def new_stall(self) -> StallWatch:
+        return StallWatch(self._stall_args[0], self.nodes, broadcast=self.broadcast, fail=self._fail, say=self.say,
+                          max_restarts=self._stall_args[1])
 
     # -- life --------------------------------------------------------------------------------------
 
@@ -274,7 +261,7 @@ class Coordinator:
         except OSError as e:
             self._drop(conn, f"connection lost ({e})")
 
-    def _broadcast(self, msg: Message) -> None:
+    def broadcast(self, msg: Message) -> None:
         for conn in list(self.members.values()):
             self._send(conn, msg)
 
@@ -292,11 +279,11 @@ class Coordinator:
                 if self.preparing:
                     self.preparing = False
                     self.ready.clear()
-                    self._broadcast(Cancel())
+                    self.broadcast(Cancel())
             case Ready():
                 if self.preparing:
                     self.ready.add(rank)
-                    if len(self.ready) == len(self.nodes):
+                    if len(self.ready) == len(self.active):
                         self._go()
             case Progress(work=work):
                 self.stall.progress(rank, time.time(), work)
@@ -315,18 +302,17 @@ class Coordinator:
                 if self.abort_kind is None:
                     self.abort_kind, self.abort_at = "killed", time.monotonic()
                     self.verdict = Verdict("killed", node=node)
-                    self._broadcast(Abort.of(self.verdict))
+                    self.broadcast(Abort.of(self.verdict))
             case _:
                 self.say(f"node {node} sent a {msg.TAG!r}, which is no member's message: dropped")
         if not self.preparing and self.port is None and self.abort_kind is None \
-                and len(self.admitted) == len(self.nodes):
+                and len(self.admitted) == len(self.active):
             self.preparing = True
             self.ready.clear()
-            self._broadcast(Prepare())
+            self.broadcast(Prepare())
 
     def _undecoded(self, rank: int, bad: wire.Undecoded) -> None:
-        """A line from node ``rank`` that did not decode: logged and dropped, but a ``failed`` report still fails
-        its node (the run stops, naming it)."""
+        """A line that did not decode: logged and dropped; a ``failed`` report still fails its node, naming it."""
         node = self.nodes[rank]
         if bad.claims is Failed:
             self.final[rank] = LastWord.FAILED
@@ -343,7 +329,7 @@ class Coordinator:
             return
         self.say(f"every node admitted: go (rendezvous port {self.port})")
         self.stall.start(time.time())
-        self._broadcast(Go(self.port))
+        self.broadcast(Go(self.port))
 
     # -- stalls (see :mod:`higgsfield.node.gang.stall`) -------------------------------------------------
 
@@ -356,14 +342,26 @@ class Coordinator:
         if self.abort_kind is None:
             self.abort_kind, self.abort_at = "failed", time.monotonic()
             self.say(f"abort: {failure.reason}")
-            self._broadcast(Abort.of(self._verdict_so_far()))
+            self.broadcast(Abort.of(self._verdict_so_far()))
 
     def _verdict_so_far(self) -> Verdict:
         if self.abort_kind == "failed":
-            return Verdict("failed", self._first())
+            return Verdict("failed", self.first_failure())
         return self.verdict or Verdict("killed")
 
-    def _first(self) -> Failure:
+    def _regroup(self, d: Decision) -> None:
+        names = [self.nodes[r] for r in d.lost]
+        self.recoveries.append((time.time(), names))
+        self.lost_nodes += names
+        self.active = list(d.survivors)
+        self.final, self.admitted, self.ready, self.candidates = {}, set(), set(), []
+        self.preparing, self.port, self.abort_kind, self.verdict, self.verdict_sent = False, None, None, None, False
+        self.stall = self.new_stall()
+        nodes = tuple(self.nodes[r] for r in self.active)
+        self.say(f"recovery {len(self.recoveries)}: {', '.join(names)} lost; the run goes on on {', '.join(nodes)}")
+        self.broadcast(Regroup(nodes=nodes, lost=tuple(self.lost_nodes), recovery=len(self.recoveries)))
+
+    def first_failure(self) -> Failure:
         """The failure that happened first (by the failing side's own clock), lost nodes on ties."""
         return min(self.candidates, key=Failure.sort_key)
 
@@ -372,7 +370,7 @@ class Coordinator:
         now = time.monotonic()
         if now - self._last_hb >= wire.HEARTBEAT_S:
             self._last_hb = now
-            self._broadcast(Heartbeat())
+            self.broadcast(Heartbeat())
         for conn in list(self.members.values()):
             if conn.rank not in self.final and now - conn.last_seen > wire.LOST_S:
                 self._drop(conn, f"no heartbeat for {now - conn.last_seen:.0f}s")
@@ -385,13 +383,18 @@ class Coordinator:
                     self.final[rank] = LastWord.LOST
                     self._fail(lost_failure(self.nodes[rank], f"its supervisor never joined ({self.join_s:.0f}s)",
                                             time.time()))
-        settled = self.abort_kind is not None and (now - self.abort_at >= SETTLE_S
-                                                   or len(self.final) == len(self.nodes))
+        every = all(r in self.final for r in self.active)
+        settled = self.abort_kind is not None and (now - self.abort_at >= SETTLE_S or every)
         if settled and not self.verdict_sent:
+            step = next_step(self.active, self.final, self.first_failure(), waited=now - self.abort_at,
+                             min_nodes=self.min_nodes, recoveries=len(self.recoveries),
+                             max_recoveries=self.max_recoveries) if self.abort_kind == "failed" else None
+            if step is not None:   # regroup now, or wait for the survivors to stop
+                return self._regroup(step) if isinstance(step, Decision) else None
             self.verdict_sent = True
             if self.abort_kind == "failed":
-                self.verdict = Verdict("failed", self._first())
-            self._broadcast(FinalVerdict.of(self.verdict or Verdict("killed")))
-        if len(self.final) == len(self.nodes) and (self.abort_kind is None or self.verdict_sent):
-            self._broadcast(Bye())
+                self.verdict = Verdict("failed", losses_line(self.lost_nodes, self.first_failure()))
+            self.broadcast(FinalVerdict.of(self.verdict or Verdict("killed")))
+        if every and (self.abort_kind is None or self.verdict_sent):
+            self.broadcast(Bye())
             self.done.set()

@@ -10,7 +10,8 @@ the inbox gets :class:`Lost`, whose verdict's failure names node 0, and the supe
 stops its part of the run. Every other message reaches the inbox as the
 :mod:`higgsfield.contract.gang` dataclass it decoded to (heartbeats apart); one that did
 not decode is logged and dropped, except an ``abort`` or ``verdict``, which still ends
-the run, naming the coordinator.
+the run, naming the coordinator. A ``regroup`` (the run goes on without a lost node) is
+kept in :attr:`Member.regroup` and ends the wait for a verdict, as a verdict would.
 
 Use::
 
@@ -36,7 +37,17 @@ from typing import TypeAlias
 from tenacity import Retrying, retry_if_exception_type, wait_fixed
 
 from higgsfield.contract.failure import Failure, Verdict
-from higgsfield.contract.gang import Abort, Bye, Challenge, FinalVerdict, Heartbeat, Hello, Message, Welcome
+from higgsfield.contract.gang import (
+    Abort,
+    Bye,
+    Challenge,
+    FinalVerdict,
+    Heartbeat,
+    Hello,
+    Message,
+    Regroup,
+    Welcome,
+)
 from higgsfield.node.gang import wire
 from higgsfield.node.gang.coordinator import lost_failure
 
@@ -62,6 +73,7 @@ class Member:
         self.say = say
         self.verdict: Verdict | None = None       # the latest abort/verdict the coordinator sent
         self.verdict_final = threading.Event()           # set by "verdict" (or when the coordinator is gone)
+        self.regroup: Regroup | None = None       # the run goes on on other nodes: set with verdict_final
         self._chan: wire.Channel | None = None
         self._closing = threading.Event()
         self._lost = False
@@ -163,6 +175,9 @@ class Member:
                     self.verdict = msg.verdict
                     if isinstance(msg, FinalVerdict):
                         self.verdict_final.set()
+                case Regroup():
+                    self.regroup = msg
+                    self.verdict_final.set()
                 case Bye():
                     self._closing.set()
                     self.verdict_final.set()

@@ -198,7 +198,7 @@ def _clear_previous(rd: RunDir) -> None:
 def _attempt(rd: RunDir, spec: RunSpec, earlier: int) -> Attempt:
     """This start as the record keeps it: where each log file ends now is where its output will begin
     (``run`` streams from there; ``logs`` shows every attempt under its header)."""
-    sizes = {p.name: p.stat().st_size for p in rd.logs.glob("*.log") if p.is_file()} if rd.logs.is_dir() else {}
+    sizes = rd.log_sizes()
     return Attempt(number=earlier + 1, at=time.time(), nodes=list(spec.nodes),
                    why="first start" if not earlier and not sizes else "the name re-used", logs=sizes)
 
@@ -210,7 +210,7 @@ def _start_supervisor(rd: RunDir, run: NodeRun, handoff: Handoff, attempts: list
     if spec.node_rank == 0:  # node 0 hosts the run's coordinator: its port is taken from now on
         from dataclasses import replace
 
-        from higgsfield.node.gang.coordinator import listen
+        from higgsfield.node.gang.listener import listen
 
         listener = listen(queue.reserved_ports(rd.home))
         run = NodeRun(spec, replace(run.placement, coord_port=listener.getsockname()[1]))

@@ -29,7 +29,10 @@ until it ends, with or without the control side (a kill from the node's CLI is
 5. when torchrun ends non-zero it reports the failure (node, rank, when, reason,
    the last lines of the rank's error: :mod:`higgsfield.node.runs.failure`), waits
    a moment for the coordinator's verdict (the run's *first* failure, the same on
-   every node), writes the final record, then releases its slots.
+   every node), writes the final record, then releases its slots;
+6. unless the coordinator answers with ``regroup`` (a node was lost and the run goes on
+   without it: :mod:`higgsfield.node.gang.recovery`): then it takes the new node set as
+   a new attempt (:mod:`higgsfield.node.runs.regroup`) and goes back to step 2.
 
 Its umask is 0077: what the run writes on the node is private to the node user.
 """
@@ -40,6 +43,7 @@ import json
 import os
 import queue as _queue
 import signal
+import socket
 import sys
 import threading
 import time
@@ -64,7 +68,6 @@ from higgsfield.contract.gang import (
     Progressing,
     Ready,
     Restart,
-    Stacks,
     Stall,
     Stalled,
     Stopped,
@@ -72,25 +75,27 @@ from higgsfield.contract.gang import (
 )
 from higgsfield.contract.notify import Event, Notify
 from higgsfield.contract.runspec import Handoff
-from higgsfield.contract.stall_policy import OnStall, StallPolicy
-from higgsfield.contract.states import FAILED, KILLED, QUEUED, RUNNING, STALLED, SUCCEEDED
+from higgsfield.contract.stall_policy import StallPolicy
+from higgsfield.contract.states import FAILED, KILLED, QUEUED, RUNNING, SUCCEEDED
 from higgsfield.node.gang import queue, wire
 from higgsfield.node.gang.coordinator import Coordinator, lost_failure
 from higgsfield.node.gang.member import Inbox, Lost, Member
-from higgsfield.node.runs import failure, progress, stragglers
-from higgsfield.node.runs import stacks as rank_stacks
+from higgsfield.node.gang.recovery import REGROUP_WAIT_S
+from higgsfield.node.runs import failure, progress, regroup, stragglers
 from higgsfield.node.runs.notify import Note, Notifier, ending
+from higgsfield.node.runs.stall_answer import StallAnswers
 from higgsfield.node.runtime import torchrun
 from higgsfield.node.state import pids
 from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.placement import NodeRun
-from higgsfield.node.state.records import RunDir, finish, stalled
+from higgsfield.node.state.records import RunDir, finish
 
 JOIN_S = 120.0          # how long a supervisor tries to reach its run's coordinator
 ABORT_GRACE_S = 2.0     # SIGTERM to SIGKILL when another node failed (nothing to save)
 VERDICT_WAIT_S = 3.0    # how long a node that stopped waits for the coordinator's verdict
 DONE_WAIT_S = 60.0      # node 0: how long its coordinator waits for the other nodes' last word
 PROGRESS_EVERY_S = 1.0  # how often the run's progress on this node is read (and sent when it advanced)
+REGROUP = "regroup"     # an Outcome's state: no end, the run goes on on other nodes (Member.regroup)
 
 
 def say(msg: str) -> None:
@@ -110,11 +115,7 @@ def supervise(home: NodeState, project: str, run: str, listen_fd: int | None = N
     os.umask(0o077)
     handoff = decode(Handoff, json.loads(sys.stdin.read() or "{}"))
     rd = RunDir(home, project, run)
-    listener = None
-    if listen_fd is not None:
-        import socket
-
-        listener = socket.socket(fileno=listen_fd)
+    listener = socket.socket(fileno=listen_fd) if listen_fd is not None else None
     sup = Supervisor(rd, NodeRun.read(rd.spec_path), handoff.secrets, handoff.token, listener, handoff.notify)
     return sup.run()
 
@@ -127,6 +128,7 @@ class Supervisor:
         self.secrets, self.token = secrets, token
         self.notifier = Notifier(notify or Notify(), say)   # node 0 is given destinations; the others none
         self.node = spec.node
+        self.verdict_wait = VERDICT_WAIT_S + (REGROUP_WAIT_S if spec.recovers else 0.0)   # a regroup waits for all
         self.nodes = list(spec.nodes)
         self.inbox: Inbox = _queue.Queue()
         self.stop_asked = threading.Event()
@@ -138,12 +140,17 @@ class Supervisor:
         if listener is not None:  # node 0 hosts the coordinator and reaches it on the loopback
             self.coordinator = Coordinator(listener, token=token, run=spec.run, nodes=self.nodes,
                                            pick_port=lambda: queue.reserve_port(rd.home, self.entry.key), say=say,
-                                           stall=StallPolicy.from_spec(spec), max_restarts=spec.max_restarts)
+                                           stall=StallPolicy.from_spec(spec), max_restarts=spec.max_restarts,
+                                           min_nodes=spec.min_nodes if spec.recovers else 0,
+                                           max_recoveries=spec.max_recoveries)
             host, port = "127.0.0.1", run.placement.coord_port or 0
         else:
             host, port = (spec.coordinator.host, spec.coordinator.port) if spec.coordinator else ("", 0)
         self.member = Member(host, port, token=token, run=spec.run, rank=spec.node_rank, node=self.node,
                              coordinator_node=self.nodes[0], inbox=self.inbox, say=say)
+        self.answers = StallAnswers(rd, self.node, send=self.member.send, on_stall=lambda: self.node_run.spec.on_stall,
+                                    word=lambda d: self.notifier.event(self._note("stalled", detail=d)),
+                                    set_state=self._set_state)
 
     # -- life ----------------------------------------------------------------------------------------
 
@@ -203,10 +210,22 @@ class Supervisor:
             say(str(e))
             return Outcome(FAILED, None, lost_failure(self.nodes[0], str(e), time.time()))
         self.member.start()
-        admitted = self._admit()
-        if isinstance(admitted, Outcome):
-            return admitted
-        return self._run(*admitted)
+        while True:   # one attempt per pass; another only after a lost node (a regroup)
+            admitted = self._admit()
+            outcome = admitted if isinstance(admitted, Outcome) else self._run(*admitted)
+            if outcome.state != REGROUP:
+                return outcome
+            self._regroup()
+
+    def _regroup(self) -> None:
+        """The next attempt, on the nodes the coordinator's ``regroup`` names (:mod:`higgsfield.node.runs.regroup`)."""
+        msg = self.member.regroup
+        assert msg is not None
+        self.member.regroup, self.member.verdict = None, None
+        self.member.verdict_final.clear()
+        self.node_run, self.nodes = regroup.take(self.rd, self.node_run, msg), list(msg.nodes)
+        say(f"recovery {msg.recovery}: {', '.join(msg.lost)} lost; going on on {', '.join(msg.nodes)}")
+        self.notifier.event(self._note("recovered", node=msg.lost[-1], detail=f"nodes now: {', '.join(msg.nodes)}"))
 
     # -- gang admission --------------------------------------------------------------------------------
 
@@ -259,7 +278,9 @@ class Supervisor:
     def _ended_elsewhere(self, msg: Abort | Lost) -> Outcome:
         """The run ended on another node (or node 0 was lost) before or while this node ran it."""
         if not isinstance(msg, Lost):
-            self.member.verdict_final.wait(VERDICT_WAIT_S)
+            self.member.verdict_final.wait(self.verdict_wait)
+        if self.member.regroup is not None:
+            return Outcome(REGROUP)
         verdict: Verdict = self.member.verdict or msg.verdict
         if verdict.kind == "killed":
             return Outcome(KILLED)
@@ -339,7 +360,7 @@ class Supervisor:
                         sent_progress = p.at
                         self.member.send(Progress(at=p.at, steps=p.steps, work=p.work))
                 if cause is None and isinstance(msg, (Stall, Stalled, Progressing, Restart)):
-                    self._on_stall(msg)
+                    self.answers.answer(msg)
                     continue
                 if cause is None:
                     if self._stopping():
@@ -358,34 +379,13 @@ class Supervisor:
         finally:
             handle.cleanup()
 
-    def _on_stall(self, msg: Stall | Stalled | Progressing | Restart) -> None:
-        """The coordinator's stall messages (see the module doc); nothing here may stop the watch."""
-        try:
-            match msg:
-                case Stall():
-                    taken = rank_stacks.take(self.rd, self.node)
-                    rank_stacks.save(self.rd, taken)
-                    self.member.send(Stacks(tuple(taken)))
-                case Stalled(diagnosis=d, at=at):
-                    wait = self.node_run.spec.on_stall == OnStall.WAIT
-                    stalled(self.rd, d, at, STALLED if wait else None)
-                    say(f"stalled: {d.summary}")
-                    self.notifier.event(self._note("stalled", detail=f"{d.summary} (on_stall: "
-                                                                        f"{self.node_run.spec.on_stall})"))
-                case Progressing():
-                    self._set_state(RUNNING)
-                    say("progressing again")
-                case Restart():
-                    killed = rank_stacks.kill_workers(self.rd)
-                    say(f"restarting the workers after the stall ({killed} killed)")
-        except (OSError, ValueError) as e:
-            say(f"stall handling ({msg.TAG}): {type(e).__name__}: {e}")
-
     def _own_end(self, outcome: Outcome) -> Outcome:
         """This node's part failed: report it, then take the coordinator's verdict (the run's first failure)."""
         say(f"failed: {outcome.failure.reason if outcome.failure else None}")
         self.member.send(Failed(outcome.failure))
-        self.member.verdict_final.wait(VERDICT_WAIT_S)
+        self.member.verdict_final.wait(self.verdict_wait)
+        if self.member.regroup is not None:
+            return Outcome(REGROUP)
         verdict = self.member.verdict
         if verdict and verdict.kind == "failed" and verdict.failure:
             outcome.failure = verdict.failure

@@ -82,8 +82,9 @@ class Attempt:
     number: int
     at: float
     nodes: list[str]
-    why: str                            # "first start" | "the name re-used"
+    why: str                            # "first start" | "the name re-used" | "recovery N: NODE lost"
     logs: dict[str, int] = field(default_factory=dict)   # log file name -> its size when this attempt began
+    lost: list[str] = field(default_factory=list)        # a recovery: the nodes whose loss began it
 
     @property
     def header(self) -> str:
@@ -131,6 +132,7 @@ class RunRecord:
     stalled_at: float | None = None       # when the coordinator found it stalled
     stragglers: list[Straggler] = field(default_factory=list)   # the ranks named stragglers now (node.gang.stragglers)
     attempts: list[Attempt] = field(default_factory=list)   # every start of this name here, oldest first
+    lost: list[str] = field(default_factory=list)           # nodes this run lost and went on without
 
     @property
     def terminal(self) -> bool:
@@ -194,6 +196,11 @@ class RunDir:
     @property
     def logs(self) -> Path:
         return self.path / layout.LOGS
+
+    def log_sizes(self) -> dict[str, int]:
+        """Each log file's size now: where the output of an attempt that begins now will begin."""
+        logs = self.logs
+        return {p.name: p.stat().st_size for p in logs.glob("*.log") if p.is_file()} if logs.is_dir() else {}
 
     @property
     def launcher_log(self) -> Path:

@@ -40,7 +40,8 @@ class NodesBackend:
         return plan_run(self.cfg, request.experiment, dict(request.params), run_name=request.run_name,
                         nodes=request.nodes, max_restarts=request.max_restarts, exclusive=request.exclusive,
                         stall=request.stall(self.cfg), exclude=request.exclude,
-                        allow_drift=request.allow_drift)
+                        allow_drift=request.allow_drift, min_nodes=request.min_nodes,
+                        max_recoveries=request.max_recoveries)
 
     @asynccontextmanager
     async def session(self, plan: Plan | None = None) -> AsyncIterator[NodesSession]:

@@ -50,7 +50,7 @@ from higgsfield.contract.noderuns import NodeRunView
 from higgsfield.contract.notify import Notify
 from higgsfield.contract.params import check_run_name, resolve
 from higgsfield.contract.replies import NameInUseReply, StartReply
-from higgsfield.contract.runspec import Coordinator, RunSpec, StartRequest
+from higgsfield.contract.runspec import DEFAULT_MAX_RECOVERIES, Coordinator, RunSpec, StartRequest
 from higgsfield.contract.stall_policy import StallPolicy
 from higgsfield.contract.states import ACTIVE
 from higgsfield.control.backends import pick
@@ -84,6 +84,9 @@ class RunPlan:
     """``--nodes K``: with more candidates than K, an unreachable or drifted one is passed over."""
     allow_drift: bool = False
     """Run even when the nodes differ (:mod:`higgsfield.control.backends.nodes.drift`)."""
+    min_nodes: int = 0
+    """The fewest nodes the run goes on on after losing some (0: every node: a lost node fails the run)."""
+    max_recoveries: int = DEFAULT_MAX_RECOVERIES
 
     @property
     def connect_to(self) -> list[NodeConfig]:
@@ -98,7 +101,8 @@ def new_run_name(experiment: str) -> str:
 def plan_run(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: str | None = None,
              nodes: int | None = None, max_restarts: int = 0, exclusive: bool = False,
              stall: StallPolicy | None = None, exclude: tuple[str, ...] = (),
-             allow_drift: bool = False) -> RunPlan:
+             allow_drift: bool = False, min_nodes: int | None = None,
+             max_recoveries: int | None = None) -> RunPlan:
     """Find ``experiment``, validate its params, the run name and the node count; raise before any I/O.
 
     ``stall`` None: higgsfield.yml's watchdog settings. ``exclude``: node names left out (an
@@ -113,10 +117,16 @@ def plan_run(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: 
     if nodes is not None and not 1 <= nodes <= len(candidates):
         left = f" ({len(candidates)} left after --exclude)" if exclude else ""
         raise RunError(f"--nodes {nodes}: the project has {len(cfg.nodes)} node(s) in {cfg.path}{left}")
+    size = nodes or len(candidates)
+    if min_nodes is not None and not 1 <= min_nodes <= size:
+        raise RunError(f"--min-nodes {min_nodes}: the run has {size} node(s); give 1 to {size} (the fewest it may "
+                       "go on on after losing some)")
     return RunPlan(experiment=experiment, module=exp.module, params=values,
                    run=run_name or new_run_name(experiment), nodes=candidates[:nodes],
                    max_restarts=max_restarts, exclusive=exclusive, stall=stall or stall_settings(cfg),
-                   candidates=candidates, count=nodes, allow_drift=allow_drift)
+                   candidates=candidates, count=nodes, allow_drift=allow_drift,
+                   min_nodes=0 if min_nodes is None or min_nodes >= size else min_nodes,
+                   max_recoveries=DEFAULT_MAX_RECOVERIES if max_recoveries is None else max_recoveries)
 
 
 def _candidates(cfg: Config, exclude: tuple[str, ...]) -> list[NodeConfig]:
@@ -150,7 +160,8 @@ async def launch(group: Group, cfg: Config, plan: RunPlan, *,
                 nodes=tuple(names), master_addr=master_addr, submitted_at=submitted_at,
                 nproc=_nproc(cfg, m.node), coordinator=coordinator, max_restarts=plan.max_restarts,
                 runtime=cfg.runtime, exclusive=plan.exclusive, attempt=attempt,
-                checkpoint_mirror=cfg.checkpoint.mirror or "", **plan.stall.spec_fields())
+                checkpoint_mirror=cfg.checkpoint.mirror or "", min_nodes=plan.min_nodes,
+                max_recoveries=plan.max_recoveries, **plan.stall.spec_fields())
             payload = json.dumps(encode(StartRequest(spec, secrets=dict(secrets or {}), token=token,
                                                      notify=notify if m.rank == 0 else Notify())))
             try:

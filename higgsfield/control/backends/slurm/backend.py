@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from higgsfield.contract.errors import RunError
+from higgsfield.contract.errors import ConfigError, RunError
 from higgsfield.contract.params import check_run_name, resolve
 from higgsfield.control.backends.backend import Changed, Fleet, Plan, RunRequest
 from higgsfield.control.backends.nodes.deploy import DeployResult, deploy
@@ -58,6 +58,9 @@ class SlurmBackend:
         values = resolve(exp.params, dict(request.params), request.experiment)
         if request.run_name is not None:
             check_run_name(request.run_name)
+        if request.min_nodes is not None or request.max_recoveries is not None:
+            raise ConfigError("--min-nodes and --max-recoveries are for SSH nodes: on Slurm a job that loses a node "
+                              "is requeued by Slurm (--max-restarts)")
         settings = self.settings.override(nodes=request.nodes, time=request.time, partition=request.partition)
         if request.exclusive:
             settings = settings.model_copy(update={"exclusive": True})

@@ -1,0 +1,68 @@
+"""Whether a run that lost nodes goes on without them, and on which: the coordinator's rule, as plain data.
+
+Used by :class:`~higgsfield.node.gang.coordinator.Coordinator` when a run's first
+failure settles. Its own module because the rule (what counts as a loss, how small
+the run may get, how many times) is one concept, tested alone:
+
+- only a **lost node** is recovered from: a node that died, froze or was cut off
+  (its supervisor's connection dropped or went silent). A rank that crashed is a
+  failure of the run's code, which ``--max-restarts`` retries on the same nodes;
+- the survivors are the nodes that gave their last word (stopped or failed because
+  their peers vanished); node 0 is always one of them, since it hosts the coordinator;
+- the run goes on when at least ``min_nodes`` survive and fewer than
+  ``max_recoveries`` recoveries were made; otherwise it fails, its one line naming
+  every node lost so far.
+
+:func:`next_step` is the coordinator's question at a failure's settling: regroup now,
+wait until every survivor has stopped its torchrun (its last word), or give the verdict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from higgsfield.contract.failure import Failure
+from higgsfield.contract.gang import LastWord
+
+__all__ = ["WAIT", "Decision", "decide", "losses_line", "next_step"]
+
+REGROUP_WAIT_S = 20.0   # how long survivors may take to stop before the run fails instead
+WAIT = "wait"
+
+
+@dataclass(frozen=True)
+class Decision:
+    survivors: tuple[int, ...]   # member ranks, in node-rank order
+    lost: tuple[int, ...]
+
+
+def decide(active: list[int], lost: set[int], first: Failure, *, min_nodes: int, recoveries: int,
+           max_recoveries: int) -> Decision | None:
+    """The run's next node set (member ranks) after ``lost``, or None when it fails instead."""
+    if not first.lost or not lost or recoveries >= max_recoveries or min_nodes <= 0:
+        return None
+    survivors = tuple(r for r in active if r not in lost)
+    if len(survivors) < min_nodes or not survivors or survivors[0] != active[0]:
+        return None
+    return Decision(survivors=survivors, lost=tuple(r for r in active if r in lost))
+
+
+def losses_line(lost_before: list[str], failure: Failure) -> Failure:
+    """The run's failure, naming the nodes it had lost and recovered from before it (if any)."""
+    if not lost_before:
+        return failure
+    return replace(failure, reason=f"{failure.reason} (after recovering from the loss of {', '.join(lost_before)})")
+
+
+
+def next_step(active: list[int], final: dict[int, LastWord], first: Failure, *, waited: float, min_nodes: int,
+              recoveries: int, max_recoveries: int) -> Decision | str | None:
+    """At the settling of a failure: a :class:`Decision` (regroup now), :data:`WAIT` (survivors are still
+    stopping their torchrun) or None (no recovery: the verdict goes out)."""
+    lost = {r for r in active if final.get(r) is LastWord.LOST}
+    found = decide(active, lost, first, min_nodes=min_nodes, recoveries=recoveries, max_recoveries=max_recoveries)
+    if found is None:
+        return None
+    if any(r not in final for r in found.survivors):   # a survivor that does not stop is as good as lost
+        return WAIT if waited < REGROUP_WAIT_S else None
+    return found

@@ -1,0 +1,38 @@
+"""This node's part of a run that goes on without a lost node: the new node set taken, as a new attempt.
+
+Used by the supervisor (:mod:`higgsfield.node.runs.supervisor`) when its coordinator
+sends ``regroup`` (:mod:`higgsfield.node.gang.recovery`): the node's spec now names the
+survivors and this node's rank among them (``spec.json``, which ``status``, ``logs`` and
+``kill`` read), and the record gains an attempt whose header says why it began
+(``=== attempt 2 (recovery 1: gpu-3 lost) on gpu-1, gpu-2 ... ===``) and the node it lost.
+The supervisor then goes through admission again, and the next ``go`` starts torchrun on
+the survivors, where the experiment's ``Checkpoint.load_latest`` resumes from the last
+step complete on the old nodes (their own parts and buddy copies: :mod:`higgsfield._lib.ckpt_buddy`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from higgsfield.contract.gang import Regroup
+from higgsfield.node.state.placement import NodeRun
+from higgsfield.node.state.records import Attempt, RunDir
+
+__all__ = ["take"]
+
+
+def take(rd: RunDir, run: NodeRun, msg: Regroup) -> NodeRun:
+    """This node's run on ``msg.nodes`` from now on (written to spec.json and the record)."""
+    nodes = tuple(msg.nodes)
+    spec = run.spec.replace(nodes=nodes, node_rank=nodes.index(run.spec.node))
+    new = NodeRun(spec, run.placement)
+    new.write(rd.spec_path)
+    record = rd.read()
+    record.node_rank, record.nnodes = spec.node_rank, len(nodes)
+    gone = [n for n in msg.lost if n not in record.lost]   # this recovery's losses (msg.lost: every one so far)
+    record.lost = list(msg.lost)
+    record.attempts.append(Attempt(number=len(record.attempts) + 1, at=time.time(), nodes=list(nodes),
+                                   why=f"recovery {msg.recovery}: {', '.join(gone)} lost", logs=rd.log_sizes(),
+                                   lost=gone))
+    rd.write(record)
+    return new
