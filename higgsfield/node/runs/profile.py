@@ -56,7 +56,10 @@ def new_id(now: float | None = None) -> str:
 
 def profile(rd: RunDir, *, steps: int, ranks: Collection[int] = (), memory: bool = False,
             timeout: float = 60.0) -> ProfileReply:
-    """Ask this node's live ranks of the run (``ranks``: only those) to profile ``steps`` steps; see the module."""
+    """Ask this node's live ranks of the run (``ranks``: only those) to profile ``steps`` steps; see the module.
+
+    ``missing`` names the ranks asked here that did not answer in time; a rank not live here (another node's,
+    or none) is not asked, so a reply with neither ``done`` nor ``missing`` means this node had none to ask."""
     if not rd.exists():
         raise NotProfiled(f"no run '{rd.run}' of project '{rd.project}' on this node")
     record = refresh(rd)
@@ -65,8 +68,7 @@ def profile(rd: RunDir, *, steps: int, ranks: Collection[int] = (), memory: bool
     live = live_workers(rd, set(ranks) or None)
     pid = new_id()
     if not live:
-        return ProfileReply(run=rd.run, state=record.state, id=pid, root=str(results_dir(rd.path, pid)),
-                            missing=sorted(ranks))
+        return ProfileReply(run=rd.run, state=record.state, id=pid, root=str(results_dir(rd.path, pid)))
     deadline = time.time() + timeout
     req = ProfileRequest(id=pid, steps=steps, deadline=deadline, ranks=sorted(live), memory=memory)
     write_json(request_path(rd.path), encode(req))

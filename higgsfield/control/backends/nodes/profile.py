@@ -123,8 +123,8 @@ async def _ask(members: list[Member], cfg: Config, status: RunStatus, steps: int
             jobs.append((r.node, RemoteFile(r.node, f"{reply.root.rstrip('/')}/{f.path}", f.path, f.size, f.sha256)))
         out.ranks += [RankResult(r.node, d, None, None) for d in reply.done]
     if not out.ranks and not out.missing and not out.unreachable:
-        raise ProfileError(f"run '{status.run}' has no live rank to profile"
-                           + (f" numbered {rank}" if rank is not None else "") + " (it may be starting)")
+        raise ProfileError(f"run '{status.run}' has no live rank " + (f"{rank} " if rank is not None else "")
+                           + "to profile" + (" (it may be starting)" if rank is None else ""))
     by_name = {m.name: m for m in members}
     dest.mkdir(parents=True, exist_ok=True)
     await asyncio.gather(*(fetch(by_name[n].transport, f, dest / f.rel, lambda _n: None) for n, f in jobs))
