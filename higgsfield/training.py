@@ -48,6 +48,7 @@ import torch.distributed as dist
 
 from higgsfield._lib import profile_arm as _profile
 from higgsfield._lib import straggler_probe as _straggler
+from higgsfield._lib.batching import accumulation
 from higgsfield.contract.layout import progress_path
 from higgsfield.metrics import METRICS_FILE, RUN_DIR_ENV, StepMetrics, point
 
@@ -382,27 +383,3 @@ class StepTimer:
         if self.log is not None:
             self.log.write(m)
         return m
-
-def accumulation(global_batch: int, micro_batch: int, world_size: int | None = None) -> int:
-    """Micro-batches each rank accumulates per optimizer step, so that every step sees ``global_batch`` samples.
-
-    ``world_size x micro_batch x accumulation == global_batch``: a run that resumes on
-    fewer or more ranks (a lost node, a spare, ``min_nodes``) keeps its global batch, and
-    with it its learning rate schedule and loss curve. ``world_size``: ``params.world_size``
-    (default: the process group's, else ``WORLD_SIZE``, else 1). Raises ValueError, naming
-    the numbers, when they do not divide::
-
-        accum = accumulation(params.global_batch, params.micro_batch, params.world_size)
-        for micro in range(accum):
-            loss = model(next(batches)) / accum
-            loss.backward()
-        optimizer.step()
-    """
-    if world_size is None:
-        world_size = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
-    per_pass = world_size * micro_batch
-    if micro_batch < 1 or global_batch < per_pass or global_batch % per_pass:
-        raise ValueError(f"global batch {global_batch} is not a multiple of {world_size} rank(s) x micro batch "
-                         f"{micro_batch}: choose a global batch every world size you may run on divides (with "
-                         f"spares or min_nodes, each possible number of ranks), or another micro batch")
-    return global_batch // per_pass
