@@ -152,8 +152,8 @@ def test_the_page_sees_status_json_and_queue_places_but_no_internals(hub: Hub) -
     assert first["node_records"] == {"localhost": {"state": "running", "slots": [0, 1], "exit_code": None,
                                                    "started_at": 1.0, "ended_at": None, "reason": None,
                                                    "exclusive": False, "nproc": 2}}
-    assert list(first)[-7:] == ["node_states", "stragglers", "node_records", "stalled_at", "stale_nodes", "queue",
-                                "queue_position"]
+    assert list(first)[-10:] == ["node_states", "stragglers", "attempts", "recoveries", "lost", "node_records",
+                                 "stalled_at", "stale_nodes", "queue", "queue_position"]
     assert first["queue"] == {"localhost": {"position": 0, "slots": [0, 1], "want": 2, "committed": True}}
     node = hub.nodes_payload()["nodes"][0]
     assert list(node) == ["name", "host", "state", "reason", "since", "sample", "history", "queue", "skipped",

@@ -272,6 +272,14 @@ function renderRunHead() {
                                              el("span", {class: "rank", text: `rank ${s.rank} on ${s.node}`}),
                                              el("span", {text: ": " + stragglerText(s).replace(/^rank \d+ on [^:]+: /, "")}))));
   }
+  const rb = $("#run-recoveries");
+  const rec = r.recoveries || [];
+  rb.classList.toggle("hidden", !rec.length);
+  if (rec.length) {
+    rb.replaceChildren(el("div", {class: "recovery-who", text: `Went on after losing ${(r.lost || []).join(", ")}:`}),
+                       ...rec.map((a) => el("div", {class: "recovery", "data-lost": a.lost.join(" ")},
+                                            el("span", {text: `${when(a.at)}: ${a.lost.join(", ")} lost; attempt ${a.number} on ${a.nodes.join(", ")}`}))));
+  }
   fillSelect($("#l-node"), r.nodes || []);
 }
 
