@@ -97,7 +97,7 @@ def test_push_repush_change_and_a_killed_push(project: Cluster) -> None:
     first = _push(c)
     assert first["uplink_bytes"] == FILES * SIZE            # each byte over the uplink once...
     vias = {n["node"]: n["via"] for n in first["nodes"]}
-    assert vias["hfnode30"] == "laptop" and vias["hfnode31"] == vias["hfnode32"] == "hfnode30"  # ...the nodes copy
+    assert vias == {"hfnode30": "laptop", "hfnode31": "hfnode30", "hfnode32": "hfnode31"}  # ...the nodes copy
     want = _tree_digest(corpus)
     for i in (30, 31, 32):
         assert _tree_digest(_node_entry(i)) == want

@@ -6,9 +6,9 @@
    space. A node short of space refuses the push before a byte is sent (one line naming it).
 3. The laptop sends node 0 the objects it lacks, in batches (``invoker data put``), each file
    read again and checked against the manifest (a file that changed stops the push).
-4. The other nodes copy from nodes that hold everything, in rounds that double the holders
-   (:mod:`.fanout`: ``invoker data serve`` / ``fetch``, a fresh token on SSH stdin, the gang
-   wire's handshake), so the uplink carries each byte once and the LAN the rest.
+4. Meanwhile the other nodes copy along a chain, each from the one before it, whatever that one
+   holds already (:mod:`.fanout`: ``invoker data serve`` / ``fetch``, a fresh token on SSH stdin,
+   the gang wire's handshake), so the uplink carries each byte once and the LAN the rest.
 5. Every node makes each entry's new version current (``invoker data commit``): staged, renamed,
    the link swapped; a run sees the old version or the whole new one.
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,7 +47,7 @@ from higgsfield.contract.data import (
     PutReply,
 )
 from higgsfield.contract.units import human_bytes
-from higgsfield.control.backends.nodes.data.fanout import NodeProgress, copy_rounds
+from higgsfield.control.backends.nodes.data.fanout import NodeProgress, follow_chain
 from higgsfield.control.backends.nodes.data.manifest import read_checked, scan
 from higgsfield.control.backends.nodes.output import invoke_reply
 from higgsfield.control.config import Config
@@ -181,14 +181,19 @@ async def push_async(cfg: Config, names: Sequence[str] = (), *, secrets: dict[st
                 raise DataError(f"{m.name}: {human_bytes(need)} to receive but {human_bytes(free)} free in its "
                                 "state directory: free space there (higgsfield prune) and push again")
         tick()
-        result.uplink_bytes = await _send_to_first(cfg, first, [objects[s] for s in missing[first.name]],
-                                                   prog[first.name], tick)
-        # node 0 makes its versions current while it serves the others (its objects are all there)
-        await asyncio.gather(
-            _commit(cfg, first, wanted[first.name], prog[first.name], tick),
-            copy_rounds(cfg, group, missing, prog, tick,
-                        commit=lambda m: _commit(cfg, m, wanted[m.name], prog[m.name], tick),
-                        commits=lambda m: [_commit_request(e) for e in wanted[m.name]]))
+        node0_done = asyncio.Event()
+
+        async def upload() -> None:
+            result.uplink_bytes = await _send_to_first(cfg, first, [objects[s] for s in missing[first.name]],
+                                                       prog[first.name], tick)
+            node0_done.set()
+            await _commit(cfg, first, wanted[first.name], prog[first.name], tick)
+
+        # the other nodes copy along the chain while the laptop still sends to node 0
+        await _together(upload(), follow_chain(
+            cfg, group, missing, prog, tick, node0_done,
+            commit=lambda m: _commit(cfg, m, wanted[m.name], prog[m.name], tick),
+            commits=lambda m: [_commit_request(e) for e in wanted[m.name]]))
     result.entries = [PushedEntry(name=e.name, version=e.version, source=e.source, files=len(_files(e)),
                                   bytes=sum(f.size for f in _files(e))) for e in entries]
     result.seconds = time.monotonic() - t0
@@ -235,6 +240,18 @@ async def _send_to_first(cfg: Config, m: Member, items: list[tuple[Entry, DataFi
             t.cancel()
         raise
     return sent
+
+
+async def _together(*coros: Awaitable[None]) -> None:
+    """Run ``coros`` at once; the first failure cancels the others and is raised."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        for t in asyncio.as_completed(tasks):
+            await t
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        raise
 
 
 def _commit_request(e: Entry) -> CommitRequest:
