@@ -44,7 +44,7 @@ def test_a_live_run_is_profiled_and_goes_on(tmp_path: Path) -> None:
     t0 = time.monotonic()
     r = hf(proj, "profile", RUN, "--steps", "3", "--memory", "--out", "prof")
     took = time.monotonic() - t0
-    print(f"profile: {took:.1f}s")
+    print(f"profile: {took:.1f}s\n{r.stdout}{r.stderr}")
     assert r.returncode == 0, r.stderr
     check_traces(proj / "prof", [0, 1], 3)
     out = r.stdout.splitlines()

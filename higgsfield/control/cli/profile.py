@@ -34,7 +34,8 @@ def profile(ctx: click.Context, target: str, steps: int, node: str | None, rank:
 
     Each rank starts the profiler at its next step boundary (it reads the request at most once a
     second) and writes a Chrome trace; the traces are fetched like `pull` fetches checkpoints. The
-    training loop must call higgsfield.training.progress(step) (StepTimer.step does).
+    training loop must call higgsfield.training.progress(step) (StepTimer.step does). Exit 1 when some rank
+    asked for gave no trace (the others' are kept).
     """
     from higgsfield.contract.errors import ConfigError
     from higgsfield.contract.traces import shares_line
@@ -67,5 +68,5 @@ def profile(ctx: click.Context, target: str, steps: int, node: str | None, rank:
         click.echo(f"{len([r for r in res.ranks if r.trace])} trace(s) in {clean(str(res.dest))} "
                    f"({res.seconds:.1f}s); every rank in one timeline: {clean(str(res.merged))} "
                    "(open it in ui.perfetto.dev)")
-    elif not res.ranks:
-        raise click.exceptions.Exit(1)
+    if res.missing or res.unreachable or not res.ranks or any(r.summary is None for r in res.ranks):
+        raise click.exceptions.Exit(1)   # some rank asked for gave no trace: said above, the rest kept
