@@ -115,6 +115,8 @@ class NodeRunView:
     attempts: list[AttemptView] = field(default_factory=list)
     lost: list[str] = field(default_factory=list, metadata=rule(check=_names))
     """Nodes this run lost and went on without (their own records are left as the loss found them)."""
+    spare: bool = False
+    """A spare standing by: not one of the run's nodes (until it takes a lost node's place)."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
 

@@ -152,7 +152,7 @@ class RunSpec:
     UNKNOWN: ClassVar[str] = "refuse"                # a node must understand a spec whole
     SPARSE: ClassVar[frozenset[str]] = frozenset({
         "attempt", "checkpoint_mirror", "stall_timeout", "startup_timeout", "on_stall", "min_nodes",
-        "max_recoveries"})
+        "max_recoveries", "spares"})
     """Sent only when not at their default, so a spec without them reads on a node that predates them."""
 
     project: str = field(metadata=rule(check=_name))
@@ -194,10 +194,24 @@ class RunSpec:
     max_recoveries: int = field(default=DEFAULT_MAX_RECOVERIES, metadata=rule(check=_at_least(0)))
     """How many lost nodes the run recovers from before it fails (0: none)."""
 
+    spares: tuple[str, ...] = field(default=(), metadata=rule(check=_nodes))
+    """The run's spare nodes, in order: each holds its slots and stands by, and one takes a lost node's place.
+    A spare's own spec has ``node_rank`` ``len(nodes) + i`` (its rank as a member of the run's gang)."""
+
     @property
     def recovers(self) -> bool:
         """Can this run go on after losing a node?"""
-        return self.max_recoveries > 0 and 0 < self.min_nodes < len(self.nodes)
+        return self.max_recoveries > 0 and (bool(self.spares) or 0 < self.min_nodes < len(self.nodes))
+
+    @property
+    def spare(self) -> bool:
+        """Is this node one of the run's spares (standing by, not one of its nodes)?"""
+        return self.node_rank >= len(self.nodes)
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        """Everyone in the run's gang: its nodes, then its spares."""
+        return self.nodes + self.spares
 
     @property
     def nnodes(self) -> int:
@@ -207,8 +221,8 @@ class RunSpec:
         return replace(self, **changes)
 
     def check(self) -> None:
-        if not self.nodes or self.node_rank >= len(self.nodes) or self.nodes[self.node_rank] != self.node:
-            raise ValueError(f"node {self.node!r} is not number {self.node_rank} of its nodes")
+        if not self.nodes or self.node_rank >= len(self.members) or self.members[self.node_rank] != self.node:
+            raise ValueError(f"node {self.node!r} is not number {self.node_rank} of its nodes and spares")
 
 
 SPEC_KEYS = frozenset(f.name for f in fields(RunSpec)) | {"version"}

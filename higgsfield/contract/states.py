@@ -18,6 +18,7 @@ SUCCEEDED = "succeeded"
 FAILED = "failed"
 KILLED = "killed"
 LOST = "lost"              # a node's part only: the run lost that node and went on without it
+SPARE = "spare"            # a node's part only: a spare standing by, holding its slots
 
 STATES = (QUEUED, STARTING, RUNNING, STALLED, SUCCEEDED, FAILED, KILLED)
 ACTIVE: frozenset[str] = frozenset({QUEUED, STARTING, RUNNING, STALLED})

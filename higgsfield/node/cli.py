@@ -168,7 +168,7 @@ def start(ctx: click.Context) -> None:
 @click.pass_context
 def supervise(ctx: click.Context, project: str, run: str, listen_fd: int | None) -> None:
     """(internal) Own one run until it ends."""
-    from higgsfield.node.runs.supervisor import supervise as _supervise
+    from higgsfield.node.runs.supervise import supervise as _supervise
 
     sys.exit(_supervise(_home(ctx), project, run, listen_fd))
 

@@ -89,3 +89,41 @@ def test_a_lost_node_is_recovered_from_by_the_survivors_alone(faults: FaultClust
     assert st["state"] == "succeeded", st
     logs = c.hf("logs", run, "--node", "hfnode8", timeout=120).stdout
     assert "attempt 2 (recovery 1: hfnode10 lost) on hfnode8, hfnode9" in logs, logs[-3000:]
+
+
+@pytest.mark.timeout(600)
+def test_a_spare_takes_the_lost_node_s_place(faults: FaultCluster) -> None:
+    """``--nodes 2 --spares 1``: hfnode10 stands by, holding its slots; hfnode9 dies; hfnode10 becomes node 1 and
+    gets node 1's part from its buddy copy on hfnode8 (the same world size: the run goes on at its size)."""
+    c = faults
+    run = name("spare")
+    victim = c.bed.make_host(9)  # type: ignore[attr-defined]
+    try:
+        c.hf("run", "ckpt_steps", "-p", "steps=30", "-p", "every=5", "-p", "step_sleep=0.2", "--run-name", run,
+             "--nodes", "2", "--spares", "1", "--detach", check=True, timeout=300)
+        wait_for(lambda: all(log_has(c.rank_log(i, run), "saved step_00000010") for i in (8, 9)), 300,
+                 "the checkpoint after step 9 complete on both nodes")
+        spare = c.record(10, run)
+        assert spare["spare"] is True and spare["slots"], spare   # standing by, holding its slots
+        c.bed.stop_host(victim, kill_sessions=True)  # type: ignore[attr-defined]
+        signal_all(node_processes(9), signal.SIGKILL)
+        subprocess.run([exe("docker"), "kill", c.container("ckpt_steps", run, 9)], capture_output=True)
+        done = poll(lambda: all(c.record(i, run).get("state") in ("succeeded", "failed") for i in (8, 10)), 240)
+        records = {i: c.record(i, run) for i in (8, 10)}
+        assert done is not None and all(r["state"] == "succeeded" for r in records.values()), records
+        for r in records.values():
+            assert r["lost"] == ["hfnode9"] and r["nnodes"] == 2 and not r["spare"], r
+            assert r["attempts"][-1]["why"] == "recovery 1: hfnode9 lost"
+            assert r["attempts"][-1]["nodes"] == ["hfnode8", "hfnode10"]
+        log = c.rank_log(10, run, rank=1).read_text()
+        resumed = [int(m) for m in re.findall(r"resumes at step (\d+)", log)]
+        assert len(resumed) == 1 and resumed[0] >= 10, log[-2000:]   # its one attempt: from the step
+        steps = [int(s) for s in re.findall(r"^step (\d+) attempt 0$", log, re.M)]
+        assert steps == list(range(resumed[0], 30)), steps
+    finally:
+        signal_all(node_processes(9), signal.SIGKILL)
+        subprocess.run([exe("docker"), "kill", c.container("ckpt_steps", run, 9)], capture_output=True)
+        c.bed.start_host(victim)  # type: ignore[attr-defined]
+        kill_run_quietly(c, run)
+    st = c.status()[run]
+    assert st["state"] == "succeeded" and st["node_states"]["hfnode9"] == "lost", st

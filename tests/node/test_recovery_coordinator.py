@@ -5,6 +5,8 @@ supervisors would be), and its rule (:mod:`higgsfield.node.gang.recovery`) alone
   ``regroup`` (its nodes now) instead of a verdict; admission starts over on the survivors and ``go`` gives
   the next attempt a new rendezvous port; the lost node cannot join again;
 - a second loss past ``max_recoveries``: the verdict names it and the loss recovered from before;
+- a spare (admitted with the run, standing by) takes a lost node's place, and the run keeps its size; a spare
+  lost while it stands by fails nothing;
 - a rank that crashed is no lost node, and a run without ``min_nodes`` fails as before.
 """
 
@@ -51,11 +53,11 @@ def _fast(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class Gang:
-    def __init__(self, min_nodes: int, max_recoveries: int) -> None:
+    def __init__(self, min_nodes: int, max_recoveries: int, spares: int = 0) -> None:
         self.sock = listen()
         ports = itertools.count(29000)
         self.coordinator = Coordinator(self.sock, token=TOKEN, run="r", nodes=NODES, pick_port=lambda: next(ports),
-                                       min_nodes=min_nodes, max_recoveries=max_recoveries)
+                                       min_nodes=min_nodes, max_recoveries=max_recoveries, spares=spares)
         self.coordinator.start()
         self.members = [self.join(rank) for rank in range(len(NODES))]
         self.admit(self.members)
@@ -123,6 +125,34 @@ def test_a_lost_node_regroups_the_survivors_who_start_again_and_a_second_loss_pa
         g.close()
 
 
+def test_a_spare_takes_the_lost_node_s_place_and_a_lost_spare_fails_nothing() -> None:
+    g = Gang(min_nodes=0, max_recoveries=3, spares=1)   # n0, n1 the run's nodes; n2 its spare, admitted too
+    try:
+        n0, n1, n2 = g.members
+        n1.close()
+        expect([n0, n2], Abort)
+        n0.send(Stopped())   # the spare has no torchrun to stop: nobody waits for it
+        (r0, r2) = expect([n0, n2], Regroup)
+        assert r0 == r2 == Regroup(nodes=("n0", "n2"), lost=("n1",), recovery=1)
+        assert g.admit([n0, n2]) == 29001
+    finally:
+        g.close()
+    g = Gang(min_nodes=0, max_recoveries=3, spares=1)
+    try:
+        n0, n1, n2 = g.members
+        n2.close()   # the spare is lost while it stands by: the run goes on, and a loss now has no spare
+        time.sleep(1.0)
+        assert all(not isinstance(x, Abort) for m in (n0, n1) for x in list(m.inbox.queue))
+        assert g.coordinator.spares == []
+        n1.close()
+        expect([n0], Abort)
+        n0.send(Stopped())
+        (verdict,) = expect([n0], FinalVerdict)
+        assert verdict.failure is not None and verdict.failure.node == "n1"
+    finally:
+        g.close()
+
+
 def test_a_rank_crash_is_no_lost_node_and_fails_the_run() -> None:
     g = Gang(min_nodes=1, max_recoveries=3)
     try:
@@ -158,6 +188,9 @@ def test_the_rule() -> None:
     assert decide([0, 1, 2], {2}, lost, min_nodes=2, recoveries=3, max_recoveries=3) is None      # none left
     assert decide([0, 1, 2], {2}, crash, min_nodes=2, recoveries=0, max_recoveries=3) is None     # a crash
     assert decide([0, 1, 2], {0}, lost, min_nodes=1, recoveries=0, max_recoveries=3) is None      # node 0 itself
+    assert decide([0, 1], {1}, lost, min_nodes=0, recoveries=0, max_recoveries=3, spares=(2, 3)) == \
+        Decision((0, 2), (1,))                                                                     # a spare in
+    assert decide([0, 1], {1}, lost, min_nodes=0, recoveries=0, max_recoveries=3) is None          # none: fail
     final = {2: LastWord.LOST, 0: LastWord.STOPPED}
     assert next_step([0, 1, 2], final, lost, waited=1.0, min_nodes=2, recoveries=0, max_recoveries=3) == WAIT
     assert next_step([0, 1, 2], final, lost, waited=60.0, min_nodes=2, recoveries=0, max_recoveries=3) is None

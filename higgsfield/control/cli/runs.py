@@ -71,6 +71,9 @@ def _node_list(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option("--min-nodes", type=click.IntRange(min=1), default=None, metavar="N",
               help="Go on without a lost node (dead, frozen, cut off) while at least N nodes are left: the nodes "
                    "regroup by themselves and resume from the last checkpoint. Default: every node (a loss fails).")
+@click.option("--spares", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="Nodes of higgsfield.yml after the run's that stand by, holding their slots: one takes a lost "
+                   "node's place and the run goes on at its size (with --nodes K: the next N healthy ones).")
 @click.option("--max-recoveries", type=click.IntRange(0, 1000), default=None, metavar="N",
               help="Lost nodes a run goes on after (with --min-nodes), 0: none; default 3.")
 @click.option("--allow-drift", is_flag=True, help="Run even when the nodes differ (driver, CUDA, NCCL, packages, "
@@ -82,7 +85,7 @@ def _node_list(ctx: click.Context, param: click.Parameter, value: str | None) ->
 def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: str | None, nodes: int | None,
         time_limit: str | None, partition: str | None, max_restarts: int, exclusive: bool,
         stall_timeout: float | None, startup_timeout: float | None, on_stall: str | None,
-        exclude: tuple[str, ...], min_nodes: int | None, max_recoveries: int | None, allow_drift: bool,
+        exclude: tuple[str, ...], min_nodes: int | None, spares: int, max_recoveries: int | None, allow_drift: bool,
         preflight: bool | None, detach: bool) -> None:
     """Run EXPERIMENT on the nodes and stream its logs until it ends (exit code = the run's).
 
@@ -106,7 +109,7 @@ def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: 
                                    exclusive=exclusive, time=time_limit, partition=partition,
                                    stall_timeout=stall_timeout, startup_timeout=startup_timeout, on_stall=on_stall,
                                    exclude=exclude, allow_drift=allow_drift, min_nodes=min_nodes,
-                                   max_recoveries=max_recoveries))
+                                   max_recoveries=max_recoveries, spares=spares))
     err = console(stderr=True)
     started: list[RunHandle] = []
     try:

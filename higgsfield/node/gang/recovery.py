@@ -9,6 +9,7 @@ the run may get, how many times) is one concept, tested alone:
   failure of the run's code, which ``--max-restarts`` retries on the same nodes;
 - the survivors are the nodes that gave their last word (stopped or failed because
   their peers vanished); node 0 is always one of them, since it hosts the coordinator;
+  a standing-by spare (admitted with the run, holding its slots) takes each lost node's place;
 - the run goes on when at least ``min_nodes`` survive and fewer than
   ``max_recoveries`` recoveries were made; otherwise it fails, its one line naming
   every node lost so far.
@@ -37,14 +38,18 @@ class Decision:
 
 
 def decide(active: list[int], lost: set[int], first: Failure, *, min_nodes: int, recoveries: int,
-           max_recoveries: int) -> Decision | None:
-    """The run's next node set (member ranks) after ``lost``, or None when it fails instead."""
-    if not first.lost or not lost or recoveries >= max_recoveries or min_nodes <= 0:
+           max_recoveries: int, spares: tuple[int, ...] = ()) -> Decision | None:
+    """The run's next node set (member ranks) after ``lost``: the survivors, then as many standing-by
+    ``spares`` as the lost nodes (a run without ``min_nodes`` must stay whole); None when it fails instead."""
+    if not first.lost or not lost or recoveries >= max_recoveries or (min_nodes <= 0 and not spares):
         return None
     survivors = tuple(r for r in active if r not in lost)
-    if len(survivors) < min_nodes or not survivors or survivors[0] != active[0]:
+    if not survivors or survivors[0] != active[0]:
         return None
-    return Decision(survivors=survivors, lost=tuple(r for r in active if r in lost))
+    nodes = survivors + spares[:len(active) - len(survivors)]
+    if len(nodes) < (min_nodes if min_nodes > 0 else len(active)):
+        return None
+    return Decision(survivors=nodes, lost=tuple(r for r in active if r in lost))
 
 
 def losses_line(lost_before: list[str], failure: Failure) -> Failure:
@@ -56,13 +61,14 @@ def losses_line(lost_before: list[str], failure: Failure) -> Failure:
 
 
 def next_step(active: list[int], final: dict[int, LastWord], first: Failure, *, waited: float, min_nodes: int,
-              recoveries: int, max_recoveries: int) -> Decision | str | None:
+              recoveries: int, max_recoveries: int, spares: tuple[int, ...] = ()) -> Decision | str | None:
     """At the settling of a failure: a :class:`Decision` (regroup now), :data:`WAIT` (survivors are still
     stopping their torchrun) or None (no recovery: the verdict goes out)."""
     lost = {r for r in active if final.get(r) is LastWord.LOST}
-    found = decide(active, lost, first, min_nodes=min_nodes, recoveries=recoveries, max_recoveries=max_recoveries)
+    found = decide(active, lost, first, min_nodes=min_nodes, recoveries=recoveries, max_recoveries=max_recoveries,
+                   spares=spares)
     if found is None:
         return None
-    if any(r not in final for r in found.survivors):   # a survivor that does not stop is as good as lost
+    if any(r not in final for r in found.survivors if r in active):   # a survivor that does not stop is as good as lost
         return WAIT if waited < REGROUP_WAIT_S else None
     return found

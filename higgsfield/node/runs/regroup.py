@@ -28,7 +28,7 @@ def take(rd: RunDir, run: NodeRun, msg: Regroup) -> NodeRun:
     new = NodeRun(spec, run.placement)
     new.write(rd.spec_path)
     record = rd.read()
-    record.node_rank, record.nnodes = spec.node_rank, len(nodes)
+    record.node_rank, record.nnodes, record.spare = spec.node_rank, len(nodes), False
     gone = [n for n in msg.lost if n not in record.lost]   # this recovery's losses (msg.lost: every one so far)
     record.lost = list(msg.lost)
     record.attempts.append(Attempt(number=len(record.attempts) + 1, at=time.time(), nodes=list(nodes),

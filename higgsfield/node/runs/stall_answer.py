@@ -16,13 +16,10 @@ from higgsfield.contract.gang import Message, Progressing, Restart, Stacks, Stal
 from higgsfield.contract.stall_policy import OnStall
 from higgsfield.contract.states import RUNNING, STALLED
 from higgsfield.node.runs import stacks as rank_stacks
+from higgsfield.node.runs.outcome import say
 from higgsfield.node.state.records import RunDir, stalled
 
 __all__ = ["StallAnswers"]
-
-
-def say(msg: str) -> None:
-    print(f"[higgsfield] {msg}", flush=True)
 
 
 @dataclass

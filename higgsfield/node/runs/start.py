@@ -219,7 +219,7 @@ def _start_supervisor(rd: RunDir, run: NodeRun, handoff: Handoff, attempts: list
                        node_rank=spec.node_rank, nnodes=spec.nnodes, nproc=run.nproc, state=STARTING,
                        runtime=spec.runtime, image=run.placement.image, exclusive=spec.exclusive,
                        coord_port=run.placement.coord_port, container=run.placement.container if run.docker else None,
-                       attempt=spec.attempt or None, attempts=attempts)
+                       attempt=spec.attempt or None, attempts=attempts, spare=spec.spare)
     argv = [sys.executable, "-m", "higgsfield", "invoker", "--state-dir", str(rd.home.root), "supervise",
             spec.project, spec.run]
     if listener is not None:

@@ -39,24 +39,21 @@ Its umask is 0077: what the run writes on the node is private to the node user.
 
 from __future__ import annotations
 
-import json
 import os
 import queue as _queue
 import signal
-import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
-from higgsfield.contract.codec import decode
 from higgsfield.contract.errors import RunError
 from higgsfield.contract.failure import Failure, Verdict
 from higgsfield.contract.gang import (
     Abort,
     Admission,
     Admitted,
+    Bye,
     Cancel,
     Failed,
     Finished,
@@ -74,7 +71,6 @@ from higgsfield.contract.gang import (
     Unadmitted,
 )
 from higgsfield.contract.notify import Event, Notify
-from higgsfield.contract.runspec import Handoff
 from higgsfield.contract.stall_policy import StallPolicy
 from higgsfield.contract.states import FAILED, KILLED, QUEUED, RUNNING, SUCCEEDED
 from higgsfield.node.gang import queue, wire
@@ -83,10 +79,10 @@ from higgsfield.node.gang.member import Inbox, Lost, Member
 from higgsfield.node.gang.recovery import REGROUP_WAIT_S
 from higgsfield.node.runs import failure, progress, regroup, stragglers
 from higgsfield.node.runs.notify import Note, Notifier, ending
+from higgsfield.node.runs.outcome import REGROUP, Outcome, say
 from higgsfield.node.runs.stall_answer import StallAnswers
 from higgsfield.node.runtime import torchrun
 from higgsfield.node.state import pids
-from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.placement import NodeRun
 from higgsfield.node.state.records import RunDir, finish
 
@@ -95,30 +91,6 @@ ABORT_GRACE_S = 2.0     # SIGTERM to SIGKILL when another node failed (nothing t
 VERDICT_WAIT_S = 3.0    # how long a node that stopped waits for the coordinator's verdict
 DONE_WAIT_S = 60.0      # node 0: how long its coordinator waits for the other nodes' last word
 PROGRESS_EVERY_S = 1.0  # how often the run's progress on this node is read (and sent when it advanced)
-REGROUP = "regroup"     # an Outcome's state: no end, the run goes on on other nodes (Member.regroup)
-
-
-def say(msg: str) -> None:
-    """A line in the launcher log (the supervisor's stdout)."""
-    print(f"[higgsfield] {msg}", flush=True)
-
-
-@dataclass
-class Outcome:
-    state: str
-    rc: int | None = None
-    failure: Failure | None = None
-
-
-def supervise(home: NodeState, project: str, run: str, listen_fd: int | None = None) -> int:
-    """Body of the supervisor process (``higgsfield invoker supervise``)."""
-    os.umask(0o077)
-    handoff = decode(Handoff, json.loads(sys.stdin.read() or "{}"))
-    rd = RunDir(home, project, run)
-    listener = socket.socket(fileno=listen_fd) if listen_fd is not None else None
-    sup = Supervisor(rd, NodeRun.read(rd.spec_path), handoff.secrets, handoff.token, listener, handoff.notify)
-    return sup.run()
-
 
 class Supervisor:
     def __init__(self, rd: RunDir, run: NodeRun, secrets: dict[str, str], token: str,
@@ -138,11 +110,11 @@ class Supervisor:
                                  order=spec.submitted_at, pid=os.getpid(), pid_start=pids.start_time(os.getpid()))
         self.coordinator = None
         if listener is not None:  # node 0 hosts the coordinator and reaches it on the loopback
-            self.coordinator = Coordinator(listener, token=token, run=spec.run, nodes=self.nodes,
+            self.coordinator = Coordinator(listener, token=token, run=spec.run, nodes=list(spec.members),
                                            pick_port=lambda: queue.reserve_port(rd.home, self.entry.key), say=say,
                                            stall=StallPolicy.from_spec(spec), max_restarts=spec.max_restarts,
                                            min_nodes=spec.min_nodes if spec.recovers else 0,
-                                           max_recoveries=spec.max_recoveries)
+                                           max_recoveries=spec.max_recoveries, spares=len(spec.spares))
             host, port = "127.0.0.1", run.placement.coord_port or 0
         else:
             host, port = (spec.coordinator.host, spec.coordinator.port) if spec.coordinator else ("", 0)
@@ -213,19 +185,37 @@ class Supervisor:
         while True:   # one attempt per pass; another only after a lost node (a regroup)
             admitted = self._admit()
             outcome = admitted if isinstance(admitted, Outcome) else self._run(*admitted)
+            while outcome.state == REGROUP and not self._regroup():
+                outcome = self._standby()   # a spare still: another one took the lost node's place
             if outcome.state != REGROUP:
                 return outcome
-            self._regroup()
 
-    def _regroup(self) -> None:
-        """The next attempt, on the nodes the coordinator's ``regroup`` names (:mod:`higgsfield.node.runs.regroup`)."""
+    def _regroup(self) -> bool:
+        """The next attempt, on the nodes the coordinator's ``regroup`` names (:mod:`higgsfield.node.runs.regroup`);
+        False when this node is a spare that stays one."""
         msg = self.member.regroup
         assert msg is not None
         self.member.regroup, self.member.verdict = None, None
         self.member.verdict_final.clear()
+        if self.node not in msg.nodes:
+            return False
         self.node_run, self.nodes = regroup.take(self.rd, self.node_run, msg), list(msg.nodes)
         say(f"recovery {msg.recovery}: {', '.join(msg.lost)} lost; going on on {', '.join(msg.nodes)}")
         self.notifier.event(self._note("recovered", node=msg.lost[-1], detail=f"nodes now: {', '.join(msg.nodes)}"))
+        return True
+
+    def _standby(self) -> Outcome:
+        """A spare holds its slots until a lost node's place is its own (a regroup naming it) or the run ends."""
+        while not self._stopping():
+            msg = self._next(0.5)
+            if self.member.regroup is not None:
+                return Outcome(REGROUP)
+            if isinstance(msg, (Abort, Lost)):
+                return self._ended_elsewhere(msg)
+            if isinstance(msg, Bye):   # the run ended well without it
+                return Outcome(SUCCEEDED)
+        self.member.send(Killed())
+        return Outcome(KILLED)
 
     # -- gang admission --------------------------------------------------------------------------------
 
@@ -290,6 +280,12 @@ class Supervisor:
 
     def _run(self, slots: list[int], port: int) -> Outcome:
         run = self.node_run
+        if run.spec.spare:
+            say(f"a spare of the run: holding its slots, standing by for a lost node of {', '.join(self.nodes)}")
+            record = self.rd.read()
+            record.slots = slots
+            self.rd.write(record)
+            return self._standby()
         gpu_ids = slots if self.cap.gpus else []   # CPU slots are a count, not devices
         command = torchrun.argv(run, self.rd, "python" if run.docker else (run.placement.python or sys.executable),
                                 port)

@@ -133,6 +133,7 @@ class RunRecord:
     stragglers: list[Straggler] = field(default_factory=list)   # the ranks named stragglers now (node.gang.stragglers)
     attempts: list[Attempt] = field(default_factory=list)   # every start of this name here, oldest first
     lost: list[str] = field(default_factory=list)           # nodes this run lost and went on without
+    spare: bool = False                                     # a spare standing by (until it takes a lost node's place)
 
     @property
     def terminal(self) -> bool:

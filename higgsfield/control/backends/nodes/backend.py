@@ -41,7 +41,7 @@ class NodesBackend:
                         nodes=request.nodes, max_restarts=request.max_restarts, exclusive=request.exclusive,
                         stall=request.stall(self.cfg), exclude=request.exclude,
                         allow_drift=request.allow_drift, min_nodes=request.min_nodes,
-                        max_recoveries=request.max_recoveries)
+                        max_recoveries=request.max_recoveries, spares=request.spares)
 
     @asynccontextmanager
     async def session(self, plan: Plan | None = None) -> AsyncIterator[NodesSession]:

@@ -57,12 +57,17 @@ async def admit(group: Group, cfg: Config, plan: RunPlan,
     keep_out = {**{n: f"unreachable ({why})" for n, why in report.unreachable.items()},
                 **drifted(report.differences), **(bad or {})}
     pick = pick_nodes(names, keep_out, plan.count if spare else None)
-    left = compare([f for f in report.nodes if f.node in pick.nodes])
+    spares = [n for n in names if n not in pick.nodes and n not in keep_out][:plan.spares]
+    left = compare([f for f in report.nodes if f.node in pick.nodes or f.node in spares])
     if left and not plan.allow_drift:
         raise NodesDrift(left)
     notes = pick.lines() + [f"nodes differ (--allow-drift): {d.line()}" for d in left]
-    if pick.nodes == names:
-        return group, plan, notes
+    if plan.spares:
+        notes.append(f"spare(s) standing by: {', '.join(spares) or 'none healthy'}"
+                     + (f" (of {plan.spares} asked)" if len(spares) < plan.spares else ""))
+    if pick.nodes + spares == names:
+        return group, replace(plan, spares=len(spares)), notes
     by_name = {m.name: m for m in group.members}
-    members = [Member(by_name[n].node, by_name[n].transport, i) for i, n in enumerate(pick.nodes)]
-    return Group(members), replace(plan, nodes=[m.node for m in members]), notes
+    members = [Member(by_name[n].node, by_name[n].transport, i) for i, n in enumerate(pick.nodes + spares)]
+    return Group(members), replace(plan, nodes=[m.node for m in members[:len(pick.nodes)]], spares=len(spares)), \
+        notes

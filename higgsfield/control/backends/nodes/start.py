@@ -87,6 +87,8 @@ class RunPlan:
     min_nodes: int = 0
     """The fewest nodes the run goes on on after losing some (0: every node: a lost node fails the run)."""
     max_recoveries: int = DEFAULT_MAX_RECOVERIES
+    spares: int = 0
+    """Candidates after the run's nodes that stand by, holding their slots, to take a lost node's place."""
 
     @property
     def connect_to(self) -> list[NodeConfig]:
@@ -102,7 +104,7 @@ def plan_run(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: 
              nodes: int | None = None, max_restarts: int = 0, exclusive: bool = False,
              stall: StallPolicy | None = None, exclude: tuple[str, ...] = (),
              allow_drift: bool = False, min_nodes: int | None = None,
-             max_recoveries: int | None = None) -> RunPlan:
+             max_recoveries: int | None = None, spares: int = 0) -> RunPlan:
     """Find ``experiment``, validate its params, the run name and the node count; raise before any I/O.
 
     ``stall`` None: higgsfield.yml's watchdog settings. ``exclude``: node names left out (an
@@ -117,6 +119,12 @@ def plan_run(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: 
     if nodes is not None and not 1 <= nodes <= len(candidates):
         left = f" ({len(candidates)} left after --exclude)" if exclude else ""
         raise RunError(f"--nodes {nodes}: the project has {len(cfg.nodes)} node(s) in {cfg.path}{left}")
+    if spares:
+        if nodes is None:
+            nodes = len(candidates) - spares
+        if nodes < 1 or nodes + spares > len(candidates):
+            raise RunError(f"--spares {spares}: the run's {nodes} node(s) and its spares are more than the "
+                           f"{len(candidates)} node(s) of {cfg.path}" + (" left after --exclude" if exclude else ""))
     size = nodes or len(candidates)
     if min_nodes is not None and not 1 <= min_nodes <= size:
         raise RunError(f"--min-nodes {min_nodes}: the run has {size} node(s); give 1 to {size} (the fewest it may "
@@ -126,7 +134,8 @@ def plan_run(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: 
                    max_restarts=max_restarts, exclusive=exclusive, stall=stall or stall_settings(cfg),
                    candidates=candidates, count=nodes, allow_drift=allow_drift,
                    min_nodes=0 if min_nodes is None or min_nodes >= size else min_nodes,
-                   max_recoveries=DEFAULT_MAX_RECOVERIES if max_recoveries is None else max_recoveries)
+                   max_recoveries=DEFAULT_MAX_RECOVERIES if max_recoveries is None else max_recoveries,
+                   spares=spares)
 
 
 def _candidates(cfg: Config, exclude: tuple[str, ...]) -> list[NodeConfig]:
@@ -144,7 +153,8 @@ async def launch(group: Group, cfg: Config, plan: RunPlan, *,
         from higgsfield.control.backends.nodes.data.check import refuse_stale
 
         await refuse_stale(cfg, group)
-    names = [m.name for m in group.members]
+    members = [m.name for m in group.members]   # the run's nodes, then its spares (plan.spares of them)
+    names = members[:len(members) - plan.spares]
     master = group.members[0].node
     master_addr = "127.0.0.1" if master.is_local else master.host
     token = _random.token_hex(32)  # authenticates the run's nodes to its coordinator; sent on stdin only
@@ -157,7 +167,8 @@ async def launch(group: Group, cfg: Config, plan: RunPlan, *,
             spec = RunSpec(
                 project=cfg.name, experiment=plan.experiment, run=plan.run, module=plan.module,
                 code_dir=_code_dir(cfg, m.node), params=plan.params, node=m.name, node_rank=m.rank,
-                nodes=tuple(names), master_addr=master_addr, submitted_at=submitted_at,
+                nodes=tuple(names), spares=tuple(members[len(names):]), master_addr=master_addr,
+                submitted_at=submitted_at,
                 nproc=_nproc(cfg, m.node), coordinator=coordinator, max_restarts=plan.max_restarts,
                 runtime=cfg.runtime, exclusive=plan.exclusive, attempt=attempt,
                 checkpoint_mirror=cfg.checkpoint.mirror or "", min_nodes=plan.min_nodes,
@@ -180,13 +191,13 @@ async def launch(group: Group, cfg: Config, plan: RunPlan, *,
     if results[0].ok and not port:
         results[0] = NodeResult(names[0], 0, error=RunError(
             f"the invoker on {names[0]} started no run coordinator ({UPGRADE_HINT})"))
-    if results[0].ok and len(names) > 1:
+    if results[0].ok and len(members) > 1:
         coordinator = Coordinator(host=master_addr, port=int(port or 0), node=names[0])
         results += await group[1:].run(launcher(coordinator), timeout=timeout)
     if any(not r.ok for r in results):
         await _clean_up(group, cfg, plan.run, attempt, results)
     records: list[NodeRunView] = [r.value for r in results if r.value is not None]   # decoded once, by invoke_reply
-    return RunHandle(cfg.name, plan.experiment, plan.run, names, records)
+    return RunHandle(cfg.name, plan.experiment, plan.run, members, records)
 
 
 def _name_in_use(err: CommandError, run: str, node: str) -> RunNameInUse | None:

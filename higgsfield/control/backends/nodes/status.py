@@ -26,7 +26,17 @@ from higgsfield.contract.errors import CommandError, NoSuchRun
 from higgsfield.contract.nodepart import NodePart
 from higgsfield.contract.noderuns import NodeRuns, NodeRunView, read_node_runs
 from higgsfield.contract.runstatus import RunStatus
-from higgsfield.contract.states import ACTIVE, FAILED, KILLED, LOST, QUEUED, RUNNING, STARTING, SUCCEEDED
+from higgsfield.contract.states import (
+    ACTIVE,
+    FAILED,
+    KILLED,
+    LOST,
+    QUEUED,
+    RUNNING,
+    SPARE,
+    STARTING,
+    SUCCEEDED,
+)
 from higgsfield.control.backends.nodes.output import UPGRADE_HINT, invoke
 from higgsfield.control.backends.timeouts import FINAL_POLL_S, FINAL_WAIT_S, QUERY_S, step_timeout
 from higgsfield.control.config import Config
@@ -90,7 +100,7 @@ def merge(records: Iterable[NodeRunView]) -> list[RunStatus]:
     for run, recs in by_run.items():
         recs.sort(key=lambda r: r.node_rank)
         lost = sorted({n for r in recs for n in r.lost})   # a node the run went on without: its part ended
-        live = [r for r in recs if r.node not in lost] or recs
+        live = [r for r in recs if r.node not in lost and not r.spare] or recs
         state = _merged_state({r.state for r in live})
         first = first_failure(live) if state == FAILED else None
         failing = next((r for r in live if first and r.node == first.failed_node), None)
@@ -101,7 +111,8 @@ def merge(records: Iterable[NodeRunView]) -> list[RunStatus]:
             codes.insert(0, failing.exit_code)  # the run's exit code: the failing node's
         out.append(RunStatus(
             project=recs[0].project, experiment=recs[0].experiment, run=run, state=state,
-            nodes={r.node: part_of(r) if r.node not in lost else replace(part_of(r), state=LOST) for r in recs},
+            nodes={r.node: replace(part_of(r), state=LOST if r.node in lost else SPARE) if r.node in lost or r.spare
+                   else part_of(r) for r in recs},
             created_at=min(r.created_at for r in recs),
             started_at=min(starts) if starts else None,
             ended_at=max(ends) if ends and state not in ACTIVE else None,

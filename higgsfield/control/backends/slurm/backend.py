@@ -58,9 +58,9 @@ class SlurmBackend:
         values = resolve(exp.params, dict(request.params), request.experiment)
         if request.run_name is not None:
             check_run_name(request.run_name)
-        if request.min_nodes is not None or request.max_recoveries is not None:
-            raise ConfigError("--min-nodes and --max-recoveries are for SSH nodes: on Slurm a job that loses a node "
-                              "is requeued by Slurm (--max-restarts)")
+        if request.min_nodes is not None or request.max_recoveries is not None or request.spares:
+            raise ConfigError("--min-nodes, --max-recoveries and --spares are for SSH nodes: on Slurm a job that loses "
+                              "a node is requeued by Slurm (--max-restarts)")
         settings = self.settings.override(nodes=request.nodes, time=request.time, partition=request.partition)
         if request.exclusive:
             settings = settings.model_copy(update={"exclusive": True})
