@@ -79,6 +79,7 @@ ENV_BUILD_LOG = "env-build.log"
 
 SLURM_CHECKPOINTS = "checkpoints"   # under a Slurm workdir
 SLURM_CACHE = "cache"
+HUB_META = ".cache"   # huggingface_hub's bookkeeping inside a snapshot's local_dir (a data entry drops it)
 
 RECORD = "run.json"
 SPEC = "spec.json"

@@ -23,6 +23,7 @@ import secrets
 import shutil
 from pathlib import Path
 
+from higgsfield.contract import layout
 from higgsfield.contract.data import (
     HUB_SCHEME,
     CommitRequest,
@@ -82,7 +83,7 @@ def _hub(req: IngestRequest, dest: Path) -> None:
             rest, repo_type = rest[len(prefix):], kind
     snapshot_download(repo_id=rest, repo_type=repo_type, revision=req.revision or None, local_dir=str(dest),
                       token=os.environ.get(HF_TOKEN_VAR) or None)
-    shutil.rmtree(dest / ".cache", ignore_errors=True)   # huggingface_hub's own bookkeeping, not the repo's
+    shutil.rmtree(dest / layout.HUB_META, ignore_errors=True)   # huggingface_hub's own bookkeeping, not the repo's
 
 
 def _fsspec(req: IngestRequest, dest: Path) -> None:
