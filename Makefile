@@ -64,12 +64,13 @@ testbed-down:
 
 # The lint (mypy: half a minute on a fresh clone) runs while the beds start. Then two pytests side by
 # side: the test bed's end-to-end tests, and BESIDE them tests/slurm (its own login node hfnode20 and
-# cluster; most of its time is Slurm scheduling and polling). Only it: with tests/training and
-# tests/test_install.py beside too, the side half still ran when tests/provision measured the fabric,
-# and the contention made doctor --fabric name a healthy node slow. The side half's report follows the
-# main one; the target fails if either half does (none of its tests selected is not a failure).
-# PYTEST_ARGS are options given to both halves.
-BESIDE := tests/slurm
+# cluster; most of its time is Slurm scheduling and polling) and tests/data (data push on its own hosts
+# hfnode30-32; most of its time is SSH and Docker). No more: with tests/training and tests/test_install.py
+# beside too, the side half still ran when tests/provision measured the fabric (about 12 minutes into
+# the main half), and the contention made doctor --fabric name a healthy node slow. The side half's
+# report follows the main one; the target fails if either half does (none of its tests selected is not
+# a failure). PYTEST_ARGS are options given to both halves.
+BESIDE := tests/slurm tests/data
 BESIDE_LOG := .beside-tests.log
 test: install tools
 	$(MAKE) --no-print-directory -j2 lint beds

@@ -93,7 +93,7 @@ def test_a_start_reply_is_the_nodes_record_decoded_once_into_a_view() -> None:
     full = {**RECORD, "state": "starting", "nnodes": 1, "runtime": "process", "slots": [], "exclusive": False,
             "exit_code": None, "reason": None, "started_at": None, "ended_at": None, "failed_node": None,
             "failed_rank": None, "failed_at": None, "error_tail": [], "stall": None, "stalled_at": None,
-            "stragglers": [], "attempts": [], "lost": [], "attempt": "ab12"}
+            "stragglers": [], "attempts": [], "lost": [], "spare": False, "attempt": "ab12"}
     start = decode(StartReply, full)
     assert isinstance(start, NodeRunView) and start.coord_port == 29500 and start.extra["pids"] == {"torchrun": 12}
     assert encode(start) == {**full, "version": 1}
