@@ -77,3 +77,14 @@ def test_string_key_reads_outside_the_contract_stay_few():
 ])
 def test_the_counters_see_a_planted_violation(planted, check):
     assert check(ast.parse(planted))
+
+
+def test_every_package_is_listed_for_the_wheel() -> None:
+    """pyproject.toml lists the packages by hand; one left out ships a wheel whose invoker cannot import it
+    (test_packaging builds the wheel to see it; this says it in a second, in make test-fast)."""
+    import tomllib
+
+    listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {p.parent.relative_to(PACKAGE.parent).as_posix().replace("/", ".") for p in PACKAGE.rglob("__init__.py")
+             if "__pycache__" not in p.parts}
+    assert not sorted(found - listed), f"add these to pyproject.toml's packages = [...]: {sorted(found - listed)}"
