@@ -6,7 +6,7 @@
 Three bench hosts (``bench/_bed.py``: hfnode30-32) run an FSDP2 MLP of ``--layers`` x
 ``--width``² (about 10M parameters by default, AdamW) with ``higgsfield run --min-nodes 2
 --detach``: no laptop, no mirror, checkpoints node-local with buddy copies every
-``--every`` steps. Once a checkpoint is complete on all three, node 2 is cut: its sshd and
+``--every`` steps. Three steps past the second checkpoint, node 2 is cut: its sshd and
 sessions stop, every process of its user is SIGKILLed, its container killed (what a power
 cut leaves). Each rank prints the UNIX time of its steps, of its load and of its resume;
 the survivors' records give the regroup (the new attempt's ``at``) and the new torchrun's
@@ -133,7 +133,8 @@ def one_cut(p: Project, args: argparse.Namespace, k: int) -> dict[str, float]:
     logs = [p.run_dir(h, run) / "logs" / f"rank{i}.log" for i, h in enumerate(hosts)]
     saved = f"saved step_{2 * args.every:08d}"
     _wait(lambda: all(saved in _read(f) for f in logs), 600, f"{saved} on every node")
-    time.sleep(args.every * 0.1)   # a few steps past the save
+    past = f"step {2 * args.every + 2} at"   # cut mid-interval: 3 steps past the save are redone
+    _wait(lambda: past in _read(logs[0]), 300, past)
     reached = max(int(m) for m in re.findall(r"^step (\d+) at", _read(logs[0]), re.M))
     t0 = time.time()
     _cut(hosts[2], p.name, run)
