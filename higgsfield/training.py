@@ -46,9 +46,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from higgsfield._lib import comm_meter as _comm
 from higgsfield._lib import profile_arm as _profile
 from higgsfield._lib import straggler_probe as _straggler
 from higgsfield._lib.batching import accumulation
+from higgsfield.contract.comm_cost import PEAK_FLOPS
 from higgsfield.contract.layout import progress_path
 from higgsfield.metrics import METRICS_FILE, RUN_DIR_ENV, StepMetrics, point
 
@@ -264,15 +266,13 @@ def clip_grad_norm(model: Any, optimizer: torch.optim.Optimizer, max_norm: float
     return norm.detach()
 
 
-#: Peak dense bf16 FLOP/s per GPU, for MFU; matched on the device name.
-_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A10": 125e12, "L40": 181e12, "4090": 165e12}
-
-
 def _peak_flops() -> float | None:
+    """The GPU's peak dense bf16 FLOP/s, for MFU (one table, :data:`higgsfield.contract.comm_cost.PEAK_FLOPS`:
+    doctor --fabric's step estimate reads it too); None on CPU or an unknown GPU."""
     if not torch.cuda.is_available():
         return None
     name = torch.cuda.get_device_name()
-    for key, flops in _PEAK_FLOPS.items():
+    for key, flops in PEAK_FLOPS.items():
         if key in name:
             return flops
     return None
@@ -377,9 +377,12 @@ class StepTimer:
         if lr is None and self.optimizer is not None:
             groups = getattr(self.optimizer, "param_groups", None)
             lr = float(groups[0]["lr"]) if groups else None
+        sent = _comm.take()   # this rank's cross-node bytes and seconds (DiLoCo); the ranks send alike
         m = StepMetrics(step=step, loss=value if math.isfinite(value) else float("nan"),
                         tokens_per_s=tps, step_time_s=dt, mfu=mfu, peak_memory_gib=mem,
-                        lr=None if lr is None else float(lr))
+                        lr=None if lr is None else float(lr),
+                        cross_node_bytes=None if sent is None else float(sent[0] * world_size()),
+                        comm_s=None if sent is None else sent[1])
         if self.log is not None:
             self.log.write(m)
         return m

@@ -261,6 +261,19 @@ def _render_setup(out: Any, report: SetupReport) -> None:
             out.print(f"[green]all {len(report.nodes)} node(s) ready[/] ({report.seconds:.1f}s)")
 
 
+def _model_size(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    """``--model SIZE``: a parameter count as people write it, else one line, exit 2."""
+    from higgsfield.contract.comm_cost import SIZE_FORMS, model_size
+    from higgsfield.contract.text import shown
+
+    if value is None:
+        return None
+    size = model_size(value)
+    if size is None:
+        raise click.BadParameter(f"{shown(value)} is not a model size: a number and k, m, b or t ({SIZE_FORMS})")
+    return size
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--node", "nodes", multiple=True, metavar="NODE",
@@ -271,9 +284,12 @@ def _render_setup(out: Any, report: SetupReport) -> None:
               help="With --fabric: the first K nodes.")
 @click.option("--max-bytes", type=click.IntRange(min=8), default=None, hidden=True,
               help="With --fabric: the largest all-reduce message (default 64 MiB).")
+@click.option("--model", default=None, metavar="SIZE", callback=_model_size,
+              help="With --fabric: price a step of a model of SIZE parameters (125m, 1b, 7b) on the measured "
+                   "link, in place of the project's experiments.")
 @click.pass_context
 def doctor(ctx: click.Context, as_json: bool, nodes: tuple[str, ...], fabric: bool, count: int | None,
-           max_bytes: int | None) -> None:
+           max_bytes: int | None, model: float | None) -> None:
     """Read-only preflight of every node, in parallel: SSH, sudo, Docker, GPUs, disk, clock, invoker, environment.
 
     With --fabric: a real collective benchmark over the nodes, started like a run."""
@@ -282,8 +298,8 @@ def doctor(ctx: click.Context, as_json: bool, nodes: tuple[str, ...], fabric: bo
     from higgsfield.control.doctor import diagnose
 
     cfg = get_config(ctx)
-    if fabric or count is not None or max_bytes is not None:
-        _doctor_fabric(ctx, cfg, as_json, nodes, fabric, count, max_bytes)
+    if fabric or count is not None or max_bytes is not None or model is not None:
+        _doctor_fabric(ctx, cfg, as_json, nodes, fabric, count, max_bytes, model)
         return
     if cfg.slurm is not None:  # a Slurm cluster: its login node and Slurm's view of the partition
         cfg = cfg.on_login_node()
@@ -305,22 +321,26 @@ def doctor(ctx: click.Context, as_json: bool, nodes: tuple[str, ...], fabric: bo
 
 
 def _doctor_fabric(ctx: click.Context, cfg: Any, as_json: bool, nodes: tuple[str, ...], fabric: bool,
-                   count: int | None, max_bytes: int | None) -> None:
+                   count: int | None, max_bytes: int | None, model: float | None) -> None:
     """``doctor --fabric``: exit 1 when a node is slow or unhealthy, 2 on bad options."""
     from higgsfield.contract.codec import encode
     from higgsfield.contract.fabric import MAX_BYTES
+    from higgsfield.control.cli._comm_table import render_comm
     from higgsfield.control.cli._fabric_table import render
+    from higgsfield.control.doctor.comm_advice import project_rows
     from higgsfield.control.doctor.fabric import run_fabric
 
     if not fabric:
-        raise click.UsageError("--nodes and --max-bytes go with --fabric")
+        raise click.UsageError("--nodes, --max-bytes and --model go with --fabric")
     if count is not None and nodes:
         raise click.UsageError("--nodes and --node: choose one")
     result = run_fabric(cfg, count, names=nodes, max_bytes=max_bytes or MAX_BYTES)
+    rows, unknown, note = project_rows(cfg, result, model=model)
     if as_json:
-        click.echo(json.dumps(encode(result), indent=2, sort_keys=True))
+        click.echo(json.dumps({**encode(result), "comm": encode(rows)}, indent=2, sort_keys=True))
     else:
         render(_console(), result)
+        render_comm(_console(), rows, unknown, note)
     if result.outliers or result.unhealthy:
         sys.exit(1)
 

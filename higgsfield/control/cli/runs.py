@@ -98,6 +98,7 @@ def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: 
     from higgsfield.contract.params import parse_assignments
     from higgsfield.control import secrets
     from higgsfield.control.backends import RunRequest, backend_for
+    from higgsfield.control.doctor.comm_advice import plan_line
 
     cfg = get_config(ctx)
     given = parse_assignments(params)
@@ -111,6 +112,9 @@ def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: 
                                    exclude=exclude, allow_drift=allow_drift, min_nodes=min_nodes,
                                    max_recoveries=max_recoveries, spares=spares))
     err = console(stderr=True)
+    hint = plan_line(cfg, plan)   # over half a step on the network: one line naming a mode that is not
+    if hint:
+        err.print(hint, markup=False, highlight=False)
     started: list[RunHandle] = []
     try:
         final = asyncio.run(_run(backend, plan, values, detach=detach, err=err, started=started))

@@ -48,6 +48,7 @@ from higgsfield.control.backends.pick import NotEnoughNodes
 from higgsfield.control.backends.slurm.backend import SlurmBackend
 from higgsfield.control.backends.slurm.session import SlurmPlan
 from higgsfield.control.config import Config, NodeConfig
+from higgsfield.control.doctor import fabric_cache
 from higgsfield.control.remote import open_group, select_nodes
 
 TIMEOUT_S = 600.0
@@ -114,7 +115,9 @@ async def fabric_test(cfg: Config, nodes: Sequence[NodeConfig], *, timeout: floa
     plan = fabric_plan(cfg, nodes, max_bytes=max_bytes, pair_bytes=pair_bytes)
     started = time.monotonic()
     async with open_group(cfg, plan.nodes) as group:
-        return await _benchmark(NodesSession(cfg, group), plan, timeout, started)
+        result = await _benchmark(NodesSession(cfg, group), plan, timeout, started)
+    fabric_cache.save(cfg, result)   # what 'run' prices a step's traffic on, with no network
+    return result
 
 
 async def slurm_fabric_test(cfg: Config, nodes: int | None = None, *, timeout: float = TIMEOUT_S,
@@ -127,7 +130,9 @@ async def slurm_fabric_test(cfg: Config, nodes: int | None = None, *, timeout: f
                      settings=settings)
     started = time.monotonic()
     async with backend.session(plan) as session:
-        return await _benchmark(session, plan, timeout, started)
+        result = await _benchmark(session, plan, timeout, started)
+    fabric_cache.save(cfg, result)
+    return result
 
 
 def run_fabric(cfg: Config, nodes: int | None = None, *, names: Sequence[str] = (), timeout: float = TIMEOUT_S,
