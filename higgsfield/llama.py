@@ -35,6 +35,11 @@ Why these choices:
   ``zero_stage`` implies (replicate for 0, else full): hybrid holds more per rank
   (a model that fits fully sharded may not fit one node's share), so a run asks
   for it. Rank 0 prints the choice at startup. Why: :mod:`higgsfield._lib.mesh`.
+- ``diloco=DiLoCo(every=50, outer_lr=0.7, momentum=0.9, quantize="int8")``: the nodes meet every
+  50 steps instead of every step (slow links): each node trains its own replica, sharded over
+  its ranks, and an outer Nesterov step joins the nodes' pseudo-gradients. An option beside
+  ``sharding`` because it says how often nodes talk, not over which ranks the model is sharded
+  (it shards within each node, as ``hybrid``). Why and how: :mod:`higgsfield._lib.diloco`.
 - ``precision``: ``bf16`` computes in bf16 but keeps fp32 master weights and
   reduces gradients in fp32; ``bf16_pure`` stores everything in bf16 (less
   memory, lossy updates: the original library's "bf16"); ``fp16`` keeps fp32
@@ -63,7 +68,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from higgsfield._lib import diloco as _diloco
 from higgsfield._lib import mesh as _mesh
+from higgsfield._lib.diloco import DiLoCo
 from higgsfield._lib.hf_model import (
     enable_activation_checkpointing,
     load_pretrained,
@@ -72,7 +79,7 @@ from higgsfield._lib.hf_model import (
 )
 from higgsfield.training import GradScaler, device, init_distributed
 
-__all__ = ["Llama", "Llama7b", "Llama13b", "Llama70b", "PRECISIONS", "ENGINES", "SHARDINGS"]
+__all__ = ["Llama", "Llama7b", "Llama13b", "Llama70b", "PRECISIONS", "ENGINES", "SHARDINGS", "DiLoCo"]
 
 PRECISIONS = ("bf16", "bf16_pure", "fp16", "fp32")
 ENGINES = ("fsdp", "deepspeed")
@@ -106,14 +113,17 @@ class Llama(nn.Module):
     ``transformers.LlamaConfig`` (random init from ``seed``).
     ``sharding``: ``auto`` (default), ``full``, ``hybrid`` or ``replicate``
     (see the module docstring); ``model.sharding`` is what ``auto`` chose.
+    ``diloco``: a :class:`DiLoCo` to sync the nodes every H steps only (None: every step).
     """
 
     def __init__(self, model_name_or_config: Any, zero_stage: int = 3, precision: str = "bf16",
                  engine: str = "fsdp", activation_checkpointing: bool = True, cpu_init_rank0: bool = True,
                  cpu_offload: bool = False, deepspeed_config: Mapping[str, Any] | None = None,
-                 attn_implementation: str = "sdpa", seed: int = 0, sharding: str = "auto") -> None:
+                 attn_implementation: str = "sdpa", seed: int = 0, sharding: str = "auto",
+                 diloco: DiLoCo | None = None) -> None:
         super().__init__()
         _check_args(precision, engine, zero_stage, sharding)
+        sharding = _diloco.check_with(diloco, sharding, engine, zero_stage)
         if deepspeed_config is not None and engine != "deepspeed":
             raise ValueError("deepspeed_config is only used with engine='deepspeed'")
         self.engine = engine
@@ -122,11 +132,15 @@ class Llama(nn.Module):
         self.last_loss: torch.Tensor | None = None
         self.ds_engine: Any = None
         self._ds_keepalive: Any = None
+        self.diloco, self.diloco_runner, self.inner_group = diloco, None, None
         init_distributed()
         self.config, weights = _resolve_config(model_name_or_config, attn_implementation)
         #: the mesh chosen for ``sharding`` (its ``sharding`` is never "auto"): :mod:`higgsfield._lib.mesh`
         self.mesh_plan = _mesh.choose(sharding, engine, zero_stage)
         self.sharding = self.mesh_plan.sharding
+        if diloco is not None:
+            _diloco.check_nodes(diloco, self.mesh_plan.shape)
+            _diloco.announce(diloco, self.mesh_plan.shape)
         if engine == "fsdp":
             self.module = self._build_fsdp(weights, activation_checkpointing, cpu_init_rank0, cpu_offload, seed)
         else:
@@ -160,6 +174,9 @@ class Llama(nn.Module):
             enable_activation_checkpointing(module)
 
         mesh = _mesh.build(self.mesh_plan, dev)
+        if self.diloco is not None:   # FSDP over this node's ranks only; the nodes meet in DiLoCo's outer step
+            self.node_mesh, mesh = mesh, mesh["shard"]
+            self.inner_group = mesh.get_group()
         mp = {
             "bf16": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
             "fp16": MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32),
@@ -199,6 +216,8 @@ class Llama(nn.Module):
             from higgsfield._lib import deepspeed as _deepspeed
             # Not a registered submodule: the engine wraps self.module, which is already one.
             object.__setattr__(self, "ds_engine", _deepspeed.initialize(self.module, optimizer, self.ds_config))
+        if self.diloco is not None:   # its hooks on this (inner) optimizer run the outer step every H steps
+            self.diloco_runner = _diloco.Runner(self.diloco, self.module, optimizer, self.node_mesh)
         return optimizer
 
     def forward(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -207,7 +226,7 @@ class Llama(nn.Module):
         ``batch`` holds ``input_ids`` and ``labels`` (``-100`` = not trained),
         and optionally ``attention_mask`` and ``position_ids`` (packed rows).
         The gradient of the returned value is that of the global mean loss, so
-        it does not depend on how the batch is split over ranks.
+        it does not depend on how the batch is split over ranks. Under DiLoCo: over the node's batch.
         """
         if self.engine == "deepspeed" and self.ds_engine is None:
             raise ValueError("engine='deepspeed': call model.make_optimizer(...) before the first forward")
@@ -224,9 +243,9 @@ class Llama(nn.Module):
         local_sum = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)).float(), shift_labels,
                                     ignore_index=IGNORE_INDEX, reduction="sum")
         stats = torch.stack([(shift_labels != IGNORE_INDEX).sum().float(), local_sum.detach().float()])
-        ws = dist.get_world_size()
+        ws = dist.get_world_size(self.inner_group)
         if ws > 1:
-            dist.all_reduce(stats)
+            dist.all_reduce(stats, group=self.inner_group)
         count = stats[0].clamp(min=1.0)
         mean = stats[1] / count
         self.last_loss = mean

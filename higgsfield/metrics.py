@@ -90,6 +90,10 @@ class StepMetrics:
     peak_memory_gib: float | None = None
     lr: float | None = None
     time: float = field(default_factory=time.time)   # UNIX time the step ended (the writer's clock)
+    #: bytes the run's ranks sent between nodes in this step, all ranks together, and the seconds rank 0 spent
+    #: sending them: metered where higgsfield makes the cross-node collectives itself (DiLoCo), else None
+    cross_node_bytes: float | None = None
+    comm_s: float | None = None
 
     def __str__(self) -> str:
         s = f"step {self.step:6d} | loss {self.loss:.4f} | {self.tokens_per_s:,.0f} tok/s"
@@ -99,6 +103,8 @@ class StepMetrics:
             s += f" | mfu {100 * self.mfu:.1f}%"
         if self.peak_memory_gib is not None:
             s += f" | mem {self.peak_memory_gib:.1f} GiB"
+        if self.cross_node_bytes:
+            s += f" | cross-node {self.cross_node_bytes / 1e6:,.1f} MB in {self.comm_s or 0:.2f} s"
         return s
 
     def to_json(self) -> str:

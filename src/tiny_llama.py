@@ -26,7 +26,7 @@ import torch
 from higgsfield.checkpoint import Checkpoint
 from higgsfield.dataset import PromptCompletionDataset
 from higgsfield.experiment import experiment, param
-from higgsfield.llama import Llama
+from higgsfield.llama import DiLoCo, Llama
 from higgsfield.loaders import IGNORE_INDEX, LlamaLoader
 from higgsfield.training import StepTimer, clip_grad_norm
 
@@ -102,6 +102,10 @@ def save_logits(model: Llama, loader: LlamaLoader, path: Path, rank0: bool) -> N
 @param("zero_stage", default=3, options=[0, 2, 3])
 @param("sharding", default="auto", options=["auto", "full", "hybrid", "replicate"],
        description="over which ranks: auto, full (every rank), hybrid (within each node), replicate")
+@param("diloco_every", default=0, description="DiLoCo: nodes meet every H steps (0: every step, no DiLoCo)")
+@param("outer_lr", default=0.7, description="DiLoCo's outer learning rate")
+@param("outer_momentum", default=0.9, description="DiLoCo's outer Nesterov momentum")
+@param("diloco_quantize", default="none", description="DiLoCo's pseudo-gradients: none (fp32), bf16 or int8")
 @param("hidden", default=128, description="model width")
 @param("layers", default=4, description="decoder layers")
 @param("packing", default=False, description="pack several sums per row")
@@ -120,8 +124,11 @@ def train(params) -> None:
         raise ValueError(f"global_batch={params.global_batch} must divide by the {world} ranks")
     tokenizer = make_tokenizer()
     train_rows, eval_rows = make_data()
+    diloco = None if params.diloco_every == 0 else DiLoCo(
+        every=params.diloco_every, outer_lr=params.outer_lr, momentum=params.outer_momentum,
+        quantize=None if params.diloco_quantize == "none" else params.diloco_quantize)
     model = Llama(model_config(params.hidden, params.layers), engine=params.engine, precision=params.precision,
-                  zero_stage=params.zero_stage, sharding=params.sharding,
+                  zero_stage=params.zero_stage, sharding=params.sharding, diloco=diloco,
                   activation_checkpointing=params.activation_checkpointing,
                   seed=params.get("seed", 0) or 0)
     optimizer = model.make_optimizer(torch.optim.AdamW, lr=params.lr, weight_decay=0.0, betas=(0.9, 0.98))
@@ -161,8 +168,8 @@ def train(params) -> None:
                 print(metrics if score is None else f"{metrics} | eval exact match {score:.1%}", flush=True)
             if params.metrics_file:
                 with open(Path(params.metrics_file), "a") as f:
-                    f.write(json.dumps({"step": step, "loss": metrics.loss, "eval": score,
-                                        "attempt": attempt}) + "\n")
+                    f.write(json.dumps({"step": step, "loss": metrics.loss, "eval": score, "attempt": attempt,
+                                        "cross_node_bytes": metrics.cross_node_bytes}) + "\n")
         if step == params.stop_after:
             break
     ckpt.wait()

@@ -23,6 +23,9 @@ of each node, so DCP writes it once: in a shared directory on whichever rank it 
 node-locally on node 0's rank, with :func:`copies_per_node` giving every other node its own
 copy (each node's part is then the whole model and optimizer, in its own ranks' files). DCP
 keeps each tensor's global shape, so such a step loads under any sharding on any ranks.
+
+A DiLoCo run's nodes hold different replicas under the same names: its state is keyed by node
+(:mod:`higgsfield._lib.diloco_state`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from higgsfield._lib import diloco_state
 from higgsfield._lib.atomic_files import write_bytes
 from higgsfield._lib.ckpt_agree import attempt
 from higgsfield._lib.ckpt_async import save_in_background
@@ -64,8 +68,9 @@ def save_shards(model: Any, optimizer: Any, path: Path, layout: Layout, async_gr
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    msd, osd = get_state_dict(module(model), optimizer)
-    state = {"model": msd, "optim": osd}
+    with diloco_state.paused(model):
+        msd, osd = get_state_dict(module(model), optimizer)
+    state = diloco_state.wrap(model, {"model": msd, "optim": osd})   # DiLoCo: each node's own replica
     writer: Any = None
     kw: dict[str, Any] = {"checkpoint_id": str(path)}
     if not layout.shared:
@@ -90,10 +95,13 @@ def load_shards(model: Any, optimizer: Any, path: Path, saved_world_size: int) -
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    msd, osd = get_state_dict(module(model), optimizer)
-    state: dict[str, Any] = {"model": msd, "optim": osd}
+    with diloco_state.paused(model):
+        msd, osd = get_state_dict(module(model), optimizer)
+    state: dict[str, Any] = diloco_state.wrap(model, {"model": msd, "optim": osd})
     dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(module(model), optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    state = diloco_state.unwrap(model, state)
+    with diloco_state.paused(model):
+        set_state_dict(module(model), optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
 def spread_metadata(tmp: Path, layout: Layout, writer: Any) -> str | None:

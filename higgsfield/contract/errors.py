@@ -8,7 +8,9 @@ contract, every side may import.
     HiggsfieldError                 base; ``exit_code`` is what the CLI exits with
     ├── ConfigError                 higgsfield.yml / env file is invalid (exit 2)
     ├── ExperimentError             bad @experiment/@param, unknown experiment (exit 2)
-    │   └── ParamError              a param value is missing, mistyped or not an option (exit 2)
+    │   ├── ParamError              a param value is missing, mistyped or not an option (exit 2)
+    │   └── DiLoCoError             (_lib.diloco) a DiLoCo option that cannot work: H < 1, an unknown
+    │                               quantization, one node (also a ValueError; the worker exits 2)
     ├── ScaffoldError               ``higgsfield init`` refused (exit 2)
     ├── RemoteError                 a node could not be reached or a command failed
     │   ├── ConnectError            connect/auth failed or timed out

@@ -204,8 +204,14 @@ def main(argv: list[str] | None = None, *, hard_exit: bool = False) -> int:
         if code:
             _record_error(logs, rank, f"SystemExit({e.code})", code=code)
     except BaseException as e:  # noqa: BLE001 - report every failure of user code
-        traceback.print_exc()
-        code = 1
+        from higgsfield.contract.errors import HiggsfieldError
+
+        if isinstance(e, HiggsfieldError) and e.exit_code == 2:   # an option the user chose refused (DiLoCo's)
+            print(f"error: {e}", file=sys.stderr, flush=True)         # one line, no traceback: the user's to fix
+            code = 2
+        else:
+            traceback.print_exc()
+            code = 1
         _record_error(logs, rank, f"{type(e).__name__}: {e}", code=code)
     if hard_exit:
         leave(code, logs / f"rank{rank}.done")

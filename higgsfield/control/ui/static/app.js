@@ -405,6 +405,8 @@ const CURVES = [
   {key: "lr", title: "learning rate", color: "#2f9e44"},
   {key: "mfu", title: "MFU %", color: "#9c36b5", scale: 100},
   {key: "peak_memory_gib", title: "memory GiB", color: "#e67700"},
+  {key: "cross_node_bytes", title: "cross-node MB / step", color: "#0c8599", scale: 1e-6},   /* DiLoCo's outer steps */
+  {key: "comm_s", title: "communication s / step", color: "#5f3dc4"},
 ];
 /* uPlot is loaded on the first run page only: the runs table paints without parsing it */
 let uplotReady = null;
