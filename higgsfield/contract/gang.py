@@ -20,7 +20,7 @@ Member -> coordinator: :class:`Heartbeat`; :class:`Admitted` (this node holds it
 slots); :class:`Unadmitted` (an older run took them); :class:`Ready` (committed after
 ``prepare``); :class:`Progress` (its ranks progressed); :class:`Stacks` (the answer to
 ``stall``); its last word: :class:`Finished`, :class:`Failed`, :class:`Killed` or
-:class:`Stopped` (it stopped after an abort).
+:class:`Stopped` (it stopped after an abort); :class:`Standby` (where it would host the coordinator).
 
 Coordinator -> member: :class:`Heartbeat`; :class:`Prepare`; :class:`Cancel`;
 :class:`Go` (the rendezvous port); :class:`Abort` and :class:`FinalVerdict` (a
@@ -28,7 +28,8 @@ Coordinator -> member: :class:`Heartbeat`; :class:`Prepare`; :class:`Cancel`;
 (take your ranks' stacks); :class:`Stalled` (the diagnosis); :class:`Progressing` (a
 waited-out stall ended); :class:`Restart` (kill your workers: torchrun restarts them);
 :class:`Straggling` (the ranks named stragglers now);
-:class:`Regroup` (a node was lost: the run goes on on these nodes, from its last checkpoint).
+:class:`Regroup` (a node was lost: the run goes on on these nodes, from its last checkpoint);
+:class:`Standbys` (where each member would host the coordinator, should node 0 be lost).
 
 The states either end keeps are :class:`Admission` (a member's), :class:`LastWord` and
 :class:`StallPhase` (the coordinator's).
@@ -335,6 +336,23 @@ class Regroup:
 
 
 @dataclass(frozen=True)
+class Standby:
+    """Where this member would host the run's coordinator should node 0 be lost (a port it holds bound)."""
+
+    TAG: ClassVar[str] = "standby"
+    port: int
+
+
+@dataclass(frozen=True)
+class Standbys:
+    """Every member's :class:`Standby` port by node: the next node takes over a lost node 0's coordinator there
+    (:mod:`higgsfield.node.gang.takeover`)."""
+
+    TAG: ClassVar[str] = "standbys"
+    ports: dict[str, int]
+
+
+@dataclass(frozen=True)
 class Progressing:
     """A waited-out stall ended: a node progressed again."""
 
@@ -351,13 +369,14 @@ class Restart:
 Message: TypeAlias = (Challenge | Hello | Welcome | Heartbeat
                       | Admitted | Unadmitted | Ready | Progress | Stacks | Finished | Failed | Killed | Stopped
                       | Prepare | Cancel | Go | Abort | FinalVerdict | Bye | Stall | Stalled | Progressing | Restart
-                      | Straggling | Regroup)
+                      | Straggling | Regroup | Standby | Standbys)
 
 #: Every kind on the wire, by its tag.
 KINDS: dict[str, type[Message]] = {cls.TAG: cls for cls in (
     Challenge, Hello, Welcome, Heartbeat,
     Admitted, Unadmitted, Ready, Progress, Stacks, Finished, Failed, Killed, Stopped,
-    Prepare, Cancel, Go, Abort, FinalVerdict, Bye, Stall, Stalled, Progressing, Restart, Straggling, Regroup)}
+    Prepare, Cancel, Go, Abort, FinalVerdict, Bye, Stall, Stalled, Progressing, Restart, Straggling, Regroup,
+    Standby, Standbys)}
 
 
 def claimed_kind(data: object) -> type[Message] | None:
@@ -369,5 +388,5 @@ def claimed_kind(data: object) -> type[Message] | None:
 __all__ = [
     "KINDS", "Abort", "Admission", "Admitted", "Bye", "Cancel", "Challenge", "Failed", "FinalVerdict", "Finished",
     "Go", "Heartbeat", "Hello", "Killed", "LastWord", "Message", "Prepare", "Progress", "Progressing", "Ready", "Regroup",
-    "Restart", "Stall", "StallPhase", "Stalled", "Stacks", "Stopped", "Straggling", "Unadmitted", "Welcome", "claimed_kind",
+    "Restart", "Stall", "StallPhase", "Stalled", "Stacks", "Standby", "Standbys", "Stopped", "Straggling", "Unadmitted", "Welcome", "claimed_kind",
 ]

@@ -152,7 +152,7 @@ class RunSpec:
     UNKNOWN: ClassVar[str] = "refuse"                # a node must understand a spec whole
     SPARSE: ClassVar[frozenset[str]] = frozenset({
         "attempt", "checkpoint_mirror", "stall_timeout", "startup_timeout", "on_stall", "min_nodes",
-        "max_recoveries", "spares"})
+        "max_recoveries", "spares", "addresses"})
     """Sent only when not at their default, so a spec without them reads on a node that predates them."""
 
     project: str = field(metadata=rule(check=_name))
@@ -197,6 +197,9 @@ class RunSpec:
     spares: tuple[str, ...] = field(default=(), metadata=rule(check=_nodes))
     """The run's spare nodes, in order: each holds its slots and stands by, and one takes a lost node's place.
     A spare's own spec has ``node_rank`` ``len(nodes) + i`` (its rank as a member of the run's gang)."""
+    addresses: dict[str, str] = field(default_factory=dict)
+    """Every member's address as the others reach it (node 0's is ``master_addr``), sent with a run that
+    recovers: should node 0 be lost, the next node hosts the coordinator and the rendezvous there."""
 
     @property
     def recovers(self) -> bool:

@@ -38,6 +38,8 @@ from higgsfield.contract.gang import (
     Stacks,
     Stall,
     Stalled,
+    Standby,
+    Standbys,
     StallPhase,
     Stopped,
     Straggling,
@@ -94,6 +96,8 @@ TODAY: list[tuple[Message, dict[str, object]]] = [
                                         "own_s": 0.26, "median_s": 0.2, "at": 8.0}], "at": 8.0}),
     (Regroup(nodes=("n0", "n1"), lost=("n2",), recovery=1),
      {"t": "regroup", "nodes": ["n0", "n1"], "lost": ["n2"], "recovery": 1}),
+    (Standby(29512), {"t": "standby", "port": 29512}),
+    (Standbys({"n1": 29512, "n2": 29613}), {"t": "standbys", "ports": {"n1": 29512, "n2": 29613}}),
 ]
 
 

@@ -7,7 +7,9 @@ supervisors would be), and its rule (:mod:`higgsfield.node.gang.recovery`) alone
 - a second loss past ``max_recoveries``: the verdict names it and the loss recovered from before;
 - a spare (admitted with the run, standing by) takes a lost node's place, and the run keeps its size; a spare
   lost while it stands by fails nothing;
-- a rank that crashed is no lost node, and a run without ``min_nodes`` fails as before.
+- a rank that crashed is no lost node, and a run without ``min_nodes`` fails as before;
+- node 0 (hosting the coordinator) lost: the next node takes the coordinator over on its standby port and the
+  survivors regroup there (:mod:`higgsfield.node.gang.takeover`); an heir lost too ends the run, naming both.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import TypeVar
 import pytest
 
 from higgsfield.contract.failure import Failure
+from higgsfield.contract.runspec import RunSpec
 from higgsfield.contract.gang import (
     Abort,
     Admitted,
@@ -37,6 +40,8 @@ from higgsfield.node.gang.coordinator import Coordinator
 from higgsfield.node.gang.listener import listen
 from higgsfield.node.gang.member import Inbox, Member
 from higgsfield.node.gang.recovery import WAIT, Decision, decide, next_step
+from higgsfield.node.runs.outcome import Outcome
+from higgsfield.node.runs.succession import Succession
 
 M = TypeVar("M")
 
@@ -187,7 +192,8 @@ def test_the_rule() -> None:
     assert decide([0, 1, 2], {1, 2}, lost, min_nodes=2, recoveries=0, max_recoveries=3) is None   # too few left
     assert decide([0, 1, 2], {2}, lost, min_nodes=2, recoveries=3, max_recoveries=3) is None      # none left
     assert decide([0, 1, 2], {2}, crash, min_nodes=2, recoveries=0, max_recoveries=3) is None     # a crash
-    assert decide([0, 1, 2], {0}, lost, min_nodes=1, recoveries=0, max_recoveries=3) is None      # node 0 itself
+    assert decide([0, 1, 2], {0}, lost, min_nodes=1, recoveries=0, max_recoveries=3) == \
+        Decision((1, 2), (0,))                                                                     # node 0: its heir
     assert decide([0, 1], {1}, lost, min_nodes=0, recoveries=0, max_recoveries=3, spares=(2, 3)) == \
         Decision((0, 2), (1,))                                                                     # a spare in
     assert decide([0, 1], {1}, lost, min_nodes=0, recoveries=0, max_recoveries=3) is None          # none: fail
@@ -197,3 +203,110 @@ def test_the_rule() -> None:
     final[1] = LastWord.FAILED
     assert next_step([0, 1, 2], final, lost, waited=1.0, min_nodes=2, recoveries=0,
                      max_recoveries=3) == Decision((0, 1), (2,))
+
+
+def _spec(node: str, nodes: tuple[str, ...], spares: tuple[str, ...] = (), min_nodes: int = 2) -> RunSpec:
+    members = nodes + spares
+    return RunSpec(project="p", experiment="e", run="r", module="m", code_dir="/c", params={}, node=node,
+                   node_rank=members.index(node), nodes=nodes, spares=spares, master_addr="127.0.0.1",
+                   submitted_at=1.0, min_nodes=min_nodes, max_recoveries=3,
+                   addresses={n: "127.0.0.1" for n in members})
+
+
+def test_node_0_lost_its_heir_takes_the_coordinator_over_and_the_survivors_regroup_there() -> None:
+    """n0 (hosting the coordinator) dies; n1, the next node, coordinates from its standby port, n2 joins it there,
+    both give their last words and get ``regroup`` with n1 as node 0; admission and ``go`` follow on n1, the lost
+    n0 can never join, and a planted stranger on the standby port learns nothing."""
+    g = Gang(min_nodes=2, max_recoveries=3)
+    heirs = {r: Succession(_spec(NODES[r], tuple(NODES)), listen()) for r in (1, 2)}
+    try:
+        n0, n1, n2 = g.members
+        for r, m in ((1, n1), (2, n2)):
+            heirs[r].offer(m)
+        wait = time.monotonic() + 10
+        while len(n2.standbys) < 2 and time.monotonic() < wait:
+            time.sleep(0.05)
+        assert set(n1.standbys) == set(n2.standbys) == {"n1", "n2"}
+        n0.close()
+        g.coordinator.close()   # node 0 is gone, coordinator and all
+        for m in (n1, n2):
+            wait = time.monotonic() + 10
+            while not m.lost and time.monotonic() < wait:
+                time.sleep(0.05)
+        assert heirs[1].heir(n1, _spec("n1", tuple(NODES)), NODES, False) == "n1"
+        assert heirs[2].heir(n2, _spec("n2", tuple(NODES)), NODES, False) == "n1"
+        assert heirs[2].heir(n2, _spec("n2", tuple(NODES)), NODES, True) is None   # a node being killed: no
+        joined = [heirs[r].join(m, _spec(NODES[r], tuple(NODES)), NODES, m.inbox, token=TOKEN,
+                                pick_port=lambda: 29100, stopping=lambda: False) for r, m in ((1, n1), (2, n2))]
+        assert not isinstance(joined[0], Outcome) and not isinstance(joined[1], Outcome)
+        (m1, hosted), (m2, none) = joined
+        assert hosted is not None and none is None
+        new = [m1, m2]
+        g.members += new
+        for m in new:
+            m.send(Stopped())
+        (r1, r2) = expect(new, Regroup)
+        assert r1 == r2 == Regroup(nodes=("n1", "n2"), lost=("n0",), recovery=1)
+        for m in new:
+            m.send(Admitted())
+        expect(new, Prepare)
+        for m in new:
+            m.send(Ready())
+        assert expect(new, Go)[0].port == 29100   # the heir's rendezvous port
+        late = Member("127.0.0.1", hosted.listener.getsockname()[1], token=TOKEN, run="r", rank=0, node="n0",
+                      coordinator_node="n1", inbox=queue.Queue())
+        with pytest.raises(wire.WireError):   # the lost node 0 never rejoins
+            late.connect(time.monotonic() + 3)
+        hosted.close()
+    finally:
+        g.close()
+
+
+def test_a_lost_node_0_without_a_heir_to_reach_ends_the_run_naming_both(monkeypatch: pytest.MonkeyPatch) -> None:
+    from higgsfield.node.runs import succession
+
+    monkeypatch.setattr(succession, "REGROUP_WAIT_S", 2.0)   # how long a survivor tries to reach the heir
+    g = Gang(min_nodes=1, max_recoveries=3)
+    heir = Succession(_spec("n1", tuple(NODES), min_nodes=1), listen())
+    try:
+        n0, n1, n2 = g.members
+        heir.offer(n1)
+        wait = time.monotonic() + 10
+        while "n1" not in n2.standbys and time.monotonic() < wait:
+            time.sleep(0.05)
+        n1.close()
+        heir.standby.close()   # n1, the heir, is gone too
+        n0.close()
+        g.coordinator.close()
+        wait = time.monotonic() + 10
+        while not n2.lost and time.monotonic() < wait:
+            time.sleep(0.05)
+        mine = Succession(_spec("n2", tuple(NODES), min_nodes=1), listen())
+        out = mine.join(n2, _spec("n2", tuple(NODES), min_nodes=1), NODES, n2.inbox, token=TOKEN,
+                        pick_port=lambda: 29100, stopping=lambda: False)
+        assert isinstance(out, Outcome) and out.failure is not None
+        assert out.failure.node == "n0" and "n1, which was to take it over, cannot be reached" in out.failure.reason
+    finally:
+        g.close()
+
+
+def test_a_second_loss_during_the_recovery_s_admission_is_recovered_from_too() -> None:
+    """n2 lost: regroup on n0, n1; before the next attempt's ``go``, n1 is lost as well: a second regroup, on n0
+    alone (``min_nodes=1``), numbered 2 and naming both losses; admission then completes on n0."""
+    g = Gang(min_nodes=1, max_recoveries=3)
+    try:
+        n0, n1, n2 = g.members
+        n2.close()
+        expect([n0, n1], Abort)
+        for m in (n0, n1):
+            m.send(Stopped())
+        expect([n0, n1], Regroup)
+        n0.send(Admitted())   # re-admission under way ...
+        n1.close()            # ... when n1 is lost too
+        expect([n0], Abort)
+        n0.send(Stopped())
+        (again,) = expect([n0], Regroup)
+        assert again == Regroup(nodes=("n0",), lost=("n2", "n1"), recovery=2)
+        assert g.admit([n0]) == 29001
+    finally:
+        g.close()

@@ -65,6 +65,8 @@ from higgsfield.contract.gang import (
     Ready,
     Regroup,
     Stacks,
+    Standby,
+    Standbys,
     Stopped,
     Unadmitted,
 )
@@ -89,14 +91,17 @@ class Coordinator(GangServer):
     def __init__(self, listener: socket.socket, *, token: str, run: str, nodes: list[str],
                  pick_port: Callable[[], int], join_s: float = JOIN_S,
                  say: Callable[[str], None] = lambda _m: None, stall: StallPolicy | None = None,
-                 max_restarts: int = 0, min_nodes: int = 0, max_recoveries: int = 0, spares: int = 0) -> None:
+                 max_restarts: int = 0, min_nodes: int = 0, max_recoveries: int = 0, spares: int = 0,
+                 lost_before: tuple[str, ...] = (), recovered: int = 0) -> None:
         super().__init__(listener, token=token, run=run, nodes=nodes, say=say)   # every member's name, spares last
         self.active = list(range(len(nodes) - spares))   # the member ranks of the run's nodes now
         self.spares = list(range(len(nodes) - spares, len(nodes)))   # standing by (admitted, holding slots)
         self.admission = list(range(len(nodes)))   # the members admission waits for (after a regroup: the nodes)
         self.min_nodes, self.max_recoveries = min_nodes, max_recoveries
-        self.lost_nodes: list[str] = []          # every node lost and recovered from, in order
-        self.recoveries: list[tuple[float, list[str]]] = []   # (when, the nodes lost) per recovery
+        self.lost_nodes: list[str] = list(lost_before)   # every node lost and recovered from, in order
+        self.recoveries: list[tuple[float, list[str]]] = []   # (when, the nodes lost) per recovery it made
+        self.recovered_before = recovered        # recoveries made by an earlier coordinator (node 0 lost since)
+        self.standbys: dict[str, int] = {}       # where each member would host the coordinator (node 0 lost)
         self.pick_port, self.join_s = pick_port, join_s
         self.admitted: set[int] = set()
         self.ready: set[int] = set()
@@ -148,6 +153,9 @@ class Coordinator(GangServer):
                 self.final[rank] = LastWord.FAILED
                 self._fail(replace(failure, node=node) if failure is not None   # the node is the sender's
                            else Failure(node, None, time.time(), f"node {node} failed (its report held no failure)"))
+            case Standby(port=port):
+                self.standbys[node] = port
+                self.broadcast(Standbys(dict(self.standbys)))
             case Killed():
                 self.final[rank] = LastWord.KILLED
                 if self.abort_kind is None:
@@ -163,6 +171,8 @@ class Coordinator(GangServer):
             self.broadcast(Prepare())
 
     def _joined(self, conn: Conn) -> None:
+        if self.standbys:
+            self._send(conn, Standbys(dict(self.standbys)))
         if self.abort_kind is not None:  # it joins a run that is already over
             self._send(conn, Abort.of(self._verdict_so_far()))
 
@@ -221,8 +231,8 @@ class Coordinator(GangServer):
         self.preparing, self.port, self.abort_kind, self.verdict, self.verdict_sent = False, None, None, None, False
         self.stall = self.new_stall()
         nodes = tuple(self.nodes[r] for r in self.active)
-        self.say(f"recovery {len(self.recoveries)}: {', '.join(names)} lost; the run goes on on {', '.join(nodes)}")
-        self.broadcast(Regroup(nodes=nodes, lost=tuple(self.lost_nodes), recovery=len(self.recoveries)))
+        self.say(f"recovery {self.recovered}: {', '.join(names)} lost; the run goes on on {', '.join(nodes)}")
+        self.broadcast(Regroup(nodes=nodes, lost=tuple(self.lost_nodes), recovery=self.recovered))
 
     def _spare_gone(self, rank: int, why: str) -> None:
         self.spares.remove(rank)
@@ -231,6 +241,19 @@ class Coordinator(GangServer):
             self.admission.remove(rank)
             self.admitted.discard(rank)
             self.ready.discard(rank)
+
+    def fail_lost(self, failure: Failure) -> None:
+        """A node lost before this coordinator served (node 0, when this one took it over): the run's failure."""
+        self._fail(failure)
+
+    def _spares_coming(self, now: float) -> bool:
+        return self.first_failure().lost and now - self._started <= self.join_s \
+            and any(r not in self.joined for r in self.spares)
+
+    @property
+    def recovered(self) -> int:
+        """How many recoveries the run has made, this coordinator's and any before it."""
+        return self.recovered_before + len(self.recoveries)
 
     def first_failure(self) -> Failure:
         """The failure that happened first (by the failing side's own clock), lost nodes on ties."""
@@ -259,10 +282,13 @@ class Coordinator(GangServer):
         every = all(r in self.final for r in self.active)
         settled = self.abort_kind is not None and (now - self.abort_at >= SETTLE_S or every)
         if settled and not self.verdict_sent:
+            if self.abort_kind == "failed" and self._spares_coming(now):
+                return   # a node lost: a spare that has not joined yet (a coordinator taken over) may take its place
             step = next_step(self.active, self.final, self.first_failure(), waited=now - self.abort_at,
-                             min_nodes=self.min_nodes, recoveries=len(self.recoveries),
+                             min_nodes=self.min_nodes, recoveries=self.recovered,
                              max_recoveries=self.max_recoveries,
-                             spares=tuple(self.spares)) if self.abort_kind == "failed" else None
+                             spares=tuple(r for r in self.spares if r in self.members)) \
+                if self.abort_kind == "failed" else None
             if step is not None:   # regroup now, or wait for the survivors to stop
                 return self._regroup(step) if isinstance(step, Decision) else None
             self.verdict_sent = True

@@ -11,7 +11,8 @@ stops its part of the run. Every other message reaches the inbox as the
 :mod:`higgsfield.contract.gang` dataclass it decoded to (heartbeats apart); one that did
 not decode is logged and dropped, except an ``abort`` or ``verdict``, which still ends
 the run, naming the coordinator. A ``regroup`` (the run goes on without a lost node) is
-kept in :attr:`Member.regroup` and ends the wait for a verdict, as a verdict would.
+kept in :attr:`Member.regroup` and ends the wait for a verdict, as a verdict would; the members'
+``standbys`` (where the next node would take a lost node 0's coordinator over) in :attr:`Member.standbys`.
 
 Use::
 
@@ -46,6 +47,7 @@ from higgsfield.contract.gang import (
     Hello,
     Message,
     Regroup,
+    Standbys,
     Welcome,
 )
 from higgsfield.node.gang import wire
@@ -74,6 +76,7 @@ class Member:
         self.verdict: Verdict | None = None       # the latest abort/verdict the coordinator sent
         self.verdict_final = threading.Event()           # set by "verdict" (or when the coordinator is gone)
         self.regroup: Regroup | None = None       # the run goes on on other nodes: set with verdict_final
+        self.standbys: dict[str, int] = {}        # where each member would host the coordinator (node 0 lost)
         self._chan: wire.Channel | None = None
         self._closing = threading.Event()
         self._lost = False
@@ -123,6 +126,16 @@ class Member:
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def last_heard(self) -> float:
+        """When (wall clock) the coordinator was last heard of."""
+        return self._last_rx_wall
+
+    @property
+    def lost(self) -> bool:
+        """Is the coordinator gone (its connection dropped or went silent), as opposed to having said its verdict?"""
+        return self._lost
+
     def send(self, msg: Message) -> None:
         """Send a message; a broken connection is reported to the inbox as the coordinator lost."""
         if self._chan is None or self._lost:
@@ -170,6 +183,9 @@ class Member:
                 msg = (FinalVerdict if msg.claims is FinalVerdict else Abort)("failed", failure)
             match msg:
                 case Heartbeat():
+                    continue
+                case Standbys(ports=ports):
+                    self.standbys = dict(ports)
                     continue
                 case Abort() | FinalVerdict():
                     self.verdict = msg.verdict

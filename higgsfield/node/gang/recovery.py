@@ -8,7 +8,9 @@ the run may get, how many times) is one concept, tested alone:
   (its supervisor's connection dropped or went silent). A rank that crashed is a
   failure of the run's code, which ``--max-restarts`` retries on the same nodes;
 - the survivors are the nodes that gave their last word (stopped or failed because
-  their peers vanished); node 0 is always one of them, since it hosts the coordinator;
+  their peers vanished). Node 0 is one of them while it hosts the coordinator; when it is
+  the node lost, the next node took the coordinator over (:mod:`higgsfield.node.gang.takeover`)
+  and the first survivor is the new node 0;
   a standing-by spare (admitted with the run, holding its slots) takes each lost node's place;
 - the run goes on when at least ``min_nodes`` survive and fewer than
   ``max_recoveries`` recoveries were made; otherwise it fails, its one line naming
@@ -44,7 +46,7 @@ def decide(active: list[int], lost: set[int], first: Failure, *, min_nodes: int,
     if not first.lost or not lost or recoveries >= max_recoveries or (min_nodes <= 0 and not spares):
         return None
     survivors = tuple(r for r in active if r not in lost)
-    if not survivors or survivors[0] != active[0]:
+    if not survivors:
         return None
     nodes = survivors + spares[:len(active) - len(survivors)]
     if len(nodes) < (min_nodes if min_nodes > 0 else len(active)):

@@ -82,10 +82,11 @@ def _scheme(url: str) -> str:
 
 class Notifier:
     """Sends :class:`Note` s to ``settings``' destinations from a thread; ``say`` writes the log line of a
-    failed send. A notifier with no destination (or no wanted event) does nothing and starts no thread."""
+    failed send. A notifier with no destination (or no wanted event) does nothing and starts no thread, nor
+    does one whose ``speaks()`` is false (a node that is not node 0 now: only node 0 sends)."""
 
-    def __init__(self, settings: Notify, say: Callable[[str], None]) -> None:
-        self.settings, self.say = settings, say
+    def __init__(self, settings: Notify, say: Callable[[str], None], speaks: Callable[[], bool] = lambda: True) -> None:
+        self.settings, self.say, self.speaks = settings, say, speaks
         self._queue: queue.Queue[Note | None] = queue.Queue()
         self._sent: deque[float] = deque()
         self._dropped = 0
@@ -93,7 +94,7 @@ class Notifier:
 
     def event(self, msg: Note) -> None:
         """Queue ``msg`` if its event is wanted and within the rate (the run's end always is); never blocks."""
-        if not self.settings.wants(msg.event):
+        if not self.settings.wants(msg.event) or not self.speaks():
             return
         now = time.monotonic()
         while self._sent and now - self._sent[0] > WINDOW_S:

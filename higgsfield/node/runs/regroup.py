@@ -24,7 +24,10 @@ __all__ = ["take"]
 def take(rd: RunDir, run: NodeRun, msg: Regroup) -> NodeRun:
     """This node's run on ``msg.nodes`` from now on (written to spec.json and the record)."""
     nodes = tuple(msg.nodes)
-    spec = run.spec.replace(nodes=nodes, node_rank=nodes.index(run.spec.node))
+    old = run.spec
+    # node 0 lost: the first survivor (its heir, which took the coordinator over) hosts the rendezvous too
+    master = old.master_addr if nodes[0] == old.nodes[0] else old.addresses.get(nodes[0], old.master_addr)
+    spec = old.replace(nodes=nodes, node_rank=nodes.index(old.node), master_addr=master)
     new = NodeRun(spec, run.placement)
     new.write(rd.spec_path)
     record = rd.read()

@@ -61,12 +61,7 @@ from higgsfield.contract.gang import (
     Killed,
     Message,
     Prepare,
-    Progress,
-    Progressing,
     Ready,
-    Restart,
-    Stall,
-    Stalled,
     Stopped,
     Unadmitted,
 )
@@ -75,22 +70,23 @@ from higgsfield.contract.stall_policy import StallPolicy
 from higgsfield.contract.states import FAILED, KILLED, QUEUED, RUNNING, SUCCEEDED
 from higgsfield.node.gang import queue, wire
 from higgsfield.node.gang.coordinator import Coordinator, lost_failure
+from higgsfield.node.gang.listener import listen
 from higgsfield.node.gang.member import Inbox, Lost, Member
 from higgsfield.node.gang.recovery import REGROUP_WAIT_S
 from higgsfield.node.runs import failure, progress, regroup, stragglers
 from higgsfield.node.runs.notify import Note, Notifier, ending
 from higgsfield.node.runs.outcome import REGROUP, Outcome, say
 from higgsfield.node.runs.stall_answer import StallAnswers
+from higgsfield.node.runs.succession import Succession
+from higgsfield.node.runs.watch import watch
 from higgsfield.node.runtime import torchrun
 from higgsfield.node.state import pids
 from higgsfield.node.state.placement import NodeRun
 from higgsfield.node.state.records import RunDir, finish
 
 JOIN_S = 120.0          # how long a supervisor tries to reach its run's coordinator
-ABORT_GRACE_S = 2.0     # SIGTERM to SIGKILL when another node failed (nothing to save)
 VERDICT_WAIT_S = 3.0    # how long a node that stopped waits for the coordinator's verdict
 DONE_WAIT_S = 60.0      # node 0: how long its coordinator waits for the other nodes' last word
-PROGRESS_EVERY_S = 1.0  # how often the run's progress on this node is read (and sent when it advanced)
 
 class Supervisor:
     def __init__(self, rd: RunDir, run: NodeRun, secrets: dict[str, str], token: str,
@@ -98,7 +94,8 @@ class Supervisor:
         spec = run.spec
         self.home, self.rd, self.node_run = rd.home, rd, run
         self.secrets, self.token = secrets, token
-        self.notifier = Notifier(notify or Notify(), say)   # node 0 is given destinations; the others none
+        # node 0 is given destinations (every node, when the run recovers: node 0 may be lost); node 0 sends
+        self.notifier = Notifier(notify or Notify(), say, speaks=lambda: self.node_run.spec.node_rank == 0)
         self.node = spec.node
         self.verdict_wait = VERDICT_WAIT_S + (REGROUP_WAIT_S if spec.recovers else 0.0)   # a regroup waits for all
         self.nodes = list(spec.nodes)
@@ -108,7 +105,10 @@ class Supervisor:
         self.entry = queue.Entry(project=spec.project, run=spec.run,
                                  want=queue.wanted(run.nproc, spec.exclusive, self.cap), exclusive=spec.exclusive,
                                  order=spec.submitted_at, pid=os.getpid(), pid_start=pids.start_time(os.getpid()))
-        self.coordinator = None
+        self.coordinator: Coordinator | None = None
+        # every other node of a run that recovers holds a port to host the coordinator on, should node 0 be lost
+        self.succession = Succession(spec, listen(queue.reserved_ports(rd.home))
+                                     if listener is None and spec.recovers and spec.addresses else None)
         if listener is not None:  # node 0 hosts the coordinator and reaches it on the loopback
             self.coordinator = Coordinator(listener, token=token, run=spec.run, nodes=list(spec.members),
                                            pick_port=lambda: queue.reserve_port(rd.home, self.entry.key), say=say,
@@ -120,7 +120,7 @@ class Supervisor:
             host, port = (spec.coordinator.host, spec.coordinator.port) if spec.coordinator else ("", 0)
         self.member = Member(host, port, token=token, run=spec.run, rank=spec.node_rank, node=self.node,
                              coordinator_node=self.nodes[0], inbox=self.inbox, say=say)
-        self.answers = StallAnswers(rd, self.node, send=self.member.send, on_stall=lambda: self.node_run.spec.on_stall,
+        self.answers = StallAnswers(rd, self.node, send=lambda m: self.member.send(m), on_stall=lambda: self.node_run.spec.on_stall,
                                     word=lambda d: self.notifier.event(self._note("stalled", detail=d)),
                                     set_state=self._set_state)
 
@@ -182,6 +182,7 @@ class Supervisor:
             say(str(e))
             return Outcome(FAILED, None, lost_failure(self.nodes[0], str(e), time.time()))
         self.member.start()
+        self.succession.offer(self.member)
         while True:   # one attempt per pass; another only after a lost node (a regroup)
             admitted = self._admit()
             outcome = admitted if isinstance(admitted, Outcome) else self._run(*admitted)
@@ -197,6 +198,7 @@ class Supervisor:
         assert msg is not None
         self.member.regroup, self.member.verdict = None, None
         self.member.verdict_final.clear()
+        self.succession.regrouped(msg)
         if self.node not in msg.nodes:
             return False
         self.node_run, self.nodes = regroup.take(self.rd, self.node_run, msg), list(msg.nodes)
@@ -211,7 +213,7 @@ class Supervisor:
             if self.member.regroup is not None:
                 return Outcome(REGROUP)
             if isinstance(msg, (Abort, Lost)):
-                return self._ended_elsewhere(msg)
+                return self._ended_elsewhere(msg, last=None)
             if isinstance(msg, Bye):   # the run ended well without it
                 return Outcome(SUCCEEDED)
         self.member.send(Killed())
@@ -265,8 +267,11 @@ class Supervisor:
             elif isinstance(msg, Go) and state is Admission.READY and slots is not None:
                 return slots, msg.port
 
-    def _ended_elsewhere(self, msg: Abort | Lost) -> Outcome:
-        """The run ended on another node (or node 0 was lost) before or while this node ran it."""
+    def _ended_elsewhere(self, msg: Abort | Lost, last: Message | None = Stopped()) -> Outcome:  # noqa: B008
+        """The run ended on another node (or node 0 was lost) before or while this node ran it; ``last``: this
+        node's last word, for the coordinator that takes over from a lost node 0 (:meth:`_take_over`)."""
+        if isinstance(msg, Lost) and self._heir() is not None:
+            return self._take_over(last)
         if not isinstance(msg, Lost):
             self.member.verdict_final.wait(self.verdict_wait)
         if self.member.regroup is not None:
@@ -308,7 +313,10 @@ class Supervisor:
         record.state, record.started_at = RUNNING, time.time()
         self.rd.write(record)
         self.notifier.event(self._note("started", detail=f"nodes: {', '.join(self.nodes)}"))
-        rc, cause = self._watch(handle)
+        rc, cause = watch(handle, self.rd, next_msg=self._next, send=lambda m: self.member.send(m),
+                          answers=self.answers, stopping=self._stopping,
+                          stop_grace=self.node_run.placement.stop_grace,
+                          straggling=lambda m: stragglers.noted(m, self.rd, self.notifier, self._note, say))
         code = rc if isinstance(rc, int) else None
         if self._stopping() or isinstance(cause, Killed):
             self.member.send(Killed())
@@ -334,58 +342,43 @@ class Supervisor:
             return None
         return failure.before(self.rd, self.node, code, since, cause.verdict.failure)
 
-    def _watch(self, handle: Any) -> tuple[int | str, Abort | Lost | Killed | None]:
-        """Wait for torchrun; stop it on a kill (Killed) or an abort. (exit code or engine error, what stopped it)."""
-        cause: Abort | Lost | Killed | None = None
-        stop_at = grace = 0.0
-        hard = False
-        sent_progress, read_progress = 0.0, 0.0
-        try:
-            while True:
-                try:
-                    rc = handle.poll()
-                except RunError as e:
-                    return str(e), cause
-                if rc is not None:
-                    return rc, cause
-                msg = stragglers.noted(self._next(0.2), self.rd, self.notifier, self._note, say)  # Straggling: kept
-                if cause is None and time.monotonic() - read_progress >= PROGRESS_EVERY_S:
-                    read_progress = time.monotonic()
-                    p = progress.latest(self.rd)
-                    if p is not None and p.at > sent_progress:
-                        sent_progress = p.at
-                        self.member.send(Progress(at=p.at, steps=p.steps, work=p.work))
-                if cause is None and isinstance(msg, (Stall, Stalled, Progressing, Restart)):
-                    self.answers.answer(msg)
-                    continue
-                if cause is None:
-                    if self._stopping():
-                        cause, grace = Killed(), self.node_run.placement.stop_grace
-                    elif isinstance(msg, (Abort, Lost)):
-                        cause, grace = msg, ABORT_GRACE_S
-                        told = msg.verdict
-                        why = told.failure.reason if told.failure else told.kind
-                        say(f"stopping: {why}")
-                    if cause is not None:
-                        handle.terminate(grace)
-                        stop_at = time.monotonic()
-                elif not hard and time.monotonic() - stop_at > grace + 1:
-                    hard = True
-                    handle.kill()
-        finally:
-            handle.cleanup()
-
     def _own_end(self, outcome: Outcome) -> Outcome:
         """This node's part failed: report it, then take the coordinator's verdict (the run's first failure)."""
         say(f"failed: {outcome.failure.reason if outcome.failure else None}")
         self.member.send(Failed(outcome.failure))
         self.member.verdict_final.wait(self.verdict_wait)
+        if self._heir() is not None:   # node 0 was lost (its ranks' loss failed this node's): its heir decides
+            taken = self._take_over(Failed(outcome.failure))
+            if taken.state == REGROUP or taken.failure is None:
+                return taken
+            outcome.failure = taken.failure
+            return outcome
         if self.member.regroup is not None:
             return Outcome(REGROUP)
         verdict = self.member.verdict
         if verdict and verdict.kind == "failed" and verdict.failure:
             outcome.failure = verdict.failure
         return outcome
+
+    # -- node 0 lost (:mod:`higgsfield.node.gang.takeover`) -------------------------------------------------
+
+    def _heir(self) -> str | None:
+        return self.succession.heir(self.member, self.node_run.spec, self.nodes, self._stopping())
+
+    def _take_over(self, last: Message | None) -> Outcome:
+        """Node 0 was lost: join its heir's coordinator (hosting it, when this node is the heir), give this node's
+        last word, and take what it decides: a regroup, or the verdict (:mod:`higgsfield.node.runs.succession`)."""
+        old = self.member
+        joined = self.succession.join(old, self.node_run.spec, self.nodes, self.inbox, token=self.token,
+                                      pick_port=lambda: queue.reserve_port(self.home, self.entry.key),
+                                      stopping=self._stopping)
+        if isinstance(joined, Outcome):
+            return joined
+        self.member, self.coordinator = joined[0], joined[1] or self.coordinator
+        if last is not None:
+            self.member.send(last)
+        assert old.verdict is not None   # the lost coordinator's: what the run ends with if the heir says nothing
+        return self._standby() if self.node_run.spec.spare else self._ended_elsewhere(Abort.of(old.verdict))
 
     def _own_failure(self, reason: str) -> Failure:
         return Failure(self.node, None, time.time(), reason)

@@ -155,8 +155,10 @@ async def launch(group: Group, cfg: Config, plan: RunPlan, *,
         await refuse_stale(cfg, group)
     members = [m.name for m in group.members]   # the run's nodes, then its spares (plan.spares of them)
     names = members[:len(members) - plan.spares]
-    master = group.members[0].node
-    master_addr = "127.0.0.1" if master.is_local else master.host
+    master_addr = _address(group.members[0].node)
+    # a run that recovers may lose node 0: every member then knows where the next one listens
+    recovers = plan.max_recoveries > 0 and (plan.spares > 0 or plan.min_nodes > 0)
+    addresses = {m.name: _address(m.node) for m in group.members} if recovers and len(members) > 1 else {}
     token = _random.token_hex(32)  # authenticates the run's nodes to its coordinator; sent on stdin only
     submitted_at = time.time()  # the FIFO order of every node's queue
     attempt = _random.token_hex(8)  # marks what this start makes, so its clean-up stops nothing else
@@ -172,9 +174,9 @@ async def launch(group: Group, cfg: Config, plan: RunPlan, *,
                 nproc=_nproc(cfg, m.node), coordinator=coordinator, max_restarts=plan.max_restarts,
                 runtime=cfg.runtime, exclusive=plan.exclusive, attempt=attempt,
                 checkpoint_mirror=cfg.checkpoint.mirror or "", min_nodes=plan.min_nodes,
-                max_recoveries=plan.max_recoveries, **plan.stall.spec_fields())
+                max_recoveries=plan.max_recoveries, addresses=addresses, **plan.stall.spec_fields())
             payload = json.dumps(encode(StartRequest(spec, secrets=dict(secrets or {}), token=token,
-                                                     notify=notify if m.rank == 0 else Notify())))
+                                                     notify=notify if m.rank == 0 or addresses else Notify())))
             try:
                 return await invoke_reply(m.transport, cfg, ["start"], StartReply, input=payload)
             except CommandError as e:
@@ -198,6 +200,11 @@ async def launch(group: Group, cfg: Config, plan: RunPlan, *,
         await _clean_up(group, cfg, plan.run, attempt, results)
     records: list[NodeRunView] = [r.value for r in results if r.value is not None]   # decoded once, by invoke_reply
     return RunHandle(cfg.name, plan.experiment, plan.run, members, records)
+
+
+def _address(node: NodeConfig) -> str:
+    """A node's address as the run's other nodes reach it (its rendezvous and, as node 0, its coordinator)."""
+    return "127.0.0.1" if node.is_local else node.host
 
 
 def _name_in_use(err: CommandError, run: str, node: str) -> RunNameInUse | None:
