@@ -169,9 +169,12 @@ def test_int8_keeps_each_value_within_half_a_step_of_its_block():
 # -- the step metrics: what the dashboard and `higgsfield metrics` read ---------------------------------------------
 
 
-def test_step_metrics_carry_the_cross_node_bytes_and_time(single_rank, monkeypatch):
+def test_step_metrics_carry_the_cross_node_bytes_and_time(single_rank, monkeypatch, tmp_path):
     from higgsfield._lib import comm_meter
-    from higgsfield.metrics import decode_line
+    from higgsfield.metrics import METRICS_FILE, StepMetrics, decode_line, point
+    from higgsfield.node.observe.metrics import read_metrics
+    from higgsfield.node.state.home import NodeState
+    from higgsfield.node.state.records import RunDir
     from higgsfield.training import StepTimer
 
     for key, value in (("armed", False), ("bytes", 0), ("seconds", 0.0)):
@@ -187,3 +190,8 @@ def test_step_metrics_carry_the_cross_node_bytes_and_time(single_rank, monkeypat
     assert timer.step(2, 2.0, 10).cross_node_bytes == 0              # an inner step: none
     back = decode_line(m.to_json())
     assert (back.cross_node_bytes, back.comm_s) == (1_500_000.0, 0.25)
+    rd = RunDir(NodeState(tmp_path), "p", "r")   # the node's reader, what `metrics` and the dashboard get
+    rd.make()
+    (rd.path / METRICS_FILE).write_text(m.to_json() + "\n")
+    (read,) = [x for x in read_metrics(rd) if isinstance(x, StepMetrics)]
+    assert point(read)["cross_node_bytes"] == 1_500_000.0 and point(read)["comm_s"] == 0.25
