@@ -22,7 +22,6 @@ from typing import TypeVar
 import pytest
 
 from higgsfield.contract.failure import Failure
-from higgsfield.contract.runspec import RunSpec
 from higgsfield.contract.gang import (
     Abort,
     Admitted,
@@ -35,6 +34,7 @@ from higgsfield.contract.gang import (
     Regroup,
     Stopped,
 )
+from higgsfield.contract.runspec import RunSpec
 from higgsfield.node.gang import wire
 from higgsfield.node.gang.coordinator import Coordinator
 from higgsfield.node.gang.listener import listen

@@ -7,18 +7,17 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from higgsfield.control.cli._common import console, get_config
+from higgsfield.control.cli._notes import merge_notes
 
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from higgsfield.control.doctor import DoctorReport
     from higgsfield.control.provision import SetupReport
 
 def _console() -> Any:
@@ -181,24 +180,6 @@ def _progress_table(nodes: list[str], steps: list[str], state: dict[tuple[str, s
     return table
 
 
-def merge_notes(notes: Iterable[tuple[str, str, Mapping[str, str | None]]]) -> list[tuple[str, list[str]]]:
-    """Notes (text, node, {placeholder: that node's name for it}) as one line each for the nodes whose notes
-    differ only in those names (16 "added hfnodeN to the docker group" -> "added <user> to the docker
-    group" for 16 nodes); a note alone keeps its names. In first-seen order."""
-    groups: dict[str, list[tuple[str, str]]] = {}
-    for text, node, names in notes:
-        template = text
-        for placeholder, value in names.items():
-            if value:
-                template = re.sub(rf"(?<![\w.-]){re.escape(value)}(?![\w.-])", placeholder, template)
-        groups.setdefault(template, []).append((text, node))
-    merged = []
-    for template, items in groups.items():
-        texts = {t for t, _ in items}
-        merged.append((texts.pop() if len(texts) == 1 else template, [n for _, n in items]))
-    return merged
-
-
 def _nodes_named(where: list[str], total: int) -> str:
     """``all nodes``, or the names, with runs of numbered names shortened (hfnode30..hfnode45)."""
     if len(where) == total > 1:
@@ -301,13 +282,19 @@ def doctor(ctx: click.Context, as_json: bool, nodes: tuple[str, ...], fabric: bo
     if fabric or count is not None or max_bytes is not None or model is not None:
         _doctor_fabric(ctx, cfg, as_json, nodes, fabric, count, max_bytes, model)
         return
+    from higgsfield.control.doctor.lost import lost_nodes
+
     if cfg.slurm is not None:  # a Slurm cluster: its login node and Slurm's view of the partition
         cfg = cfg.on_login_node()
     report = asyncio.run(diagnose(cfg, nodes=nodes or None))
+    lost = lost_nodes(report.runs, report)   # the nodes active runs lost (their survivors' records say so)
     if as_json:
-        click.echo(json.dumps(encode(report.as_json()), indent=2, sort_keys=True))
+        click.echo(json.dumps({**encode(report.as_json()), "lost": encode(lost)}, indent=2, sort_keys=True))
     else:
-        _render_doctor(_console(), report)
+        from higgsfield.control.cli._doctor_table import render_doctor, render_lost
+
+        render_doctor(_console(), report)
+        render_lost(_console(), lost)
         if cfg.data:   # each data: entry's version per node, a node that differs named
             from higgsfield.control.backends.nodes.data.check import data_versions
             from higgsfield.control.cli.data import render_versions
@@ -343,40 +330,3 @@ def _doctor_fabric(ctx: click.Context, cfg: Any, as_json: bool, nodes: tuple[str
         render_comm(_console(), rows, unknown, note)
     if result.outliers or result.unhealthy:
         sys.exit(1)
-
-
-def _render_doctor(out: Any, report: DoctorReport) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    from higgsfield.control.doctor.report import CheckName
-
-    table = Table(title="higgsfield doctor", title_justify="left")
-    present = {c for n in report.nodes for c in n.checks}
-    columns = [(c, _TITLES.get(c, c)) for c in CheckName.ALL if c not in _SLURM_COLUMNS or c in present]
-    if CheckName.SLURM in present:  # a cluster's login node: no sudo, Docker or local GPUs to check
-        columns = [(c, title) for c, title in columns if c not in _NOT_ON_A_LOGIN_NODE]
-    table.add_column("node")
-    for _, title in columns:
-        table.add_column(title)
-    for n in report.nodes:
-        table.add_row(n.node, *(_cell(n.checks.get(c)) for c, _ in columns))
-    out.print(table)
-    problems = [(f"{name}: {p.problem}" + (f" -> fix: {p.fix}" if p.fix else ""), n.node, {"<node>": n.node})
-                for n in report.nodes for name, p in n.checks.items() if not p.ok and p.problem]
-    for text, where in merge_notes(problems):
-        out.print(f"[bold red]✗[/] {escape(', '.join(where))}: {escape(text)}")
-    if report.ok:
-        out.print(f"[green]all {len(report.nodes)} node(s) look ready[/] ({report.seconds:.1f}s)")
-
-
-_TITLES = {"gpus": "GPUs", "disk": "free disk", "usage": "disk usage"}   # else the check's name
-_SLURM_COLUMNS = ("slurm", "partition", "account")        # a cluster's login node's only (CheckName's)
-_NOT_ON_A_LOGIN_NODE = ("sudo", "docker", "gpus", "disk", "rendezvous")
-
-
-def _cell(check: Any) -> str:
-    if check is None:
-        return "[dim]-[/]"
-    style = "green" if check.ok else "bold red"
-    return f"[{style}]{check.summary}[/]"

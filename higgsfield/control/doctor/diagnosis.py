@@ -11,11 +11,15 @@ because it is the one part that talks to the nodes and holds the others together
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from higgsfield.contract.decode import DecodeError
 from higgsfield.contract.errors import ConnectError, HostKeyError, HostNotPinnedError
+from higgsfield.contract.noderuns import NodeRunView, read_node_runs
+from higgsfield.control.backends.nodes.status import merge
 from higgsfield.control.doctor.checks import (
     _clock,
     _disk,
@@ -28,7 +32,7 @@ from higgsfield.control.doctor.checks import (
     _usage,
 )
 from higgsfield.control.doctor.drift import check_drift
-from higgsfield.control.doctor.probe import COMMAND_TIMEOUT_S, Facts, reads
+from higgsfield.control.doctor.probe import COMMAND_TIMEOUT_S, Facts, reads, runs_argv
 from higgsfield.control.doctor.rendezvous import _rendezvous
 from higgsfield.control.doctor.report import CheckName, DoctorReport, NodeDiagnosis, Probe
 from higgsfield.control.remote.fanout import Group, Member, NodeResult, select_nodes
@@ -43,10 +47,11 @@ async def diagnose(cfg: Config, nodes: Sequence[str] | None = None) -> DoctorRep
     start = time.monotonic()
     group = Group.of(cfg, select_nodes(cfg, names=nodes or ()))  # verify host keys, never pin
     diags = {m.name: NodeDiagnosis(m.name, cfg.nodes.index(m.node)) for m in group.members}
+    records: list[NodeRunView] = []   # the project's runs, as each node's records say (read by the same probe)
     try:
         connected = await group.run(lambda m: _connect(cfg, m, diags[m.name]))
         up = Group([m for m, r in zip(group.members, connected, strict=True) if r.value])
-        checked, _, drift = await asyncio.gather(up.run(lambda m: _check_node(cfg, m, diags[m.name])),
+        checked, _, drift = await asyncio.gather(up.run(lambda m: _check_node(cfg, m, diags[m.name], records)),
                                                  _rendezvous(cfg, group, up, diags),
                                                  check_drift(cfg, up, diags) if cfg.slurm is None else _none())
         results: list[NodeResult[Any]] = [*connected, *checked]
@@ -54,14 +59,14 @@ async def diagnose(cfg: Config, nodes: Sequence[str] | None = None) -> DoctorRep
             diags[r.node].checks[CheckName.SSH] = Probe(False, "error", f"the checks could not run: {r.reason}")
     finally:
         await group.close()
-    return DoctorReport(list(diags.values()), time.monotonic() - start, drift=drift)
+    return DoctorReport(list(diags.values()), time.monotonic() - start, drift=drift, runs=merge(records))
 
 
 async def _none() -> None:
     return None
 
 
-async def _check_node(cfg: Config, m: Member, d: NodeDiagnosis) -> None:
+async def _check_node(cfg: Config, m: Member, d: NodeDiagnosis, records: list[NodeRunView]) -> None:
     p = await probe(m.transport, [Read(a, timeout=COMMAND_TIMEOUT_S) for a in reads(cfg, m.node)], clock=True,
                     timeout=COMMAND_TIMEOUT_S + 10)
     if p.error is not None:  # every check reads the probe's answers: without python3 none can run
@@ -84,6 +89,15 @@ async def _check_node(cfg: Config, m: Member, d: NodeDiagnosis) -> None:
     d.checks[CheckName.INVOKER] = _invoker(cfg, m.node, facts)
     d.checks[CheckName.ENVIRONMENT] = _environment(cfg, m.node, facts)
     d.checks[CheckName.USAGE] = _usage(cfg, m.node, facts)
+    records.extend(_records(facts(runs_argv(cfg, m.node)).stdout))
+
+
+def _records(stdout: str) -> list[NodeRunView]:
+    """A node's run records from its ``invoker status`` (none when it did not answer as this release does)."""
+    try:
+        return list(read_node_runs(json.loads(stdout)).runs)
+    except (ValueError, DecodeError):
+        return []
 
 
 async def _connect(cfg: Config, m: Member, d: NodeDiagnosis) -> bool:

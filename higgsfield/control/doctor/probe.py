@@ -51,7 +51,8 @@ def reads(cfg: Config, node: NodeConfig) -> list[tuple[str, ...]]:
     env = _env_argv(cfg, node)
     if cfg.slurm is not None:  # a cluster's login node: Slurm's view instead of sudo, Docker and local GPUs
         return [_version_argv(cfg, node), _usage_argv(cfg, node), *([env] if env else []), *_slurm_reads(cfg.slurm)]
-    out = [SUDO_OK, DOCKER_INFO, GPU_QUERY, SMI, DF_HOME, DF_IMAGES, _version_argv(cfg, node), _usage_argv(cfg, node)]
+    out = [SUDO_OK, DOCKER_INFO, GPU_QUERY, SMI, DF_HOME, DF_IMAGES, _version_argv(cfg, node), _usage_argv(cfg, node),
+           runs_argv(cfg, node)]
     return out + ([env] if env else [])
 
 
@@ -65,6 +66,11 @@ def _version_argv(cfg: Config, node: NodeConfig) -> tuple[str, ...]:
 
 def _usage_argv(cfg: Config, node: NodeConfig) -> tuple[str, ...]:
     return (*invoker_argv(cfg, node), "usage", "--project", cfg.name)
+
+
+def runs_argv(cfg: Config, node: NodeConfig) -> tuple[str, ...]:
+    """The node's records of the project's runs (the nodes active runs lost: :mod:`higgsfield.control.doctor.lost`)."""
+    return (*invoker_argv(cfg, node), "status", "--project", cfg.name)
 
 
 def _env_argv(cfg: Config, node: NodeConfig) -> tuple[str, ...] | None:

@@ -12,6 +12,7 @@ from typing import Any, Final
 import higgsfield
 from higgsfield.contract.codec import rule
 from higgsfield.contract.drift import DriftReport, report_json
+from higgsfield.contract.runstatus import RunStatus
 
 
 class CheckName:
@@ -66,6 +67,8 @@ class DoctorReport:
     seconds: float = 0.0
     drift: DriftReport | None = None
     """The nodes compared (:mod:`higgsfield.control.doctor.drift`); None: fewer than two, or a Slurm cluster."""
+    runs: list[RunStatus] = field(default_factory=list)
+    """The project's runs as the nodes' records say, for the nodes active runs lost (:mod:`.lost`; not in --json)."""
 
     @property
     def ok(self) -> bool:
