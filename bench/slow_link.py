@@ -3,8 +3,10 @@
 A ~20M-parameter LLaMA (hidden 576, 6 layers) on tiny_llama's sums, the same token budget, data,
 seed, AdamW and learning rate in every mode (``bench/_slow_link_worker.py``). Each node is a torchrun
 agent in its own UTS + mount namespace whose hostname resolves to its own loopback address (the bench
-hosts' 127.0.0.32 and .33), so gloo binds there: traffic within a node stays on its address, traffic
-between the nodes goes from one address to the other, and only that is throttled. The link: an htb
+hosts' 127.0.0.32 and .33), so gloo listens there, and a small LD_PRELOAD shim (``bench/_bind_src.c``)
+makes the node's outgoing connections leave from there too (the kernel would pick 127.0.0.1): traffic
+within a node stays on its address, traffic between the nodes goes from one address to the other, and
+only that is throttled. The link: an htb
 class and a tbf per direction at RATE on ``lo`` (the fabric test's and bench/data_push.py's recipe;
 iptables' CLASSIFY picks the packets by source and destination; this kernel has no netem), and the
 same iptables rules count the bytes that crossed (TCP/IP headers included).
@@ -12,7 +14,7 @@ same iptables rules count the bytes that crossed (TCP/IP headers included).
 What runs, for each mode:
 
 1. at 1 Gbit/s, the whole budget (STEPS steps): tokens/s, cross-node bytes, the held-out loss at the end;
-2. at 100 Mbit/s, a window: 6 steps of full and hybrid (the first dropped as warm-up), and one whole
+2. at 100 Mbit/s, a window: 4 steps of full and hybrid (the first dropped as warm-up), and one whole
    outer period of DiLoCo (50 steps, its outer step included): tokens/s and bytes per step. A whole
    budget of full FSDP at 100 Mbit/s would take about half an hour here; the arithmetic, and so the
    loss and the bytes, do not depend on the link, only the time does.
@@ -43,6 +45,7 @@ import _bed
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "bench" / "_slow_link_worker.py"
+SHIM = REPO / "bench" / "_bind_src.c"
 NODES = ((30, "127.0.0.32"), (31, "127.0.0.33"))   # bench hosts 30 and 31's addresses (bench/_bed.py)
 MODES = ("full", "hybrid", "diloco")
 
@@ -66,11 +69,12 @@ def link(rate: str) -> Iterator[None]:
         _run("tc", "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "10", "r2q", "1000")
         _run("tc", "class", "add", "dev", "lo", "parent", "1:", "classid", "1:10", "htb", "rate", "100gbit",
              "burst", "10mb")
+        burst = "1mb" if rate.endswith("gbit") else "256kb"   # a tbf passes at most a burst per timer tick
         for cls in ("20", "30"):
             _run("tc", "class", "add", "dev", "lo", "parent", "1:", "classid", f"1:{cls}", "htb", "rate", rate,
-                 "burst", "256kb")
+                 "burst", burst)
             _run("tc", "qdisc", "add", "dev", "lo", "parent", f"1:{cls}", "handle", f"{cls}:", "tbf", "rate", rate,
-                 "burst", "256kb", "latency", "400ms")
+                 "burst", burst, "latency", "400ms")
         for rule in _rules():
             _run("iptables", "-t", "mangle", "-A", *rule)
         yield
@@ -88,8 +92,16 @@ def crossed() -> int:
                if len(f) > 8 and f[2] == "CLASSIFY" and {f[7], f[8]} == pair)
 
 
+def build_shim(work: Path) -> Path:
+    """bench/_bind_src.c built into ``work`` (a node's connections leave from its own address; why: there)."""
+    lib = work / "bind_src.so"
+    _run("gcc", "-shared", "-fPIC", "-O2", "-o", str(lib), str(SHIM), "-ldl")
+    return lib
+
+
 def launch(mode: str, steps: int, work: Path, evaluate: bool) -> dict:
     """The worker on 2 namespaced nodes x 2 ranks; rank 0's result, plus the bytes that crossed."""
+    shim = work / "bind_src.so" if (work / "bind_src.so").is_file() else build_shim(work)
     hosts = work / "hosts"
     hosts.write_text("127.0.0.1 localhost\n" + "".join(f"{addr} hfb-n{i}\n" for i, addr in NODES))
     with socket.socket() as s:
@@ -98,8 +110,9 @@ def launch(mode: str, steps: int, work: Path, evaluate: bool) -> dict:
     out = work / f"{mode}-{steps}-{time.monotonic_ns()}.json"
     before = crossed()
     procs = []
-    for rank, (i, _addr) in enumerate(NODES):
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    for rank, (i, addr) in enumerate(NODES):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+               "LD_PRELOAD": str(shim), "HF_BIND_SRC": addr}
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(rank),
                     "--nproc_per_node", "2", "--master_addr", NODES[0][1], "--master_port", str(port),
                     str(WORKER), mode, str(steps), str(out), *([] if evaluate else ["--no-eval"])]
@@ -148,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         with link("100mbit"):
             for mode in MODES:
                 t0 = time.monotonic()
-                r = launch(mode, 50 if mode == "diloco" else 6, work, evaluate=False)
+                r = launch(mode, 50 if mode == "diloco" else 4, work, evaluate=False)
                 figures[f"100mbit/{mode}"] = r
                 _bed.say(f"100 Mbit/s {mode}: {tokens_per_s(r, 1):,.0f} tok/s, "
                          f"{r['crossed'] / r['steps'] / 1e6:,.2f} MB crossed a step ({time.monotonic() - t0:.0f} s)")
