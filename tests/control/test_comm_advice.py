@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from helpers_project import run_cli, write
 
+from higgsfield.contract.codec import encode
 from higgsfield.contract.fabric import FabricResult, GpuRow, NodeRow, PairRow, SizeRow
 from higgsfield.contract.fabric_last import LastFabric
 from higgsfield.control.config import load_config
@@ -152,6 +153,9 @@ def test_doctor_rows_for_the_project_and_for_a_model_size(tmp_path: Path) -> Non
     assert "no model size known for regression" in text
     (model_row,), unknown, _ = ca.project_rows(cfg, fabric(1.2), model=1e9)
     assert model_row.experiment == "--model 1B" and unknown == []
+    (shown,) = encode([model_row])                  # --json's "comm": the documented keys
+    assert sorted(shown) == ["compute_s", "estimates", "experiment", "nodes", "params", "ranks_per_node", "source"]
+    assert [sorted(e) for e in shown["estimates"]] == [["cross_bytes", "label", "mode", "seconds"]] * 3
 
 
 def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
