@@ -1,6 +1,7 @@
 """The GPU suite (issue 31): one script, one Markdown table, for the minutes a GPU is lent.
 
     .venv/bin/python bench/gpu_suite.py --out gpu_suite.md     # one H100/H200: at most 8 minutes
+    python bench/gpu_suite.py --out "$OUT/gpu_suite.md"        # on a lent machine (the run tool's $OUT)
     .venv/bin/python bench/gpu_suite.py --dry-run              # the same code paths on CPU, tiny, no GPU
 
 What it measures, each part in a process of its own (a part that crashes, runs out of memory or
@@ -114,6 +115,11 @@ def train_task(p: Preset, engine: str, compiled: bool, ac: bool) -> dict[str, An
     model = _model(p, engine, ac)
     opt = model.make_optimizer(torch.optim.AdamW, lr=1e-4)
     if compiled:   # each decoder layer's forward, as torchtitan compiles per block; FSDP2's hooks stay outside
+        import torch._dynamo
+
+        for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit"):
+            if hasattr(torch._dynamo.config, name):   # 22 layers share one code object: no eager fallback at 8
+                setattr(torch._dynamo.config, name, max(256, getattr(torch._dynamo.config, name)))
         for layer in model.module.model.layers:
             layer.forward = torch.compile(layer.forward, backend=p.compile_backend)
     batch = _batch(p)
