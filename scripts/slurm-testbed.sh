@@ -13,6 +13,9 @@
 #   exec    run a command as if on the login node (netns mode: inside the controller's namespace,
 #           with the nodes' names resolvable), with SLURM_CONF set.
 #   check   smoke test of a running cluster: `srun -N2` and `sbatch --wait -N2` really span 2 nodes.
+#   node-kill nX   a node's power cut: SIGKILL every process of node nX (its slurmd, job steps and their
+#           tasks: all that runs in its UTS namespace); slurmctld finds it gone after SlurmdTimeout.
+#   node-start nX  start node nX's slurmd again; it registers and is idle again (ReturnToService=2).
 #
 # Modes (SLURM_TB_MODE, remembered by `up` for down/status). multi is the default: every address is on
 # the loopback; netns puts private addresses inside namespaces that this script creates and removes.
@@ -439,6 +442,29 @@ case "$cmd" in
     [ "$(grep -c '^step ' "$TB/check/out")" = 2 ] && [ "$(awk '/^step /{print $4}' "$TB/check/out" | sort -u | wc -l)" = 2 ] \
       || die "batch step did not span 2 hosts"
     log "slurm-testbed: check passed";;
+  node-kill)
+    load_state; node=${2:-}; [ -n "$node" ] || die "usage: $0 node-kill nX"
+    pid=$(pidof_file "$TB/run/slurmd-$node.pid")
+    alive "$pid" "$CONF" || die "slurmd of $node is not running"
+    uts=$(readlink "/proc/$pid/ns/uts")
+    [ "$uts" != "$(readlink /proc/self/ns/uts)" ] || die "slurmd of $node shares this UTS namespace"
+    for p in /proc/[0-9]*; do
+      [ "$(readlink "$p/ns/uts" 2>/dev/null)" = "$uts" ] && kill -9 "${p#/proc/}" 2>/dev/null || true
+    done
+    rm -f "$TB/run/slurmd-$node.pid"
+    log "slurm-testbed: $node cut off (slurmd $pid and its namespace's processes killed)";;
+  node-start)
+    load_state; node=${2:-}; i=${node#n}; [ -n "$node" ] && [ "$i" != "$node" ] || die "usage: $0 node-start nX"
+    if ! alive "$(pidof_file "$TB/run/slurmd-$node.pid")" "$CONF"; then
+      close_inherited_fds
+      if [ "$MODE" = netns ]; then ns_start "$NS_PREFIX-$node" "$node" slurmd -f "$CONF" -N "$node"
+      else ns_start "" "$node" slurmd -f "$CONF" -N "$node"; fi
+    fi
+    for _ in $(seq 300); do
+      st=$(client sinfo -h -N -n "$node" -o '%T' 2>/dev/null || true)
+      case "$st" in idle|allocated|mixed) break;; esac; sleep 0.1
+    done
+    case "$st" in idle|allocated|mixed) log "slurm-testbed: $node is $st";; *) die "$node is '$st' 30 s after its slurmd started";; esac;;
   exec)
     shift; [ $# -gt 0 ] || die "usage: slurm-testbed.sh exec CMD [ARGS...]"
     load_state
@@ -449,5 +475,5 @@ case "$cmd" in
       SLURM_CONF=$CONF PATH="$TB/bin:$PATH" exec unshare --mount --propagation private -- \
         sh -c 'mount --bind "$1" /etc/hosts && shift && exec "$@"' sh "$TB/hosts" "$@"
     fi;;
-  *) die "usage: slurm-testbed.sh up [N] | down | status | env | check | exec CMD...";;
+  *) die "usage: slurm-testbed.sh up [N] | down | status | env | check | node-kill nX | node-start nX | exec CMD...";;
 esac

@@ -2,7 +2,7 @@
 
 The run directory lives in the cluster's shared workdir (the job's state dir): its
 ``request.json`` (what the control side asked, decoded once), its ``secrets.json``
-(taken and deleted first thing, written back only for the job's own requeue), its
+(taken and deleted first thing, written back while the job may be requeued), its
 record, and the record of a start that failed. Apart from the roles because each of
 the batch step, the node task and the stacks task reads or writes these the same way.
 """

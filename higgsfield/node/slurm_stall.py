@@ -26,6 +26,10 @@ It saves them all in the run's ``stacks.json``, diagnoses them
   requeue is how it restarts.)
 - ``wait``: the record says ``stalled`` (with the diagnosis) while Slurm runs the job, and
   ``running`` again once a rank progresses.
+
+The same loop names a straggler (:meth:`StallWatch.judge`): every rank's own work per step is in
+the shared run directory too, so the batch step applies an SSH run's straggler rule to all of
+them and keeps the finding in the record (``stragglers``), whatever ``on_stall`` says.
 """
 
 from __future__ import annotations
@@ -36,15 +40,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from higgsfield.contract.codec import encode
-from higgsfield.contract.layout import ranks_of_node
+from higgsfield.contract.layout import node_of_rank, ranks_of_node
 from higgsfield.contract.runspec import RunSpec
 from higgsfield.contract.slurm_stacks import SRUN_WAIT_S, NodeStacks, parse_srun, srun_argv
 from higgsfield.contract.stacks import Diagnosis, RankStacks, diagnose
 from higgsfield.contract.stall_policy import OnStall, StallPolicy
 from higgsfield.contract.states import RUNNING, STALLED
+from higgsfield.node.gang.stragglers import StragglerRule
 from higgsfield.node.gang.watchdog import Watchdog
 from higgsfield.node.runs import progress, stacks
 from higgsfield.node.state import records
@@ -110,6 +115,7 @@ class StallWatch:
         self.policy = StallPolicy.from_spec(spec)
         self.dog = Watchdog(self.policy.stall_timeout, self.policy.startup_timeout, started_at)
         self.stall: Stall | None = None   # the stall now (on_stall=wait: until a rank progresses again)
+        self.stragglers = StragglerRule()  # the slow rank, named by its own work per step
 
     @property
     def on(self) -> bool:
@@ -134,6 +140,20 @@ class StallWatch:
             return "progressing"
         return None
 
+    def judge(self, now: float) -> None:
+        """Every rank's own work per step (``progress/work<N>`` in the shared run directory) judged by the straggler
+        rule, as an SSH run's coordinator judges it (:mod:`higgsfield.node.gang.stragglers`); a change of the ranks
+        named is kept in the record (``stragglers``: ``status``, the dashboard) and said in the job's log."""
+        nodes, nproc = self.spec.nodes, self.spec.nproc or 1
+        work = [replace(w, node=node_of_rank(nodes, nproc, w.rank) or "") for w in progress.work(self.rd)]
+        if work and self.stragglers.report(work, now):
+            found = self.stragglers.findings()
+            record = self.rd.read()
+            record.stragglers = list(found)
+            self.rd.write(record)
+            print("higgsfield: stragglers: " + ("; ".join(s.summary for s in found) if found else "none now"),
+                  file=sys.stderr, flush=True)
+
     def mark(self, state: str, reason: str | None) -> None:
         """The record's state while the job runs on (``on_stall: wait``): ``stalled`` or ``running`` again."""
         record = self.rd.read()
@@ -157,6 +177,10 @@ def watch(proc: subprocess.Popen[bytes], watcher: StallWatch, *, stop: Callable[
             if time.monotonic() - stopped_at > KILL_AFTER_S:
                 proc.kill()   # srun did not end its step when told: the nodes must go back to Slurm
             continue
+        try:
+            watcher.judge(clock())
+        except Exception as e:  # noqa: BLE001 - nor does the straggler rule
+            print(f"higgsfield: straggler rule: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         if not watcher.on:
             continue
         try:

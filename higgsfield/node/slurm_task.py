@@ -8,14 +8,17 @@ and, beside it, ``python -m higgsfield.node.slurm_task stacks RUN_DIR`` on every
 
 ``batch`` takes the run's secrets from ``RUN_DIR/secrets.json`` and deletes the file at
 once (from then on they live only in the environment of the run's processes, as on an
-SSH node), pins the control side's RunSpec to the allocation (its nodes, node 0, the
-rendezvous host) into ``spec.json``, picks the rendezvous port, writes ``run.json``
+SSH node; a run that may still recover from a lost node writes it back, 0600, for the
+start Slurm makes by itself), records this start as an attempt of the run, pins the
+control side's RunSpec to the allocation (its nodes, node 0, the rendezvous host) into ``spec.json``, picks the rendezvous port, writes ``run.json``
 (running), runs the ``srun`` line, and writes the end: succeeded, killed (``scancel``
 after the control side left a ``kill`` marker), or failed naming the first failing rank
 and its node. With restarts left (``max_restarts``, the job was submitted with
 ``--requeue``) a failure writes the secrets file back (0600) and requeues the job with
 ``scontrol requeue``: Slurm starts it again from the top, and the run resumes from its
-last checkpoint, which lives in the shared workdir.
+last checkpoint, which lives in the shared workdir. A node of the allocation that is gone
+is no crash: the job is requeued without it (``max_recoveries``, :mod:`higgsfield.node.slurm_recovery`;
+each end is :mod:`higgsfield.node.slurm_end`'s).
 
 The batch step also watches the run for a stall while the ``srun`` line runs
 (:mod:`higgsfield.node.slurm_stall`): at one, it takes every rank's stack through one
@@ -40,15 +43,14 @@ file names it shares with :mod:`higgsfield.control.backends.slurm.layout` are ch
 This module is the program a job script names (its module path is in every queued job's
 argv, so it cannot move without a shim). The run's files that its three roles share (the
 request, the secrets, the record, a start failure) are :mod:`~higgsfield.node.slurm_run`;
-what each role does beyond that lives in :mod:`~higgsfield.node.slurm_stall` and
-:mod:`~higgsfield.node.slurm_drift`.
+what each role does beyond that lives in :mod:`~higgsfield.node.slurm_stall`,
+:mod:`~higgsfield.node.slurm_drift`, :mod:`~higgsfield.node.slurm_end` and :mod:`~higgsfield.node.slurm_recovery`.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -56,8 +58,7 @@ import sys
 from dataclasses import replace
 
 from higgsfield.contract.decode import DecodeError, read_json
-from higgsfield.contract.failure import Failure
-from higgsfield.contract.layout import KILL, SECRETS, node_of_rank
+from higgsfield.contract.layout import KILL, SECRETS
 from higgsfield.contract.names import check_node_name
 from higgsfield.contract.runspec import RunSpec
 from higgsfield.contract.slurmjob import (
@@ -66,11 +67,10 @@ from higgsfield.contract.slurmjob import (
     decode_pinned,
     pinned_json,
 )
-from higgsfield.contract.stall_policy import OnStall
-from higgsfield.contract.states import FAILED, KILLED, QUEUED, RUNNING, SUCCEEDED
-from higgsfield.node import slurm_drift
-from higgsfield.node.runs.failure import describe, read_end
+from higgsfield.contract.states import FAILED, KILLED, RUNNING, SUCCEEDED
+from higgsfield.node import slurm_drift, slurm_end, slurm_recovery
 from higgsfield.node.runtime.env import kept_basics, run_variables
+from higgsfield.node.slurm_end import Start
 from higgsfield.node.slurm_run import (
     PORT_VAR,
     SECRET_NAMES_VAR,
@@ -85,12 +85,11 @@ from higgsfield.node.slurm_run import (
     take_secrets,
     write_record,
 )
-from higgsfield.node.slurm_stall import Stall, StallWatch, node_stacks, take_all, watch
+from higgsfield.node.slurm_stall import StallWatch, node_stacks, take_all, watch
 from higgsfield.node.state.placement import SPEC_MAX_BYTES, STOP_GRACE_S
 from higgsfield.node.state.records import RunDir, RunRecord, write_json
 
 SLURM_KEPT_ENV = ("CUDA_VISIBLE_DEVICES",)   # Slurm's own, for the job's GPUs; kept beside the runtimes' basics
-_SRUN_TASK_ERROR = re.compile(r"srun: error: ([A-Za-z0-9_.:-]+): task (\d+): (.*)")
 
 
 # -- batch: on the first node of the allocation ---------------------------------------------
@@ -122,8 +121,6 @@ def batch(rd: RunDir, master: str, command: list[str]) -> int:
         (rd.path / SECRETS).unlink(missing_ok=True)
         return start_failed(rd, None, str(e))
     job_id = os.environ.get("SLURM_JOB_ID", "")
-    restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-    max_restarts = req.max_restarts
     since = now()
     try:
         secrets = take_secrets(rd, req.secret_names)
@@ -136,14 +133,26 @@ def batch(rd: RunDir, master: str, command: list[str]) -> int:
                                                         cache_dir=req.cache_dir, python=sys.executable,
                                                         allow_drift=req.allow_drift)))
     previous = read_record(rd)
+    attempt = slurm_recovery.begin(rd, previous, hosts, int(os.environ.get("SLURM_RESTART_COUNT") or 0))
+    attempts = [*(previous.attempts if previous else []), attempt]
+    start = Start(job_id, spec, req.max_restarts, slurm_recovery.restarts(attempts),
+                  slurm_recovery.recoveries(attempts), secrets, tuple(hosts))
     record = RunRecord(project=spec.project, experiment=spec.experiment, run=spec.run, node=hosts[0], node_rank=0,
                        nnodes=len(hosts), nproc=spec.nproc or 1, state=RUNNING, runtime="slurm", command=command,
                        created_at=previous.created_at if previous else (req.submitted_at or since),
-                       started_at=since,
-                       reason=f"Slurm job {job_id}" + (f", restart {restart} of {max_restarts}" if restart else ""),
+                       started_at=since, reason=f"Slurm job {job_id}" + (f", {attempt.why}" if attempt.number > 1
+                                                                         else ""),
                        stall=previous.stall if previous else None,           # a stall before a requeue is kept
-                       stalled_at=previous.stalled_at if previous else None)
+                       stalled_at=previous.stalled_at if previous else None, attempts=attempts,
+                       lost=[*(previous.lost if previous else []),
+                             *(n for n in attempt.lost if not previous or n not in previous.lost)])
+    if start.recoveries > spec.max_recoveries:   # Slurm started it again after one loss too many
+        record.ended_at, record.exit_code = now(), 1
+        return slurm_end.lost(rd, record, dict.fromkeys(attempt.lost, "lost"),
+                              replace(start, recoveries=start.recoveries - 1), 1)
     write_record(rd, record)
+    if start.may_recover:
+        put_secrets_back(rd, secrets)   # a start Slurm makes by itself (a lost batch node) needs them too
     env = dict(os.environ)
     env.update(secrets)
     # ephemeral on purpose, not contract.ports.free_port's rendezvous range (named by SSH nodes' firewall rules)
@@ -167,20 +176,27 @@ def batch(rd: RunDir, master: str, command: list[str]) -> int:
     rc = proc.wait()
     record = rd.read()
     record.ended_at, record.exit_code = now(), rc
-    if stall is not None and not (rd.path / KILL).exists():
-        return _stalled(rd, record, stall, watcher.policy.on_stall, secrets, restart, max_restarts, job_id, rc)
-    if stopped or (rd.path / KILL).exists():
-        killed = (rd.path / KILL).exists()
+    killed = (rd.path / KILL).exists()
+    gone = {} if killed or stopped or (rc == 0 and stall is None) else \
+        slurm_recovery.lost_nodes(job_id, hosts, this_node())
+    if gone:   # a node of the allocation is lost (its ranks' peers failed or hung): a recovery's business
+        return slurm_end.lost(rd, record, gone, start, rc)
+    if stall is not None and not killed:
+        return slurm_end.stalled(rd, record, stall, watcher.policy.on_stall, start, rc)
+    if stopped or killed:
         record.state = KILLED if killed else FAILED
         record.reason = "killed (scancel)" if killed else \
             "Slurm stopped the job (time limit, preemption, or a node failure)"
         write_record(rd, record)
+        if killed or not start.may_recover:   # else Slurm may start it again (a lost node): it needs them
+            slurm_end.final(rd)
         return rc or 1
     if rc == 0:
         record.state, record.reason = SUCCEEDED, None
         write_record(rd, record)
+        slurm_end.final(rd)
         return 0
-    drift = [] if req.allow_drift else slurm_drift.verdict(rd, attempt())
+    drift = [] if req.allow_drift else slurm_drift.verdict(rd, attempt_id())
     if drift:   # the nodes differ: stopped before training; a requeue would meet the same nodes' differences
         record.state, record.reason, record.error_tail = FAILED, slurm_drift.reason(drift), slurm_drift.lines(drift)
         try:
@@ -188,27 +204,12 @@ def batch(rd: RunDir, master: str, command: list[str]) -> int:
         except ValueError:
             record.failed_node = None
         write_record(rd, record)
+        slurm_end.final(rd)
         return rc
-    fail = failure(rd, hosts, spec.nproc or 1, rc, since)
+    fail = slurm_end.failure(rd, hosts, spec.nproc or 1, rc, since)
     record.failed_node, record.failed_rank, record.failed_at = fail.node, fail.rank, fail.at
     record.error_tail = list(fail.tail)
-    return _end(rd, record, fail.reason, restart < max_restarts and bool(job_id), restart, max_restarts, secrets,
-                job_id, rc)
-
-
-def _end(rd: RunDir, record: RunRecord, reason: str, requeue: bool, restart: int, max_restarts: int,
-         secrets: dict[str, str], job_id: str, rc: int) -> int:
-    """A failed job's last word: requeued (Slurm starts it again, from its checkpoint) or failed, for ``reason``."""
-    if requeue:
-        record.state = QUEUED
-        record.reason = f"requeued after: {reason} (restart {restart + 1} of {max_restarts})"
-        write_record(rd, record)
-        put_secrets_back(rd, secrets)
-        subprocess.run(["scontrol", "requeue", job_id], check=False)  # noqa: S607 - Slurm ends this step now
-        return rc
-    record.state, record.reason = FAILED, reason
-    write_record(rd, record)
-    return rc
+    return slurm_end.ended(rd, record, fail.reason, start.restarts < req.max_restarts and bool(job_id), start, rc)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -217,43 +218,6 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.send_signal(signal.SIGTERM)
     except ProcessLookupError:
         pass
-
-
-def _stalled(rd: RunDir, record: RunRecord, stall: Stall, on_stall: OnStall, secrets: dict[str, str], restart: int,
-             max_restarts: int, job_id: str, rc: int) -> int:
-    """The end of a job its watchdog stopped (``on_stall`` fail or restart): requeued when asked to restart and
-    requeues are left, else failed with ``stalled: <summary>``, the first odd rank named as the failing one."""
-    first = stall.diagnosis.first_odd
-    node, rank = first if first else (None, None)
-    try:
-        record.failed_node = check_node_name(node) if node else None
-    except ValueError:
-        record.failed_node = None
-    record.failed_rank, record.failed_at, record.error_tail = rank, stall.at, []
-    return _end(rd, record, stall.reason, on_stall == OnStall.RESTART and restart < max_restarts and bool(job_id),
-                restart, max_restarts, secrets, job_id, rc or 1)
-
-
-def failure(rd: RunDir, hosts: list[str], nproc: int, rc: int, since: float) -> Failure:
-    """The run's first failure: :func:`describe`'s rank and reason, with the node that rank ran on.
-
-    Group ranks follow the sorted host names (torch's c10d rendezvous sorts its
-    participants, each named by its ``--local_addr``), so global rank r ran on
-    ``sorted(hosts)[r // nproc]`` (:func:`higgsfield.contract.layout.node_of_rank`). A failure without a rank (a whole torchrun died) is
-    named by srun's own line ``srun: error: NODE: task T: ...``.
-    """
-    fail = describe(rd, "", rc, since)
-    reason = fail.reason
-    node = node_of_rank(hosts, nproc, fail.rank) if fail.rank is not None else None
-    if node is None:
-        text = read_end(rd.launcher_log, 64 * 1024)
-        found = _SRUN_TASK_ERROR.findall(text)
-        if found:
-            node = found[0][0]
-            reason = f"{reason} ({found[0][2].strip()})"
-    if node:
-        reason = f"{reason} on node {node}"
-    return replace(fail, node=node, reason=reason)
 
 
 # -- node: one per node, started by srun -----------------------------------------------------
@@ -291,7 +255,7 @@ def node_env(pinned: PinnedSlurmRun, rd: RunDir, host: str, base: dict[str, str]
     return env
 
 
-def attempt() -> str:
+def attempt_id() -> str:
     """This start of the job, ``JOB.RESTART``: its rendezvous id, and the folder of its nodes' facts."""
     return f"{os.environ.get('SLURM_JOB_ID', 'job')}.{os.environ.get('SLURM_RESTART_COUNT') or 0}"
 
@@ -299,7 +263,7 @@ def attempt() -> str:
 def drift_check(rd: RunDir, pinned: PinnedSlurmRun, host: str) -> bool:
     """The allocation's nodes compared (:mod:`higgsfield.node.slurm_drift`), each difference one line in the
     job's log; False: they differ and the run was not started with ``--allow-drift``."""
-    report = slurm_drift.check(rd, attempt(), list(pinned.spec.nodes), host)
+    report = slurm_drift.check(rd, attempt_id(), list(pinned.spec.nodes), host)
     for node_name, why in report.unreachable.items():
         print(f"higgsfield: drift check: {node_name} {why}; compared the others", file=sys.stderr, flush=True)
     allowed = pinned.allow_drift
@@ -319,7 +283,7 @@ def node(rd: RunDir, master: str) -> int:
     host = pinned.spec.nodes[int(os.environ.get("SLURM_NODEID", "0"))]
     if not drift_check(rd, pinned, host):
         return slurm_drift.DRIFT_EXIT
-    argv = torchrun_argv(pinned.spec, rd, master, int(os.environ[PORT_VAR]), host, attempt())
+    argv = torchrun_argv(pinned.spec, rd, master, int(os.environ[PORT_VAR]), host, attempt_id())
     proc = subprocess.Popen(argv, env=node_env(pinned, rd, host, dict(os.environ)),  # noqa: S603
                             cwd=pinned.spec.code_dir or str(rd.path))
     stopping: list[float] = []

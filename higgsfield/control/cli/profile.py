@@ -37,13 +37,13 @@ def profile(ctx: click.Context, target: str, steps: int, node: str | None, rank:
     training loop must call higgsfield.training.progress(step) (StepTimer.step does). Exit 1 when some rank
     asked for gave no trace (the others' are kept).
     """
-    from higgsfield.contract.errors import ConfigError
     from higgsfield.contract.traces import shares_line
-    from higgsfield.control.backends.nodes.profile import profile_run
 
     cfg = get_config(ctx)
-    if cfg.slurm is not None:
-        raise ConfigError("profile is not available on a Slurm cluster yet: it reaches the SSH nodes' ranks")
+    if cfg.slurm is not None:   # through the login node: the run's directory is in the shared workdir
+        from higgsfield.control.backends.slurm.profile import profile_run
+    else:
+        from higgsfield.control.backends.nodes.profile import profile_run  # type: ignore[assignment]
     res = asyncio.run(profile_run(cfg, target, steps=steps, node=node, rank=rank, memory=memory, dest=dest,
                                   timeout=timeout))
     for n, why in res.unreachable.items():

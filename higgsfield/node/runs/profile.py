@@ -5,7 +5,9 @@ The node writes one :class:`~higgsfield.contract.profile.ProfileRequest` to
 that it asked has written ``profile/<id>/rank<N>.done.json`` (each rank reads the request at
 most once a second and profiles its next steps: :mod:`higgsfield._lib.profile_arm`), or until
 the deadline. The live ranks are those the stacks machinery finds (:func:`~higgsfield.node.runs.
-stacks.live_workers`: the process runtime's workers and a container's alike). The reply lists
+stacks.live_workers`: the process runtime's workers and a container's alike). On a Slurm cluster the
+login node runs this verb on the run's directory in the shared workdir (its ranks read the request
+there, on their compute nodes): the ranks to ask are those that armed in the job's current start. The reply lists
 the result files with size and sha256 for pull's fetch (:mod:`higgsfield.node.observe.files`'s
 rule: plain files of the request's folder only).
 
@@ -36,9 +38,11 @@ from higgsfield.contract.profile import (
 )
 from higgsfield.contract.replies_disk import FileEntry
 from higgsfield.contract.states import ACTIVE
-from higgsfield.node.runs.stacks import live_workers
+from higgsfield.node.runs.stacks import armed, live_workers
 from higgsfield.node.runs.stop import refresh
-from higgsfield.node.state.records import RunDir, write_json
+from higgsfield.node.state.records import RunDir, RunRecord, write_json
+
+SLURM = "slurm"   # a Slurm run's record's runtime (written by its batch step, :mod:`higgsfield.node.slurm_task`)
 
 POLL_S = 0.1
 
@@ -65,7 +69,7 @@ def profile(rd: RunDir, *, steps: int, ranks: Collection[int] = (), memory: bool
     record = refresh(rd)
     if record.state not in ACTIVE:
         raise NotProfiled(f"run '{rd.run}' is {record.state}, not running: only a live run can be profiled")
-    live = live_workers(rd, set(ranks) or None)
+    live = _live(rd, record, set(ranks) or None)
     pid = new_id()
     if not live:
         return ProfileReply(run=rd.run, state=record.state, id=pid, root=str(results_dir(rd.path, pid)))
@@ -81,12 +85,22 @@ def profile(rd: RunDir, *, steps: int, ranks: Collection[int] = (), memory: bool
                 if got is not None:
                     done[rank] = got
         if len(done) < len(live):
-            if not live_workers(rd, [r for r in live if r not in done]):
+            if not _live(rd, record, [r for r in live if r not in done]) or \
+                    (record.runtime == SLURM and rd.read().state not in ACTIVE):
                 break   # the ranks still awaited are gone (the run ended): no use waiting
             time.sleep(POLL_S)
     return ProfileReply(run=rd.run, state=refresh(rd).state, id=pid, root=str(out),
                         done=[done[r] for r in sorted(done)], missing=sorted(set(live) - set(done)),
                         files=_files(out, done.values()))
+
+
+def _live(rd: RunDir, record: RunRecord, ranks: Collection[int] | None) -> Collection[int]:
+    """The run's live ranks to ask: this node's workers; for a Slurm run (its directory is the shared workdir's,
+    read by the login node, its ranks on compute nodes) every rank that armed in this start of the job."""
+    if record.runtime != SLURM:
+        return live_workers(rd, ranks)
+    since = record.started_at or 0.0
+    return sorted(r for r, a in armed(rd).items() if a.time >= since and (ranks is None or r in ranks))
 
 
 def _read_done(rd: RunDir, out: Path, rank: int) -> RankDone | None:

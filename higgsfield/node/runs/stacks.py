@@ -147,6 +147,11 @@ def _host_pid(rd: RunDir, rank: int, inner_pid: int) -> int | None:
     return None
 
 
+def armed(rd: RunDir) -> dict[int, Armed]:
+    """Each rank that armed, by rank (its pid may live on another machine: a Slurm run's shared directory)."""
+    return _ranks(rd)
+
+
 def live_workers(rd: RunDir, ranks: Collection[int] | None = None) -> dict[int, int]:
     """The run's live workers on this node that armed (``ranks``: only those): rank -> host pid."""
     out = {}

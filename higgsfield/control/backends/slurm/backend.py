@@ -15,7 +15,8 @@ python; its status is Slurm's (squeue, then sacct where accounting exists, the r
 own record otherwise); its logs are the ranks' files in the workdir, read by the
 invoker on the login node and tagged ``node/rank`` from the allocation the job
 pinned (``spec.json``), exactly as an SSH run's, and so are rank 0's step metrics; ``kill`` is scancel;
-``--max-restarts`` is the job's requeue count. The allocation's nodes are compared for drift inside the job,
+``--max-restarts`` is the job's requeue count after a crash; a lost node is recovered from by a requeue
+without it (``--max-recoveries``, ``--min-nodes``: :mod:`higgsfield.node.slurm_recovery`). The allocation's nodes are compared for drift inside the job,
 before torchrun (:mod:`higgsfield.node.slurm_drift`); ``--allow-drift`` reaches it in ``request.json``. The stall watchdog runs inside the job (its batch step,
 :mod:`higgsfield.node.slurm_stall`), laptop or not; ``stacks`` runs the node side's stack taker on every
 node of the allocation with ``srun --overlap --jobid`` (or reads the stacks saved at a stall).
@@ -29,6 +30,7 @@ from typing import Any
 
 from higgsfield.contract.errors import ConfigError, RunError
 from higgsfield.contract.params import check_run_name, resolve
+from higgsfield.contract.runspec import DEFAULT_MAX_RECOVERIES
 from higgsfield.control.backends.backend import Changed, Fleet, Plan, RunRequest
 from higgsfield.control.backends.nodes.deploy import DeployResult, deploy
 from higgsfield.control.backends.nodes.start import RunHandle, new_run_name
@@ -58,10 +60,13 @@ class SlurmBackend:
         values = resolve(exp.params, dict(request.params), request.experiment)
         if request.run_name is not None:
             check_run_name(request.run_name)
-        if request.min_nodes is not None or request.max_recoveries is not None or request.spares:
-            raise ConfigError("--min-nodes, --max-recoveries and --spares are for SSH nodes: on Slurm a job that loses "
-                              "a node is requeued by Slurm (--max-restarts)")
+        if request.spares:
+            raise ConfigError("--spares is for SSH nodes: on Slurm the partition's free nodes stand in for a lost "
+                              "one (the job is requeued without it; --max-recoveries, --min-nodes)")
         settings = self.settings.override(nodes=request.nodes, time=request.time, partition=request.partition)
+        if request.min_nodes is not None and not 1 <= request.min_nodes <= settings.nodes:
+            raise ConfigError(f"--min-nodes {request.min_nodes}: the run asks for {settings.nodes} node(s); give 1 to "
+                              f"{settings.nodes} (the fewest it may go on on after losing some)")
         if request.exclusive:
             settings = settings.model_copy(update={"exclusive": True})
         if request.exclude:
@@ -69,7 +74,11 @@ class SlurmBackend:
         return SlurmPlan(experiment=request.experiment, module=exp.module, params=values,
                          run=request.run_name or new_run_name(request.experiment),
                          max_restarts=request.max_restarts, settings=settings, stall=request.stall(self.cfg),
-                         allow_drift=request.allow_drift)
+                         allow_drift=request.allow_drift,
+                         min_nodes=0 if request.min_nodes is None or request.min_nodes >= settings.nodes
+                         else request.min_nodes,
+                         max_recoveries=DEFAULT_MAX_RECOVERIES if request.max_recoveries is None
+                         else request.max_recoveries)
 
     @asynccontextmanager
     async def session(self, plan: Plan | None = None) -> AsyncIterator[SlurmSession]:

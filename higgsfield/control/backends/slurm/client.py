@@ -37,7 +37,7 @@ from higgsfield.contract.codec import encode
 from higgsfield.contract.decode import MAX_FILE_BYTES, DecodeError, loads
 from higgsfield.contract.errors import RunError
 from higgsfield.contract.layout import KILL, SPEC, STACKS_FILE, runs_dir, slurm_cache_dir
-from higgsfield.contract.runspec import RunSpec
+from higgsfield.contract.runspec import DEFAULT_MAX_RECOVERIES, RunSpec
 from higgsfield.contract.runstatus import RunStatus
 from higgsfield.contract.slurm_stacks import SRUN_WAIT_S as STACKS_SRUN_WAIT_S
 from higgsfield.contract.slurm_stacks import parse_saved, parse_srun
@@ -84,16 +84,19 @@ def template_spec(*, project: str, experiment: str, run: str, module: str, code_
                   src_dir: str = "src", submitted_at: float | None = None, checkpoint_mirror: str = "",
                   stall_timeout: float = DEFAULT_STALL.stall_timeout,
                   startup_timeout: float = DEFAULT_STALL.startup_timeout,
-                  on_stall: str = DEFAULT_STALL.on_stall) -> RunSpec:
+                  on_stall: str = DEFAULT_STALL.on_stall, min_nodes: int = 0,
+                  max_recoveries: int = DEFAULT_MAX_RECOVERIES) -> RunSpec:
     """A RunSpec for a Slurm run: the node fields say ``pending`` until the job pins them to its allocation.
     ``checkpoint_mirror`` (higgsfield.yml's URL, never its credentials: those are secrets) reaches the ranks;
-    the stall watchdog's settings reach the job's batch step (:mod:`higgsfield.node.slurm_stall`)."""
+    the stall watchdog's settings reach the job's batch step (:mod:`higgsfield.node.slurm_stall`), and so do
+    ``max_recoveries`` and ``min_nodes`` (a lost node: :mod:`higgsfield.node.slurm_recovery`)."""
     return RunSpec(project=project, experiment=experiment, run=run, module=module, code_dir=code_dir,
                    params=dict(params), node=PENDING_NODE, node_rank=0, nodes=(PENDING_NODE,),
                    master_addr=PENDING_NODE, submitted_at=time.time() if submitted_at is None else submitted_at,
                    nproc=nproc, max_restarts=max_restarts, runtime="process", src_dir=src_dir,
                    checkpoint_mirror=checkpoint_mirror, stall_timeout=stall_timeout,
-                   startup_timeout=startup_timeout, on_stall=on_stall)
+                   startup_timeout=startup_timeout, on_stall=on_stall, min_nodes=min_nodes,
+                   max_recoveries=max_recoveries)
 
 
 class SlurmCluster:
@@ -107,11 +110,11 @@ class SlurmCluster:
     def paths(self, project: str, run: str) -> RunPaths:
         return RunPaths(self.settings.workdir, project, run)
 
-    def batch_job(self, paths: RunPaths, max_restarts: int = 0) -> BatchJob:
+    def batch_job(self, paths: RunPaths, max_restarts: int = 0, *, recover: bool = False) -> BatchJob:
         s = self.settings
         return BatchJob(paths=paths, python=s.interpreter, nodes=s.nodes, gpus_per_node=s.gpus_per_node,
                         cpus_per_task=s.cpus_per_task, partition=s.partition, account=s.account, time=s.time,
-                        max_restarts=max_restarts, exclusive=s.exclusive, extra=tuple(s.extra))
+                        max_restarts=max_restarts, recover=recover, exclusive=s.exclusive, extra=tuple(s.extra))
 
     # -- submit -------------------------------------------------------------------------------
 
@@ -131,7 +134,7 @@ class SlurmCluster:
             raise SlurmError(f"run '{spec.run}' already exists in {paths.dir} on {t.node}: choose another run name")
         await t.run(["mkdir", "-p", paths.logs, paths.checkpoints])
         await t.run(["chmod", "700", paths.dir, paths.logs])
-        job = self.batch_job(paths, spec.max_restarts)
+        job = self.batch_job(paths, spec.max_restarts, recover=spec.max_recoveries > 0)
         script = render(job)  # ValueError for a value sbatch would misread: before anything is sent
         submitted_at = time.time()
         request = SlurmRequest(spec=spec, secret_names=sorted(secrets or {}), max_restarts=spec.max_restarts,

@@ -7,7 +7,7 @@ node reads a Slurm run exactly as it reads an SSH node's::
 
     <workdir>/runs/<project>/<run>/
         request.json   the control side's RunSpec (the allocation not known yet) and the job's settings
-        secrets.json   0600, written at submit, deleted by the job as it starts (re-written only for its own requeue)
+        secrets.json   0600, written at submit, taken by the job as it starts (kept while it may be requeued)
         job.sh         the batch script (no params, no secrets)
         job.json       the control side's record of the submission: the Slurm job id, when, with what
         spec.json, run.json, logs/rank<N>.log, logs/launcher.log ...   written by the job (node side)

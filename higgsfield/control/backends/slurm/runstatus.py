@@ -3,7 +3,7 @@
 A job's state comes from ``squeue`` while Slurm holds it, then from ``sacct`` when the
 cluster keeps accounting, else from the run's own record (``run.json``, written by the job);
 the record adds what only the node side knows (the failing rank and node, the error's last
-lines). Its own module because the merge is a pure function of those three, shared by
+lines, the run's attempts and the nodes it lost and went on without, the ranks named stragglers). Its own module because the merge is a pure function of those three, shared by
 ``status`` and ``statuses`` of :class:`~higgsfield.control.backends.slurm.client.SlurmCluster`
 and tested without a cluster.
 """
@@ -66,7 +66,9 @@ def merge(submitted: SlurmJob, job: Job | None, record: NodeRunView | Mapping[st
                   else rec.ended_at if rec is not None else None),
         exit_code=(job.exit_code if job and job.exit_code is not None else rec.exit_code if rec is not None else None),
         failed_node=failed_node, failed_rank=failed_rank, reason=reason, error_tail=tail,
-        params=dict(submitted.params), stall=rec.stall if rec is not None else None)
+        params=dict(submitted.params), stall=rec.stall if rec is not None else None,
+        stragglers=list(rec.stragglers) if rec is not None and state in ACTIVE else [],
+        attempts=list(rec.attempts) if rec is not None else [], lost=list(rec.lost) if rec is not None else [])
 
 
 def _decoded(record: Mapping[str, Any]) -> NodeRunView | None:

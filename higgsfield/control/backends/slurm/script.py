@@ -11,7 +11,7 @@
     #SBATCH --exclusive                  (whole nodes, unless the settings say exclusive: false)
     #SBATCH --exclude=n1,n2              (run --exclude; with slurm.extra's options, at the end)
     #SBATCH --output=RUN_DIR/logs/launcher.log
-    #SBATCH --requeue + --open-mode=append    (max_restarts > 0; else --no-requeue)
+    #SBATCH --requeue + --open-mode=append    (max_restarts > 0 or a run that recovers; else --no-requeue)
     set -eu
     master=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
     exec PYTHON -m higgsfield.node.slurm_task batch RUN_DIR --master "$master" -- \\
@@ -68,6 +68,8 @@ class BatchJob:
     account: str | None = None
     time: str | None = None
     max_restarts: int = 0
+    recover: bool = False
+    """The run recovers from a lost node (``max_recoveries`` > 0): requeued, by itself or by Slurm, without it."""
     exclusive: bool = True
     extra: tuple[str, ...] = ()
 
@@ -88,7 +90,7 @@ class BatchJob:
         if self.exclusive:
             opts.append("--exclusive")
         opts.append(f"--output={self.paths.launcher_log}")
-        if self.max_restarts > 0:
+        if self.max_restarts > 0 or self.recover:
             opts += ["--requeue", "--open-mode=append"]
         else:
             opts.append("--no-requeue")

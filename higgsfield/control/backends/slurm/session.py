@@ -22,6 +22,7 @@ from higgsfield.contract.decode import DecodeError, loads
 from higgsfield.contract.errors import NoSuchRun, RunError
 from higgsfield.contract.layout import code_dir, env_record, node_of_rank
 from higgsfield.contract.replies import EnvReply
+from higgsfield.contract.runspec import DEFAULT_MAX_RECOVERIES
 from higgsfield.contract.runstatus import RunStatus
 from higgsfield.contract.stacks import RankStacks
 from higgsfield.contract.stall_policy import StallPolicy
@@ -57,6 +58,10 @@ class SlurmPlan:
     stall: StallPolicy = StallPolicy()
     allow_drift: bool = False
     """``run --allow-drift``: the job's own drift check (its nodes compared before torchrun) reports and goes on."""
+    min_nodes: int = 0
+    """``run --min-nodes``: after a lost node, the requeued job may start on as few (0: the full size)."""
+    max_recoveries: int = DEFAULT_MAX_RECOVERIES
+    """``run --max-recoveries``: lost nodes the job is requeued without before the run fails (0: none)."""
 
 
 class SlurmSession:
@@ -90,15 +95,26 @@ class SlurmSession:
 
     async def start(self, plan: SlurmPlan, secrets: Mapping[str, str] | None = None) -> RunHandle:
         code, python = await self._deployed()
+        if self.cfg.data:   # the workdir's copy of a data: entry is every compute node's: a stale one is refused
+            await self._refuse_stale_data()
         nproc = self.cfg.nproc_per_node
         spec = template_spec(project=self.cfg.name, experiment=plan.experiment, run=plan.run, module=plan.module,
                              code_dir=code, params=plan.params, nproc=None if nproc == "auto" else int(nproc),
                              max_restarts=plan.max_restarts, checkpoint_mirror=self.cfg.checkpoint.mirror or "",
-                             **plan.stall.spec_fields())
+                             min_nodes=plan.min_nodes, max_recoveries=plan.max_recoveries, **plan.stall.spec_fields())
         settings = plan.settings if python is None else plan.settings.model_copy(update={"python": python})
         submitted = await SlurmCluster(self.transport, settings).submit(spec, dict(secrets or {}),
                                                                         allow_drift=plan.allow_drift)
         return RunHandle(self.cfg.name, plan.experiment, plan.run, [], job_id=submitted.job_id)
+
+    async def _refuse_stale_data(self) -> None:
+        """DataError (exit 2, one line naming the login node and the entry) for a data: entry whose copy in the
+        workdir is missing or not this project's version: the check ``run`` makes on SSH nodes, on the one copy."""
+        from higgsfield.control.backends.nodes.data.check import refuse_stale
+        from higgsfield.control.remote import Group, Member
+
+        login = self.cfg.on_login_node()
+        await refuse_stale(login, Group([Member(login.nodes[0], self.transport, 0)]))
 
     # -- status -----------------------------------------------------------------------------
 
@@ -206,10 +222,13 @@ class SlurmSession:
             missing = {n: why for n, why in missing.items() if n == node}
         return StacksResult(picked, saved=saved, unreachable=missing)
 
-    async def profile(self, status: RunStatus, *, steps: int = 3, dest: Any = None) -> Any:
-        from higgsfield.control.backends.nodes.profile import ProfileError
+    async def profile(self, status: RunStatus, *, steps: int = 3, dest: Any = None, node: str | None = None,
+                      rank: int | None = None, memory: bool = False, timeout: float | None = None) -> Any:
+        """``higgsfield profile`` through the login node (:mod:`higgsfield.control.backends.slurm.profile`)."""
+        from higgsfield.control.backends.slurm.profile import WAIT_S, profile_job
 
-        raise ProfileError("profile is not available on a Slurm cluster yet: it reaches the SSH nodes' ranks")
+        return await profile_job(self.cluster, self.cfg.name, status, steps=steps, node=node, rank=rank,
+                                 memory=memory, dest=dest, timeout=WAIT_S if timeout is None else timeout)
 
     # -- kill -------------------------------------------------------------------------------
 
