@@ -330,9 +330,11 @@ class Regroup:
     has stopped its torchrun; admission then starts over on them, and ``go`` starts the next attempt."""
 
     TAG: ClassVar[str] = "regroup"
+    SPARSE: ClassVar[frozenset[str]] = frozenset({"replaced"})
     nodes: tuple[str, ...]
     lost: tuple[str, ...]
     recovery: int
+    replaced: tuple[str, ...] = ()   # of ``lost``, the nodes put out as stragglers (``on_straggler: replace``)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from higgsfield.contract.errors import RunError
 from higgsfield.contract.names import MAX_NAME, NAME_RE, check_node_name, is_run_name
 from higgsfield.contract.notify import Notify
 from higgsfield.contract.stall_policy import DEFAULT_STALL, ON_STALL_CHOICES
+from higgsfield.contract.straggler import ON_STRAGGLER_CHOICES
 from higgsfield.contract.text import has_control
 
 SPEC_VERSION = 1
@@ -152,7 +153,7 @@ class RunSpec:
     UNKNOWN: ClassVar[str] = "refuse"                # a node must understand a spec whole
     SPARSE: ClassVar[frozenset[str]] = frozenset({
         "attempt", "checkpoint_mirror", "stall_timeout", "startup_timeout", "on_stall", "min_nodes",
-        "max_recoveries", "spares", "addresses"})
+        "max_recoveries", "spares", "addresses", "on_straggler"})
     """Sent only when not at their default, so a spec without them reads on a node that predates them."""
 
     project: str = field(metadata=rule(check=_name))
@@ -200,6 +201,9 @@ class RunSpec:
     addresses: dict[str, str] = field(default_factory=dict)
     """Every member's address as the others reach it (node 0's is ``master_addr``), sent with a run that
     recovers: should node 0 be lost, the next node hosts the coordinator and the rendezvous there."""
+    on_straggler: str = field(default="warn", metadata=rule(check=_one_of(ON_STRAGGLER_CHOICES)))
+    """``on_straggler`` of higgsfield.yml (:class:`~higgsfield.contract.straggler.OnStraggler`): ``replace`` puts a
+    straggler's node out of the run when a spare stands by."""
 
     @property
     def recovers(self) -> bool:

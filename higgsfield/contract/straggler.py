@@ -35,6 +35,10 @@ class OnStraggler(str, enum.Enum):
 
     WARN = "warn"
     """Name it: the run's record, ``status``, the dashboard and the ``straggler`` notify event."""
+    REPLACE = "replace"
+    """Name it, and when a spare stands by, go on without its node as if it were lost: the spare takes its
+    place from the last checkpoint (:mod:`higgsfield.node.gang.recovery`). Node 0, which hosts the coordinator,
+    is named but not replaced; with no spare free it is named only."""
 
     def __str__(self) -> str:
         return self.value

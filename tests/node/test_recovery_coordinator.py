@@ -30,11 +30,13 @@ from higgsfield.contract.gang import (
     Go,
     LastWord,
     Prepare,
+    Progress,
     Ready,
     Regroup,
     Stopped,
 )
 from higgsfield.contract.runspec import RunSpec
+from higgsfield.contract.straggler import RankWork
 from higgsfield.node.gang import wire
 from higgsfield.node.gang.coordinator import Coordinator
 from higgsfield.node.gang.listener import listen
@@ -58,11 +60,12 @@ def _fast(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class Gang:
-    def __init__(self, min_nodes: int, max_recoveries: int, spares: int = 0) -> None:
+    def __init__(self, min_nodes: int, max_recoveries: int, spares: int = 0, on_straggler: str = "warn") -> None:
         self.sock = listen()
         ports = itertools.count(29000)
         self.coordinator = Coordinator(self.sock, token=TOKEN, run="r", nodes=NODES, pick_port=lambda: next(ports),
-                                       min_nodes=min_nodes, max_recoveries=max_recoveries, spares=spares)
+                                       min_nodes=min_nodes, max_recoveries=max_recoveries, spares=spares,
+                                       on_straggler=on_straggler)
         self.coordinator.start()
         self.members = [self.join(rank) for rank in range(len(NODES))]
         self.admit(self.members)
@@ -310,3 +313,29 @@ def test_a_second_loss_during_the_recovery_s_admission_is_recovered_from_too() -
         assert g.admit([n0]) == 29001
     finally:
         g.close()
+
+
+def test_on_straggler_replace_puts_the_slow_node_out_of_the_run_for_the_spare() -> None:
+    """``on_straggler: replace`` with a spare standing by: n1's ranks' own work per step turns 1.5x the median;
+    n1 is named, then put out as a lost node is: every node stops, and the survivors regroup with the spare in
+    its place, the regroup naming it replaced. What n1 says after that counts for nothing."""
+    g = Gang(min_nodes=0, max_recoveries=3, spares=1, on_straggler="replace")
+    try:
+        n0, n1, n2 = g.members
+        for step in range(2, 40, 2):
+            slow = 0.3 if step >= 20 else 0.2
+            n0.send(Progress(at=float(step), steps=True, work=(RankWork(rank=0, step=step, steps=2, own_s=0.2, step_s=0.3),
+                                                              RankWork(rank=1, step=step, steps=2, own_s=0.2, step_s=0.3))))
+            n1.send(Progress(at=float(step), steps=True, work=(RankWork(rank=2, step=step, steps=2, own_s=slow, step_s=0.3),
+                                                              RankWork(rank=3, step=step, steps=2, own_s=slow, step_s=0.3))))
+            time.sleep(0.01)
+        (a0, _, _) = expect([n0, n1, n2], Abort)
+        assert a0.failure is not None and a0.failure.node == "n1" and "straggler" in a0.failure.reason
+        n1.send(Failed(Failure("n1", 2, time.time(), "killed by the abort")))   # a put-out node's word: ignored
+        n0.send(Stopped())
+        (r0, r2) = expect([n0, n2], Regroup)
+        assert r0 == r2 == Regroup(nodes=("n0", "n2"), lost=("n1",), recovery=1, replaced=("n1",))
+        assert g.admit([n0, n2]) == 29001
+    finally:
+        g.close()
+

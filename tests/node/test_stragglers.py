@@ -169,12 +169,13 @@ def test_a_node_keeps_the_finding_in_its_record_and_tells_each_rank_named_once(t
     assert rd.read().stragglers == [] and lines[-1] == "stragglers: none now"
 
 
-def test_on_straggler_is_warn_by_default_and_replace_is_refused_until_node_recovery_can_do_it(tmp_path: Path) -> None:
+def test_on_straggler_is_warn_by_default_replace_is_taken_and_a_typo_refused(tmp_path: Path) -> None:
     from higgsfield.contract.errors import ConfigError
     from higgsfield.control.config.loader import parse_config
 
     cfg = parse_config("name: a\nnodes:\n  - host: h1\n", tmp_path / "higgsfield.yml")
     assert cfg.on_straggler == "warn"
-    assert parse_config("name: a\nnodes:\n  - host: h1\non_straggler: warn\n", tmp_path / "h.yml").on_straggler == "warn"
+    assert parse_config("name: a\nnodes:\n  - host: h1\non_straggler: replace\n", tmp_path / "h.yml").on_straggler \
+        == "replace"
     with pytest.raises(ConfigError, match="on_straggler"):
-        parse_config("name: a\nnodes:\n  - host: h1\non_straggler: replace\n", tmp_path / "h.yml")
+        parse_config("name: a\nnodes:\n  - host: h1\non_straggler: replce\n", tmp_path / "h.yml")

@@ -170,8 +170,9 @@ class Config(_Model):
     on_straggler: OnStraggler = Field(
         OnStraggler.WARN, title="On Straggler", description="What a run does when a rank's own work per step stays well "
                              "above the other ranks' median (higgsfield.node.gang.stragglers): warn (name it in "
-                             "status, on the dashboard and as the 'straggler' notify event; the run goes on). "
-                             "The one choice today: 'replace' waits for node recovery.")
+                             "status, on the dashboard and as the 'straggler' notify event; the run goes on) or "
+                             "replace (name it, and when a spare stands by, go on without its node from the last "
+                             "checkpoint, as if it were lost: run --spares N).")
 
     preflight: bool = Field(
         False, description="Test the fabric before every run (doctor --fabric): a slow or failing node is "

@@ -68,11 +68,12 @@ from higgsfield.contract.gang import (
     Standby,
     Standbys,
     Stopped,
+    Straggling,
     Unadmitted,
 )
 from higgsfield.contract.stall_policy import StallPolicy
 from higgsfield.node.gang import wire
-from higgsfield.node.gang.recovery import Decision, losses_line, next_step
+from higgsfield.node.gang.recovery import Decision, losses_line, next_step, replacement
 from higgsfield.node.gang.server import Conn, GangServer
 from higgsfield.node.gang.stall import StallWatch
 
@@ -92,7 +93,7 @@ class Coordinator(GangServer):
                  pick_port: Callable[[], int], join_s: float = JOIN_S,
                  say: Callable[[str], None] = lambda _m: None, stall: StallPolicy | None = None,
                  max_restarts: int = 0, min_nodes: int = 0, max_recoveries: int = 0, spares: int = 0,
-                 lost_before: tuple[str, ...] = (), recovered: int = 0) -> None:
+                 lost_before: tuple[str, ...] = (), recovered: int = 0, on_straggler: str = "warn") -> None:
         super().__init__(listener, token=token, run=run, nodes=nodes, say=say)   # every member's name, spares last
         self.active = list(range(len(nodes) - spares))   # the member ranks of the run's nodes now
         self.spares = list(range(len(nodes) - spares, len(nodes)))   # standing by (admitted, holding slots)
@@ -102,6 +103,8 @@ class Coordinator(GangServer):
         self.recoveries: list[tuple[float, list[str]]] = []   # (when, the nodes lost) per recovery it made
         self.recovered_before = recovered        # recoveries made by an earlier coordinator (node 0 lost since)
         self.standbys: dict[str, int] = {}       # where each member would host the coordinator (node 0 lost)
+        self.replace_stragglers = on_straggler == "replace"
+        self.replaced: set[int] = set()          # members put out as stragglers: nothing they say counts now
         self.pick_port, self.join_s = pick_port, join_s
         self.admitted: set[int] = set()
         self.ready: set[int] = set()
@@ -118,12 +121,14 @@ class Coordinator(GangServer):
         self._last_hb = 0.0
 
     def new_stall(self) -> StallWatch:
-        return StallWatch(self._stall_args[0], self.nodes, broadcast=self.broadcast, fail=self._fail, say=self.say,
+        return StallWatch(self._stall_args[0], self.nodes, broadcast=self._watched, fail=self._fail, say=self.say,
                           max_restarts=self._stall_args[1])
 
     # -- the run -----------------------------------------------------------------------------------
 
     def _handle(self, rank: int, msg: Message) -> None:
+        if rank in self.replaced:
+            return
         node = self.nodes[rank]
         match msg:
             case Heartbeat():
@@ -177,6 +182,8 @@ class Coordinator(GangServer):
             self._send(conn, Abort.of(self._verdict_so_far()))
 
     def _lost(self, rank: int, why: str, last_seen_wall: float) -> None:
+        if rank in self.replaced:
+            return
         if rank in self.spares:   # a spare lost: one fewer to take a place, the run goes on
             self._spare_gone(rank, why)
         elif rank not in self.final:
@@ -186,6 +193,8 @@ class Coordinator(GangServer):
     def _undecoded(self, rank: int, bad: wire.Undecoded) -> None:
         """A line that did not decode: logged and dropped; a ``failed`` report still fails its node, naming it."""
         node = self.nodes[rank]
+        if rank in self.replaced:
+            return
         if bad.claims is Failed:
             self.final[rank] = LastWord.FAILED
             self._fail(Failure(node, None, time.time(), f"node {node} failed (its report did not decode: {bad.why})"))
@@ -232,7 +241,25 @@ class Coordinator(GangServer):
         self.stall = self.new_stall()
         nodes = tuple(self.nodes[r] for r in self.active)
         self.say(f"recovery {self.recovered}: {', '.join(names)} lost; the run goes on on {', '.join(nodes)}")
-        self.broadcast(Regroup(nodes=nodes, lost=tuple(self.lost_nodes), recovery=self.recovered))
+        self.broadcast(Regroup(nodes=nodes, lost=tuple(self.lost_nodes), recovery=self.recovered,
+                               replaced=tuple(n for r, n in zip(d.lost, names, strict=True) if r in self.replaced)))
+
+    def _watched(self, msg: Message) -> None:
+        """What the stall watch sends out; with ``on_straggler: replace`` a straggler's node is put out of the run
+        for a standing-by spare, as a lost node is (:func:`~higgsfield.node.gang.recovery.replacement`)."""
+        self.broadcast(msg)
+        if not (isinstance(msg, Straggling) and msg.stragglers and self.replace_stragglers and self.abort_kind is None):
+            return
+        found = replacement(msg.stragglers, self.nodes, self.active, [r for r in self.spares if r in self.members],
+                            recoveries=self.recovered, max_recoveries=self.max_recoveries)
+        if isinstance(found, str):
+            self.say(f"on_straggler replace: {found}")
+            return
+        rank, s = found
+        self.replaced.add(rank)
+        self.final[rank] = LastWord.LOST
+        self._fail(Failure(s.node, s.rank, time.time(), f"node {s.node} put out of the run for a spare: rank "
+                                                        f"{s.rank} is a straggler ({s.summary})", lost=True))
 
     def _spare_gone(self, rank: int, why: str) -> None:
         self.spares.remove(rank)

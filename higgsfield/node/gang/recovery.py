@@ -26,8 +26,9 @@ from dataclasses import dataclass, replace
 
 from higgsfield.contract.failure import Failure
 from higgsfield.contract.gang import LastWord
+from higgsfield.contract.straggler import Straggler
 
-__all__ = ["WAIT", "Decision", "decide", "losses_line", "next_step"]
+__all__ = ["WAIT", "Decision", "decide", "losses_line", "next_step", "replacement"]
 
 REGROUP_WAIT_S = 20.0   # how long survivors may take to stop before the run fails instead
 WAIT = "wait"
@@ -74,3 +75,22 @@ def next_step(active: list[int], final: dict[int, LastWord], first: Failure, *, 
     if any(r not in final for r in found.survivors if r in active):   # a survivor that does not stop is as good as lost
         return WAIT if waited < REGROUP_WAIT_S else None
     return found
+
+
+def replacement(stragglers: tuple[Straggler, ...], nodes: list[str], active: list[int], ready: list[int], *,
+                recoveries: int, max_recoveries: int) -> tuple[int, Straggler] | str:
+    """``on_straggler: replace``: the member rank to put out of the run for a standing-by spare (``ready``: those
+    connected), as a lost node is, and the straggler that names it; or why none is (a line for the log)."""
+    for s in stragglers:
+        rank = nodes.index(s.node) if s.node in nodes else -1
+        if rank not in active:
+            continue
+        if rank == active[0]:
+            return f"{s.node} (rank {s.rank}) is a straggler; node 0 hosts the coordinator and is not replaced"
+        if not ready:
+            return f"{s.node} (rank {s.rank}) is a straggler; no spare stands by to replace it"
+        if recoveries >= max_recoveries:
+            return f"{s.node} (rank {s.rank}) is a straggler; the run made its {max_recoveries} recoveries"
+        return rank, s
+    return "no straggler of the run's nodes now"
+

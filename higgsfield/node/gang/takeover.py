@@ -56,13 +56,14 @@ class History:
 
 def coordinator(listener: socket.socket, history: History, gone: str, last_heard: float, *, token: str, run: str,
                 pick_port: Callable[[], int], say: Callable[[str], None], stall: StallPolicy, max_restarts: int,
-                min_nodes: int, max_recoveries: int) -> Coordinator:
+                min_nodes: int, max_recoveries: int, on_straggler: str = "warn") -> Coordinator:
     """The heir's coordinator for a run whose node 0 (``gone``, last heard of at ``last_heard``) was lost: it waits
     :data:`~higgsfield.node.gang.recovery.REGROUP_WAIT_S` for the survivors' last words, then regroups them (or
     gives the verdict). A node lost now or before can never join it."""
     c = Coordinator(listener, token=token, run=run, nodes=list(history.gang), pick_port=pick_port,
                     join_s=REGROUP_WAIT_S, say=say, stall=stall, max_restarts=max_restarts, min_nodes=min_nodes,
-                    max_recoveries=max_recoveries, lost_before=history.lost, recovered=history.recovered)
+                    max_recoveries=max_recoveries, lost_before=history.lost, recovered=history.recovered,
+                    on_straggler=on_straggler)
     rank = history.gang.index
     c.active = [rank(n) for n in history.nodes]
     c.spares = [rank(n) for n in history.spares]

@@ -35,7 +35,15 @@ def take(rd: RunDir, run: NodeRun, msg: Regroup) -> NodeRun:
     gone = [n for n in msg.lost if n not in record.lost]   # this recovery's losses (msg.lost: every one so far)
     record.lost = list(msg.lost)
     record.attempts.append(Attempt(number=len(record.attempts) + 1, at=time.time(), nodes=list(nodes),
-                                   why=f"recovery {msg.recovery}: {', '.join(gone)} lost", logs=rd.log_sizes(),
+                                   why=f"recovery {msg.recovery}: {_gone(gone, msg.replaced)}", logs=rd.log_sizes(),
                                    lost=gone))
     rd.write(record)
     return new
+
+
+def _gone(gone: list[str], replaced: tuple[str, ...]) -> str:
+    """``gpu-3 lost``, or ``gpu-3 replaced (a straggler)`` for a node put out by ``on_straggler: replace``."""
+    lost = [n for n in gone if n not in replaced]
+    return ", ".join([*([f"{', '.join(lost)} lost"] if lost else []),
+                      *(f"{n} replaced (a straggler)" for n in gone if n in replaced)])
+

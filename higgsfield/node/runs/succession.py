@@ -69,7 +69,7 @@ class Succession:
             hosted = takeover.coordinator(listener, self.history, gone, old.last_heard, token=token, run=spec.run,
                                           pick_port=pick_port, say=say, stall=StallPolicy.from_spec(spec),
                                           max_restarts=spec.max_restarts, min_nodes=spec.min_nodes,
-                                          max_recoveries=spec.max_recoveries)
+                                          max_recoveries=spec.max_recoveries, on_straggler=spec.on_straggler)
             hosted.start()
             host, port = "127.0.0.1", listener.getsockname()[1]
         else:

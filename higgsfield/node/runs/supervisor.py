@@ -114,7 +114,8 @@ class Supervisor:
                                            pick_port=lambda: queue.reserve_port(rd.home, self.entry.key), say=say,
                                            stall=StallPolicy.from_spec(spec), max_restarts=spec.max_restarts,
                                            min_nodes=spec.min_nodes if spec.recovers else 0,
-                                           max_recoveries=spec.max_recoveries, spares=len(spec.spares))
+                                           max_recoveries=spec.max_recoveries, spares=len(spec.spares),
+                                           on_straggler=spec.on_straggler)
             host, port = "127.0.0.1", run.placement.coord_port or 0
         else:
             host, port = (spec.coordinator.host, spec.coordinator.port) if spec.coordinator else ("", 0)
@@ -187,6 +188,8 @@ class Supervisor:
             admitted = self._admit()
             outcome = admitted if isinstance(admitted, Outcome) else self._run(*admitted)
             while outcome.state == REGROUP and not self._regroup():
+                if self.node in self.succession.history.lost:   # put out as a straggler: its part ends here
+                    return Outcome(FAILED, None, self._own_failure("put out of the run for a spare: a straggler"))
                 outcome = self._standby()   # a spare still: another one took the lost node's place
             if outcome.state != REGROUP:
                 return outcome
@@ -198,6 +201,11 @@ class Supervisor:
         assert msg is not None
         self.member.regroup, self.member.verdict = None, None
         self.member.verdict_final.clear()
+        stale: list[Message | Lost | None] = []   # what came before the regroup (an abort...) ended the last attempt
+        while not self.inbox.empty():
+            stale.append(self.inbox.get_nowait())
+        for later in stale[next((i + 1 for i, m in enumerate(stale) if m is msg), 0):]:
+            self.inbox.put(later)
         self.succession.regrouped(msg)
         if self.node not in msg.nodes:
             return False

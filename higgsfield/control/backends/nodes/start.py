@@ -174,7 +174,8 @@ async def launch(group: Group, cfg: Config, plan: RunPlan, *,
                 nproc=_nproc(cfg, m.node), coordinator=coordinator, max_restarts=plan.max_restarts,
                 runtime=cfg.runtime, exclusive=plan.exclusive, attempt=attempt,
                 checkpoint_mirror=cfg.checkpoint.mirror or "", min_nodes=plan.min_nodes,
-                max_recoveries=plan.max_recoveries, addresses=addresses, **plan.stall.spec_fields())
+                max_recoveries=plan.max_recoveries, addresses=addresses, on_straggler=cfg.on_straggler.value,
+                **plan.stall.spec_fields())
             payload = json.dumps(encode(StartRequest(spec, secrets=dict(secrets or {}), token=token,
                                                      notify=notify if m.rank == 0 or addresses else Notify())))
             try:
