@@ -101,3 +101,68 @@ def test_peer_copy_with_the_token_and_refused_without(tmp_path: Path) -> None:
     t.join(10)
     assert got.stored == 2 and dst.missing(shas) == []
     assert dst.object_path(shas[0]).read_bytes() == blobs[0]
+
+
+def test_a_waiting_server_sends_objects_as_they_arrive_and_stops_when_told(tmp_path: Path) -> None:
+    src = Store(NodeState(tmp_path / "a"), "demo")
+    dst = Store(NodeState(tmp_path / "b"), "demo")
+    blobs = [os.urandom(100_000), b"later", b"last"]
+    shas = [hashlib.sha256(b).hexdigest() for b in blobs]
+    src.receive(_stream(blobs[:1]))           # the rest is still "on its way" when the fetcher asks
+    ports: list[int] = []
+    ready = threading.Event()
+    sent: list[int] = []
+
+    def run() -> None:
+        def say(r: object) -> None:
+            ports.append(encode(r)["port"])
+            ready.set()
+        sent.append(serve(src, ServeRequest(token="t" * 64, wait=True), ready=say))
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert ready.wait(10)
+    got: list[object] = []
+    f = threading.Thread(target=lambda: got.append(fetch(dst, FetchRequest(host="127.0.0.1", port=ports[0],
+                                                                             token="t" * 64, shas=shas))))
+    f.start()
+    for sha in shas[:1]:   # the first object crosses while the others have not arrived at the server
+        for _ in range(200):
+            if dst.has(sha):
+                break
+            threading.Event().wait(0.02)
+        assert dst.has(sha)
+    assert not dst.has(shas[1])
+    src.receive(_stream(blobs[1:]))
+    f.join(10)
+    t.join(10)
+    assert dst.missing(shas) == [] and sent == [3]
+
+    # a server waiting for an object that never comes ends when its push is gone (stdin closed)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    ports.clear()
+    ready.clear()
+
+    def run2() -> None:
+        def say(r: object) -> None:
+            ports.append(encode(r)["port"])
+            ready.set()
+        try:
+            serve(src, ServeRequest(token="u" * 64, wait=True), ready=say, stopped=lambda s: stop.wait(s))
+        except DataError as e:
+            errors.append(e)
+
+    t2 = threading.Thread(target=run2, daemon=True)
+    t2.start()
+    assert ready.wait(10)
+    other = Store(NodeState(tmp_path / "c"), "demo")
+    never = hashlib.sha256(b"never").hexdigest()
+    f2 = threading.Thread(target=lambda: errors.append(pytest.raises(DataError, fetch, other, FetchRequest(
+        host="127.0.0.1", port=ports[0], token="u" * 64, shas=[never])).value))
+    f2.start()
+    threading.Event().wait(0.3)
+    stop.set()
+    t2.join(10)
+    f2.join(10)
+    assert any("stopped" in str(e) for e in errors) and other.missing([never]) == [never]

@@ -41,9 +41,10 @@ def _emit(reply: object) -> None:
     sys.stdout.flush()
 
 
-def _request(cls: type[T]) -> T:
+def _request(cls: type[T], *, line: bool = False) -> T:
+    """The request on stdin: all of it, or (``line``) its first line, stdin left open after it."""
     try:
-        return codec.decode(cls, loads(sys.stdin.buffer.read()))
+        return codec.decode(cls, loads(sys.stdin.buffer.readline() if line else sys.stdin.buffer.read()))
     except DecodeError as e:
         raise DataError(f"the request on stdin does not decode: {e}") from None
 
@@ -101,9 +102,19 @@ def serve(ctx: click.Context, project: str) -> None:
     from higgsfield.node.data.peer import serve as _serve
 
     store = _store(ctx, project)
-    req = _request(ServeRequest)
-    sent = _serve(store, req, ready=_emit)
+    req = _request(ServeRequest, line=True)
+    sent = _serve(store, req, ready=_emit, stopped=_stdin_closed)
     _emit(PutReply(stored=sent))
+
+
+def _stdin_closed(seconds: float) -> bool:
+    """Whether stdin ended within ``seconds``: the push that keeps this command's stdin open is gone."""
+    import os
+    import select
+
+    fd = sys.stdin.buffer.fileno()
+    readable, _, _ = select.select([fd], [], [], seconds)
+    return bool(readable) and not os.read(fd, 4096)
 
 
 @data.command()

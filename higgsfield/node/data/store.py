@@ -210,8 +210,8 @@ class Store:
                 source = ""
             out.append(EntryState(name=name, current=cur, versions=versions, source=source,
                                   path=str(vdir / cur) if cur else ""))
-        probe = self.root if self.root.exists() else self.root.parents[1]
-        try:
+        probe = next((p for p in (self.root, *self.root.parents) if p.exists()), self.root)
+        try:   # the nearest directory that exists: a first push finds no state directory yet
             free = shutil.disk_usage(probe).free
         except OSError:
             free = 0

@@ -12,7 +12,7 @@ Use::
 from __future__ import annotations
 
 from higgsfield.contract.data import DataError
-from higgsfield.control.backends.nodes.data.push import laptop_manifests, node_status, select
+from higgsfield.control.backends.nodes.data.push import all_current, laptop_manifests, node_status, select
 from higgsfield.control.config import Config
 from higgsfield.control.remote import Group
 
@@ -35,6 +35,8 @@ async def refuse_stale(cfg: Config, group: Group) -> None:
         return
     entries = select(cfg, ())
     laptop_manifests(cfg, entries)
+    if await all_current(cfg, group, entries):   # one readlink per node: the usual case, no invoker start-up
+        return
     held = await versions(cfg, group)
     first = {name: v for node, name, v in held if node == group.members[0].name}
     for e in entries:

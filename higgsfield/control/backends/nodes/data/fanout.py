@@ -1,17 +1,22 @@
-"""The nodes copy a push's objects among themselves, in a chain that follows the upload.
+"""The nodes copy a push's objects among themselves, in a chain that follows the upload object by object.
 
-Node 0 gets the objects from the laptop; node 1 takes from node 0 whatever node 0 holds already,
-again and again until it holds all; node 2 does the same from node 1, and so on. So the copies
-overlap the upload, every node's link carries each byte once in and once out, and the push ends
-about one copy per hop after the laptop's last byte. (Doubling rounds, 1 -> 2 -> 4 holders, were
-the first design: fewer hops at 64 nodes, but each round waited for the one before it, and the
-first for the whole upload. On 4 nodes at 100 Mbit/s both measured the same here, 64.0 s and 63.1 s
-for 500 MB against rsync's 162 s: every hop pays an SSH exec and an invoker start-up, which a
-loaded 2-core machine makes seconds; the chain is kept because its copies need not wait for the
-upload, which matters once those start-ups are small against the data.) A copy is ``invoker data serve`` on
-the holder (it prints the port it listens on) and ``invoker data fetch`` on the other, the same
-fresh token given to both on SSH stdin; the nodes authenticate each other with the gang wire's
-handshake (:mod:`higgsfield.node.data.peer`), and no node ever opens a shell on another.
+Node 0 gets the objects from the laptop; node 1 fetches them from node 0, node 2 from node 1, and
+so on, all at once from the start of the push: each node's server (``invoker data serve``, waiting
+mode) sends an object the moment it is stored there, and waits for the next one while it is still
+on its way (from the laptop, or from the node before). So every hop follows the upload a few
+objects behind, each node's link carries each byte once in and once out, and the push ends about
+one object per hop after the laptop's last byte: one serve and one fetch per node for the whole
+push. (The first chain polled instead: the laptop asked each node what the one before it held, then
+started a serve and a fetch for that much, again and again; each round was three SSH execs and
+invoker start-ups, seconds on a loaded 2-core machine, and 500 MB to 4 nodes took 63 s against
+rsync's 162 s. Doubling rounds, 1 -> 2 -> 4 holders, measured the same: each round waited for the
+one before it. docs/benchmarks.md has the figures.) A server's stdin stays open for the push: when
+the laptop goes (killed, cut), its channel closes and the waiting server ends, and its fetcher with it.
+
+The serve and the fetch get the same fresh token on SSH stdin; the nodes authenticate each other
+with the gang wire's handshake (:mod:`higgsfield.node.data.peer`), and no node ever opens a shell on
+another. An object is sent whole once stored (verified) on the sending node: a file larger than a
+batch crosses each hop after the one before it has all of it, not cut through.
 
 A node that fails its copy fails the push (one line naming it); the objects it stored stay, so
 the next push copies only the rest.
@@ -72,78 +77,55 @@ class NodeProgress:
 
 
 async def copy(cfg: Config, src: Member, dst: Member, shas: list[str], p: NodeProgress,
-               tick: Callable[[], None], commits: list[CommitRequest], *, base: int = 0, final: bool = True) -> int:
-    """``dst`` takes ``shas`` from ``src`` (module doc); the bytes it took. ``base``: the bytes ``dst`` took
-    before in this push (its progress adds up); ``final``: this copy ends its part."""
+               tick: Callable[[], None], commits: list[CommitRequest]) -> int:
+    """``dst`` takes ``shas`` from ``src``, waiting there for those still on their way (module doc); the
+    bytes it took. ``commits``: the versions ``dst`` makes current once it holds them all."""
     token = _random.token_hex(32)
-    serve = src.transport.stream([*invoker_argv(cfg, src.node), "data", "serve", "--project", cfg.name],
-                                 input=json.dumps(encode(ServeRequest(token=token))))
-    try:
-        first = await asyncio.wait_for(serve.__anext__(), cfg.ssh.command_timeout)
+    argv = [*invoker_argv(cfg, src.node), "data", "serve", "--project", cfg.name]
+    async with src.transport.session(argv) as serve:
+        await serve.send(json.dumps(encode(ServeRequest(token=token, wait=True))) + "\n")
+        first = await asyncio.wait_for(serve.receive(), cfg.ssh.command_timeout)
+        if first is None:
+            done = await serve.finish()
+            raise DataError(f"{src.name}: the data server ended before it listened: "
+                            f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
         ready = decode_reply(src.name, first, ServeReady)
         p.state, p.via = f"copying from {src.name}", src.name
-        p.started = p.started or time.monotonic()
         tick()
         took = 0
         req = FetchRequest(host=src.node.host, port=ready.port, token=token, shas=shas, commits=commits)
-        argv = [*invoker_argv(cfg, dst.node), "data", "fetch", "--project", cfg.name]
+        fetch_argv = [*invoker_argv(cfg, dst.node), "data", "fetch", "--project", cfg.name]
 
         async def fetch() -> None:
             nonlocal took
-            async for line in dst.transport.stream(argv, input=json.dumps(encode(req))):
+            async for line in dst.transport.stream(fetch_argv, input=json.dumps(encode(req))):
                 took = decode_reply(dst.name, line, PutReply).bytes
-                p.done = base + took
+                if took and p.started is None:
+                    p.started = time.monotonic()
+                p.done = took
                 tick()
 
         await asyncio.wait_for(fetch(), COPY_TIMEOUT_S)
-        async for _ in serve:   # the server's last line, and its exit status
-            pass
-    except StopAsyncIteration:
-        raise DataError(f"{src.name}: the data server ended before it listened") from None
-    finally:
-        await serve.aclose()  # type: ignore[attr-defined]
-    if final:
-        p.done, p.ended, p.state = p.total, time.monotonic(), "done"
+        done = await serve.finish()   # its last line (what it sent) and its exit status
+        if not done.ok:
+            raise DataError(f"{src.name}: the data server failed: "
+                            f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+    p.done, p.ended, p.state = p.total, time.monotonic(), "done"
     tick()
     return took
 
 
 async def follow_chain(cfg: Config, group: Group, missing: dict[str, list[str]], prog: dict[str, NodeProgress],
-                       tick: Callable[[], None], node0_done: asyncio.Event, *,
+                       tick: Callable[[], None], *,
                        commit: Callable[[Member], Awaitable[None]],
                        commits: Callable[[Member], list[CommitRequest]]) -> None:
-    """The nodes copy while the laptop still sends: each node in a chain takes from the one before it
-    whatever that one holds already, again and again, until it holds all; so the copies overlap the
-    upload and the push ends about one copy after the laptop's last byte, not one round per doubling."""
+    """Every node that lacks objects fetches them from the one before it in the chain, all hops at once
+    from the start of the push (module doc); a node that lacks none only commits."""
     rest = group.members[1:]
     chain = [group.members[0]] + [m for m in rest if missing[m.name]]
     await _check(Group([m for m in rest if not missing[m.name]]).run(commit), "data commit")
-    done = {m.name: asyncio.Event() for m in chain}
-    done[chain[0].name] = node0_done
-
-    async def follower(src: Member, dst: Member) -> None:
-        from higgsfield.contract.data import MissingReply, MissingRequest
-        from higgsfield.control.backends.nodes.output import invoke_reply
-
-        need, base = list(missing[dst.name]), 0
-        while need:
-            src_whole = done[src.name].is_set()   # read before asking: whole then means whole at the answer
-            lack = await invoke_reply(src.transport, cfg, ["data", "missing", "--project", cfg.name], MissingReply,
-                                      input=json.dumps(encode(MissingRequest(shas=need))))
-            gone = set(lack.missing)
-            have = [s for s in need if s not in gone]
-            if have:
-                last = len(have) == len(need)
-                base += await copy(cfg, src, dst, have, prog[dst.name], tick, commits(dst) if last else [],
-                                   base=base, final=last)
-                need = [s for s in need if s in gone]
-            elif src_whole:
-                raise DataError(f"{src.name} finished without {len(need)} object(s) {dst.name} needs")
-            else:
-                await asyncio.sleep(0.5)
-        done[dst.name].set()
-
-    tasks = [asyncio.ensure_future(follower(a, b)) for a, b in zip(chain, chain[1:], strict=False)]
+    tasks = [asyncio.ensure_future(copy(cfg, a, b, list(missing[b.name]), prog[b.name], tick, commits(b)))
+             for a, b in zip(chain, chain[1:], strict=False)]
     try:
         for t in asyncio.as_completed(tasks):
             await t

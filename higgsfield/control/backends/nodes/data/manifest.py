@@ -62,23 +62,26 @@ def scan(root: Path, *, cache: Path | None = None, name: str = "") -> Manifest:
         raise DataError(f"data '{name}': {root} does not exist: fix its source in higgsfield.yml")
     where = str(root.resolve())
     known: dict[str, list[str]] = {}
+    old_lines = ""
     if cache is not None:
         with contextlib.suppress(OSError, ValueError):   # absent, not JSON, not a cache (DecodeError): hash
             old = codec.decode(HashCache, json.loads(cache.read_text()))
             if old.root == where:
-                known = {parts[0]: parts for line in old.files if len(parts := line.split("\0")) == 5}
+                old_lines = old.lines
+                known = {parts[0]: parts for line in old.lines.split("\n") if len(parts := line.split("\0")) == 5}
     files, fresh = [], []
+    single = not root.is_dir()
     for rel, st in _walk(root):
         key = [rel, str(st.st_size), str(st.st_mtime_ns), str(st.st_ino)]
         seen = known.get(rel)
-        sha = seen[4] if seen is not None and seen[:4] == key else \
-            _sha256(root / rel if root.is_dir() else root)
+        sha = seen[4] if seen is not None and seen[:4] == key else _sha256(root if single else root / rel)
         fresh.append("\0".join([*key, sha]))
         files.append(DataFile(path=rel, size=st.st_size, sha256=sha))
-    if cache is not None:
+    lines = "\n".join(fresh)
+    if cache is not None and lines != old_lines:   # unchanged: not written again (a re-push only reads)
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(".tmp")
-        tmp.write_text(json.dumps(codec.encode(HashCache(root=where, files=fresh))))
+        tmp.write_text(json.dumps(codec.encode(HashCache(root=where, lines=lines))))
         os.replace(tmp, cache)
     return Manifest(files=files)
 
