@@ -70,6 +70,24 @@ def check_rel_path(v: str) -> None:
         raise ValueError(f"{shown(v)} is not a relative path inside the entry")
 
 
+#: The top-level names of a node's state directory that are higgsfield's own: a ``dest:`` never replaces one.
+_STATE_OWN = ("runs", "venv", "wheels", "tmp", "projects", "envs", "trash", "data", "queue.json", "queue.lock",
+              ".lock")
+
+
+def check_data_dest(v: str) -> None:
+    """An entry's ``dest:``: a relative path inside the node's state directory, not one of higgsfield's own
+    directories there (ValueError saying so: the one line a user sees)."""
+    p = PurePosixPath(v)
+    if (not v or v.startswith(("/", "~")) or "\\" in v or "\0" in v
+            or any(part in ("", ".", "..") for part in v.split("/"))):
+        raise ValueError(f"dest {shown(v)} is outside the node's state directory: give a path relative to it, "
+                         "without '..' (dest: weights/base)")
+    if p.parts[0] in _STATE_OWN:
+        raise ValueError(f"dest {shown(v)} is inside higgsfield's own '{p.parts[0]}' directory on the node: "
+                         "choose another name (dest: weights/base)")
+
+
 def _version(v: str) -> None:
     if not re.fullmatch(rf"[0-9a-f]{{{VERSION_LEN}}}", v):
         raise ValueError(f"{shown(v)} is not a data version")
@@ -171,6 +189,8 @@ class CommitRequest(Typed):
     name: str = field(metadata=rule(check=check_data_name))
     manifest: Manifest
     source: str = ""
+    dest: str = field(default="", metadata=rule(check=lambda v: check_data_dest(v) if v else None))
+    """A path under the node's state directory that links to the current version (the entry's ``dest:``)."""
 
 
 @dataclass(frozen=True)
@@ -246,6 +266,7 @@ class IngestRequest(Typed):
     source: str
     revision: str = ""
     secrets: dict[str, str] = field(default_factory=dict)
+    dest: str = field(default="", metadata=rule(check=lambda v: check_data_dest(v) if v else None))
 
 
 @dataclass(frozen=True)

@@ -149,6 +149,14 @@ def _data_source(v: str) -> str:
     return v
 
 
+def _data_dest(v: str) -> str:
+    from higgsfield.contract.data import check_data_dest
+
+    check_text(v)
+    check_data_dest(v)
+    return v
+
+
 class DataEntryConfig(_Model):
     """One entry of ``data:``: where its files come from. Each run sees it read-only at ``params.data[NAME]``."""
 
@@ -157,9 +165,13 @@ class DataEntryConfig(_Model):
                                          "a Hugging Face repo hf://org/name (hf://datasets/org/name).")
     revision: str | None = Field(None, description="The Hub repo's revision (a branch, tag or commit); "
                                                    "only for hf:// sources.")
+    dest: str | None = Field(None, description="A path relative to each node's state directory where the "
+                                               "current version also appears (a link, swapped atomically); "
+                                               "a path outside it is refused.")
 
     _source = _checked("source", check=_data_source)
     _revision = _checked("revision", check=check_text)
+    _dest = _checked("dest", check=_data_dest)
 
     @property
     def kind(self) -> str:
@@ -189,6 +201,13 @@ def check_data(v: dict[str, DataEntryConfig]) -> dict[str, DataEntryConfig]:
             raise ValueError(f"entry {shown(name)} is {shown(seen[name.upper()])} again (one variable "
                              f"HIGGSFIELD_DATA_{name.upper()}): give each entry its own name")
         seen[name.upper()] = name
+        if entry.dest is not None:
+            dest = entry.dest.rstrip("/")
+            clash = next((n for n, e in v.items() if n != name and e.dest is not None and (
+                e.dest.rstrip("/") == dest or e.dest.startswith(dest + "/"))), None)
+            if clash is not None:
+                raise ValueError(f"entry {shown(name)}: dest {shown(entry.dest)} is also entry {shown(clash)}'s "
+                                 "(or holds it): give each entry its own dest")
         if entry.revision is not None and entry.kind != "hub":
             raise ValueError(f"entry {shown(name)}: revision is for hf:// sources; remove it, or pin the "
                              "source itself")

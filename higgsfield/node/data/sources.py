@@ -69,7 +69,7 @@ def ingest(store: Store, name: str, req: IngestRequest) -> IngestReply:
     if not manifest.files:
         raise DataError(f"data '{name}': {req.source} holds no files")
     source = req.source + (f"@{req.revision}" if req.revision else "")
-    done = store.commit(CommitRequest(name=name, manifest=manifest, source=source))
+    done = store.commit(CommitRequest(name=name, manifest=manifest, source=source, dest=req.dest))
     return IngestReply(manifest=manifest, current=done.current, path=done.path)
 
 

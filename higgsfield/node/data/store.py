@@ -45,6 +45,7 @@ from higgsfield.contract.data import (
     ObjectHeader,
     PruneDataReply,
     PutReply,
+    check_data_dest,
     check_data_name,
 )
 from higgsfield.contract.decode import DecodeError, loads
@@ -60,6 +61,7 @@ class Store:
     """The data of ``project`` under ``home`` (module doc)."""
 
     def __init__(self, home: NodeState, project: str) -> None:
+        self.home = home.root
         self.root = home.root / layout.data_dir(project)
         self.objects = self.root / "objects"
         self.entries = self.root / "entries"
@@ -178,11 +180,26 @@ class Store:
         link_tmp = edir / f".current-{secrets.token_hex(4)}"
         os.symlink(f"versions/{version}", link_tmp)
         os.replace(link_tmp, current)
+        if req.dest:
+            self._link_dest(req.name, req.dest, final)
         src = edir / "source"
         tmp = edir / f".source-{secrets.token_hex(4)}"
         tmp.write_text(req.source)
         os.replace(tmp, src)
         return CommitReply(name=req.name, current=version, path=str(final), built=built)
+
+    def _link_dest(self, name: str, dest: str, version: Path) -> None:
+        """``<state>/<dest>`` -> the version directory, swapped by rename; a file or directory of the user's
+        there is never replaced (DataError)."""
+        check_data_dest(dest)
+        link = self.home / dest.rstrip("/")
+        if os.path.lexists(link) and not link.is_symlink():
+            raise DataError(f"data '{name}': dest {link} exists and is not this entry's link: move it away or "
+                            "choose another dest")
+        link.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = link.parent / f".{link.name}-{secrets.token_hex(4)}"
+        os.symlink(version.resolve(), tmp)
+        os.replace(tmp, link)
 
     def current(self, name: str) -> str | None:
         try:

@@ -47,6 +47,7 @@ from higgsfield.contract.data import (
     PushReport,
     PutReply,
 )
+from higgsfield.contract.errors import CommandError
 from higgsfield.contract.units import human_bytes
 from higgsfield.control.backends.nodes.data.fanout import NodeProgress, follow_chain
 from higgsfield.control.backends.nodes.data.manifest import read_checked, scan
@@ -69,6 +70,7 @@ class Entry:
     kind: str
     root: Path | None = None
     manifest: Manifest | None = None
+    dest: str = ""
 
     @property
     def version(self) -> str:
@@ -109,7 +111,7 @@ def select(cfg: Config, names: Sequence[str]) -> list[Entry]:
         if e.kind == "path":
             root = Path(e.source).expanduser()
             root = root if root.is_absolute() else cfg.project_dir / root
-        out.append(Entry(name=name, source=e.shown_source(), kind=e.kind, root=root))
+        out.append(Entry(name=name, source=e.shown_source(), kind=e.kind, root=root, dest=e.dest or ""))
     return out
 
 
@@ -132,13 +134,15 @@ async def all_current(cfg: Config, group: Group, entries: list[Entry]) -> bool:
     if not entries or any(e.manifest is None for e in entries):
         return False
     base = f"{node_state_dir(cfg)}/{layout.data_dir(cfg.name)}/entries"
-    argv = ["readlink", "-e", "--", *(f"{base}/{e.name}/current" for e in entries)]
+    links = [(f"{base}/{e.name}/current", e.version) for e in entries]
+    links += [(f"{node_state_dir(cfg)}/{e.dest.rstrip('/')}", e.version) for e in entries if e.dest]
+    argv = ["readlink", "-e", "--", *(path for path, _ in links)]
 
     async def one(m: Member) -> bool:
         r = await m.transport.run(argv, check=False)
         got = r.stdout.splitlines()
-        return r.ok and len(got) == len(entries) and all(
-            PurePosixPath(g).name == e.version for g, e in zip(got, entries, strict=True))
+        return r.ok and len(got) == len(links) and all(
+            PurePosixPath(g).name == version for g, (_, version) in zip(got, links, strict=True))
 
     return all(r.ok and r.value for r in await group.run(one))
 
@@ -173,7 +177,7 @@ async def push_async(cfg: Config, names: Sequence[str] = (), *, secrets: dict[st
                                                                 "--name", e.name],
                                          IngestReply, input=json.dumps(encode(IngestRequest(
                                              source=cfg.data[e.name].source, revision=cfg.data[e.name].revision
-                                             or "", secrets=dict(secrets or {})))),
+                                             or "", secrets=dict(secrets or {}), dest=e.dest))),
                                          timeout=max(cfg.ssh.command_timeout, 3600))
                 e.manifest = got.manifest
         if await all_current(cfg, group, entries):   # the common re-push: one readlink per node, no invoker
@@ -187,7 +191,8 @@ async def push_async(cfg: Config, names: Sequence[str] = (), *, secrets: dict[st
         wanted: dict[str, list[Entry]] = {}      # node -> entries not current there
         for m in group.members:
             st = status[m.name]
-            wanted[m.name] = [e for e in entries if (x := st.entry(e.name)) is None or x.current != e.version]
+            wanted[m.name] = [e for e in entries   # a dest is linked again (cheap: the version is there)
+                              if (x := st.entry(e.name)) is None or x.current != e.version or e.dest]
         objects: dict[str, tuple[Entry, DataFile]] = {}
         for e in entries:
             assert e.manifest is not None
@@ -290,7 +295,7 @@ def _pushed(e: Entry) -> PushedEntry:
 
 def _commit_request(e: Entry) -> CommitRequest:
     assert e.manifest is not None
-    return CommitRequest(name=e.name, manifest=e.manifest, source=e.source)
+    return CommitRequest(name=e.name, manifest=e.manifest, source=e.source, dest=e.dest)
 
 
 def _files(e: Entry) -> list[DataFile]:
@@ -314,11 +319,22 @@ async def _commit(cfg: Config, m: Member, entries: list[Entry], p: NodeProgress,
     tick()
     for e in entries:
         assert e.manifest is not None
-        await invoke_reply(m.transport, cfg, ["data", "commit", "--project", cfg.name], CommitReply,
-                           input=json.dumps(encode(CommitRequest(name=e.name, manifest=e.manifest,
-                                                                 source=e.source))))
+        try:
+            await invoke_reply(m.transport, cfg, ["data", "commit", "--project", cfg.name], CommitReply,
+                               input=json.dumps(encode(_commit_request(e))))
+        except CommandError as err:
+            raise refusal(m.name, err) from None
     p.state = "done"
     tick()
+
+
+def refusal(node: str, err: CommandError) -> Exception:
+    """A node's own one-line refusal (its invoker exited 2: a dest taken by a user's file) as the push's
+    DataError naming the node (exit 2); any other failure as it was."""
+    if err.exit_status != 2:
+        return err
+    line = (err.stderr.strip().splitlines() or [str(err)])[-1].removeprefix("error: ")
+    return DataError(f"{node}: {line}")
 
 
 def push(cfg: Config, names: Sequence[str] = (), *, secrets: dict[str, str] | None = None,
