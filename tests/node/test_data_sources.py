@@ -1,6 +1,6 @@
 """A URL entry downloaded on a node (``invoker data ingest``): an ``s3://`` prefix from moto's S3 server on
 loopback, its credentials and endpoint given as secrets (stdin), stored, made current, and its manifest the
-one the other nodes copy; a ``file://`` URL the same way. No Hub is reachable here: hf:// is not tested."""
+one the other nodes copy; a ``file://`` URL the same way. hf:// (from a local Hub endpoint): test_data_hub.py."""
 
 from __future__ import annotations
 

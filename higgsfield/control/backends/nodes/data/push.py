@@ -173,12 +173,15 @@ async def push_async(cfg: Config, names: Sequence[str] = (), *, secrets: dict[st
             if e.kind != "path":
                 prog[first.name].state = f"downloading {e.name}"
                 tick()
-                got = await invoke_reply(first.transport, cfg, ["data", "ingest", "--project", cfg.name,
-                                                                "--name", e.name],
-                                         IngestReply, input=json.dumps(encode(IngestRequest(
-                                             source=cfg.data[e.name].source, revision=cfg.data[e.name].revision
-                                             or "", secrets=dict(secrets or {}), dest=e.dest))),
-                                         timeout=max(cfg.ssh.command_timeout, 3600))
+                try:
+                    got = await invoke_reply(first.transport, cfg, ["data", "ingest", "--project", cfg.name,
+                                                                    "--name", e.name],
+                                             IngestReply, input=json.dumps(encode(IngestRequest(
+                                                 source=cfg.data[e.name].source, revision=cfg.data[e.name].revision
+                                                 or "", secrets=dict(secrets or {}), dest=e.dest))),
+                                             timeout=max(cfg.ssh.command_timeout, 3600))
+                except CommandError as err:   # a revision or path the source lacks: the node's one line
+                    raise refusal(first.name, err) from None
                 e.manifest = got.manifest
         if await all_current(cfg, group, entries):   # the common re-push: one readlink per node, no invoker
             for p in result.nodes:
