@@ -17,8 +17,9 @@ from typing import ClassVar, Literal
 Event = Literal["started", "succeeded", "failed", "stalled", "recovered", "lost", "straggler"]
 EVENTS: tuple[Event, ...] = ("started", "succeeded", "failed", "stalled", "recovered", "lost", "straggler")
 """``started``: torchrun runs on node 0; ``succeeded`` / ``failed``: the run's end (a kill by a user is
-not news to them); ``stalled``: the watchdog's diagnosis; ``recovered`` / ``lost``: a node lost and the
-run going on without it; ``straggler``: a rank named slow by its own work per step (``on_straggler: warn``)."""
+not news to them); ``stalled``: the watchdog's diagnosis; ``lost``: a node lost (told at the regroup by
+node 0 of the next attempt, or with the run's failure when it does not go on); ``recovered``: the next
+attempt's torchrun started on the new node set (instead of a second ``started``); ``straggler``: a rank named slow by its own work per step (``on_straggler: warn``)."""
 DEFAULT_EVENTS: tuple[Event, ...] = ("succeeded", "failed", "stalled", "recovered", "lost", "straggler")
 """Everything but ``started``: what a user away from the screen wants to hear of."""
 

@@ -128,3 +128,20 @@ def test_the_end_told_is_the_runs_as_node_0_saw_it() -> None:
     own = Failure("gpu-1", 0, 9.0, "rank 0: exited 1")
     assert ending("failed", own, None) == ("failed", own)
     assert ending("killed", None, Verdict("killed", node="gpu-1")) is None   # no news to whoever killed it
+
+
+def test_a_run_ended_by_a_lost_node_tells_lost_then_failed_and_a_silent_node_tells_nothing(hook: Hook) -> None:
+    from functools import partial
+
+    from higgsfield.contract.failure import Failure, Verdict
+    from higgsfield.node.runs.notify import tell_end
+
+    lost = Failure("gpu-3", None, time.time(), "node gpu-3 was lost: connection closed", lost=True)
+    n = Notifier(Notify((hook.url,), ("lost", "failed")), lambda _m: None)
+    tell_end(n, partial(Note, run="r2", project="p", experiment="e"), "failed", None, Verdict("failed", lost))
+    quiet = Notifier(Notify((hook.url,), ("lost", "failed")), lambda _m: None, speaks=lambda: False)   # not node 0
+    tell_end(quiet, partial(Note, run="r3", project="p", experiment="e"), "failed", None, Verdict("failed", lost))
+    n.close(10)
+    quiet.close(10)
+    assert [p["title"] for p in hook.posts] == ["higgsfield: run r2 lost", "higgsfield: run r2 failed"], hook.posts
+    assert "node: gpu-3" in hook.posts[0]["message"]

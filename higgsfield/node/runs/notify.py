@@ -1,7 +1,8 @@
 """Node 0's word about its run: one message per event to each ``notify:`` destination, through apprise.
 
 The run's supervisor on node 0 says :meth:`Notifier.event` when torchrun starts, when the watchdog
-finds a stall and when the run ends (:mod:`higgsfield.node.runs.supervisor`); it never waits for a
+finds a stall, when a node is lost and the run goes on on its next attempt, and when the run ends
+(:mod:`higgsfield.node.runs.supervisor`); after node 0 itself is lost, the new node 0's does. It never waits for a
 send: messages go from a thread of their own, in order, each destination on its own so that one
 dead webhook does not silence the others. A send that fails is one line in the run's launcher log,
 naming the destination by its number and scheme only (``2 of 2, json://``): the URL is a secret
@@ -160,3 +161,20 @@ def ending(state: str, own: Failure | None, verdict: Verdict | None) -> tuple[Ev
     if fail is not None:
         return "failed", fail
     return ("succeeded", None) if state == SUCCEEDED else None
+
+
+def tell_end(notifier: Notifier, note: Callable[..., Note], state: str, own: Failure | None,
+             verdict: Verdict | None) -> None:
+    """The run's end as the coordinator saw it (a kill is no news to whoever killed it); a run that ends for a
+    lost node also tells ``lost`` (one that goes on tells it at its regroup)."""
+    end = ending(state, own, verdict)
+    if end is None:
+        return
+    event, fail = end
+    if fail is None:
+        notifier.event(note(event))
+        return
+    if fail.lost:
+        notifier.event(note("lost", node=fail.node, detail=fail.reason))
+    notifier.event(note(event, node=fail.node, rank=fail.rank, detail=fail.reason, error=fail.tail))
+

@@ -12,13 +12,15 @@ step complete on the old nodes (their own parts and buddy copies: :mod:`higgsfie
 
 from __future__ import annotations
 
+import queue
 import time
+from typing import Any
 
 from higgsfield.contract.gang import Regroup
 from higgsfield.node.state.placement import NodeRun
 from higgsfield.node.state.records import Attempt, RunDir
 
-__all__ = ["take"]
+__all__ = ["drop_stale", "take"]
 
 
 def take(rd: RunDir, run: NodeRun, msg: Regroup) -> NodeRun:
@@ -46,4 +48,14 @@ def _gone(gone: list[str], replaced: tuple[str, ...]) -> str:
     lost = [n for n in gone if n not in replaced]
     return ", ".join([*([f"{', '.join(lost)} lost"] if lost else []),
                       *(f"{n} replaced (a straggler)" for n in gone if n in replaced)])
+
+
+def drop_stale(inbox: queue.Queue[Any], msg: Regroup) -> None:
+    """Drop what the inbox holds up to ``msg`` (an abort the heir of a lost node 0 greets a joining survivor
+    with would end the next attempt's admission); keep what came after it."""
+    stale = []
+    while not inbox.empty():
+        stale.append(inbox.get_nowait())
+    for later in stale[next((i + 1 for i, m in enumerate(stale) if m is msg), 0):]:
+        inbox.put(later)
 

@@ -74,7 +74,7 @@ from higgsfield.node.gang.listener import listen
 from higgsfield.node.gang.member import Inbox, Lost, Member
 from higgsfield.node.gang.recovery import REGROUP_WAIT_S
 from higgsfield.node.runs import failure, progress, regroup, stragglers
-from higgsfield.node.runs.notify import Note, Notifier, ending
+from higgsfield.node.runs.notify import Note, Notifier, tell_end
 from higgsfield.node.runs.outcome import REGROUP, Outcome, say
 from higgsfield.node.runs.stall_answer import StallAnswers
 from higgsfield.node.runs.succession import Succession
@@ -106,6 +106,7 @@ class Supervisor:
                                  want=queue.wanted(run.nproc, spec.exclusive, self.cap), exclusive=spec.exclusive,
                                  order=spec.submitted_at, pid=os.getpid(), pid_start=pids.start_time(os.getpid()))
         self.coordinator: Coordinator | None = None
+        self.recovering = 0   # the recovery whose attempt starts next (its start is told as 'recovered')
         # every other node of a run that recovers holds a port to host the coordinator on, should node 0 be lost
         self.succession = Succession(spec, listen(queue.reserved_ports(rd.home))
                                      if listener is None and spec.recovers and spec.addresses else None)
@@ -141,7 +142,7 @@ class Supervisor:
         queue.release(self.home, *self.entry.key)
         if self.coordinator is not None:  # node 0 serves the others until each has said its last word
             self.coordinator.wait(DONE_WAIT_S)
-            self._notify_end(outcome, self.coordinator.verdict)
+            tell_end(self.notifier, self._note, outcome.state, outcome.failure, self.coordinator.verdict)
             self.coordinator.close()
         self.member.close()
         self.notifier.close()
@@ -150,14 +151,6 @@ class Supervisor:
     def _note(self, event: Event, **fields: Any) -> Note:
         spec = self.node_run.spec
         return Note(event, spec.run, spec.project, spec.experiment, step=progress.newest_step(self.rd), **fields)
-
-    def _notify_end(self, outcome: Outcome, verdict: Verdict | None) -> None:
-        """The run's end as the coordinator saw it; a kill is no news to whoever killed it."""
-        end = ending(outcome.state, outcome.failure, verdict)
-        if end is not None:
-            fail = end[1]
-            self.notifier.event(self._note(end[0], node=fail.node, rank=fail.rank, detail=fail.reason,
-                                           error=fail.tail) if fail else self._note(end[0]))
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.stop_asked.set()
@@ -201,17 +194,16 @@ class Supervisor:
         assert msg is not None
         self.member.regroup, self.member.verdict = None, None
         self.member.verdict_final.clear()
-        stale: list[Message | Lost | None] = []   # what came before the regroup (an abort...) ended the last attempt
-        while not self.inbox.empty():
-            stale.append(self.inbox.get_nowait())
-        for later in stale[next((i + 1 for i, m in enumerate(stale) if m is msg), 0):]:
-            self.inbox.put(later)
+        regroup.drop_stale(self.inbox, msg)   # what came before it (an abort...) ended the last attempt
+        before = self.succession.history.lost
         self.succession.regrouped(msg)
         if self.node not in msg.nodes:
             return False
         self.node_run, self.nodes = regroup.take(self.rd, self.node_run, msg), list(msg.nodes)
         say(f"recovery {msg.recovery}: {', '.join(msg.lost)} lost; going on on {', '.join(msg.nodes)}")
-        self.notifier.event(self._note("recovered", node=msg.lost[-1], detail=f"nodes now: {', '.join(msg.nodes)}"))
+        for gone in (n for n in msg.lost if n not in before):   # node 0 of the new attempt tells (the others: no)
+            self.notifier.event(self._note("lost", node=gone, detail=f"the run goes on on {', '.join(msg.nodes)}"))
+        self.recovering = msg.recovery   # the next torchrun's start is the run recovered
         return True
 
     def _standby(self) -> Outcome:
@@ -320,7 +312,10 @@ class Supervisor:
             return self._own_end(Outcome(FAILED, 1, self._own_failure(str(e))))
         record.state, record.started_at = RUNNING, time.time()
         self.rd.write(record)
-        self.notifier.event(self._note("started", detail=f"nodes: {', '.join(self.nodes)}"))
+        nodes = f"nodes: {', '.join(self.nodes)}"
+        self.notifier.event(self._note("recovered", detail=f"recovery {self.recovering}: {nodes}") if self.recovering
+                            else self._note("started", detail=nodes))
+        self.recovering = 0
         rc, cause = watch(handle, self.rd, next_msg=self._next, send=lambda m: self.member.send(m),
                           answers=self.answers, stopping=self._stopping,
                           stop_grace=self.node_run.placement.stop_grace,
