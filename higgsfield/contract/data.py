@@ -155,6 +155,8 @@ class DataStatusReply(Reply):
 
     entries: list[EntryState] = field(default_factory=list)
     free_bytes: int = 0
+    missing: list[str] = field(default_factory=list)
+    """With ``--missing``: the objects of the request (on stdin) this node does not hold."""
 
     def entry(self, name: str) -> EntryState | None:
         return next((e for e in self.entries if e.name == name), None)

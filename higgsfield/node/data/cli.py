@@ -60,9 +60,17 @@ _project = click.option("--project", required=True)
 @data.command()
 @_project
 @click.pass_context
-def status(ctx: click.Context, project: str) -> None:
-    """Each entry's current version and kept versions, and the free bytes."""
-    _emit(_store(ctx, project).status())
+@click.option("--missing", "ask", is_flag=True, help="stdin: MissingRequest; the reply names those this node lacks.")
+def status(ctx: click.Context, project: str, ask: bool) -> None:
+    """Each entry's current version and kept versions, and the free bytes (and, asked, the objects missing
+    here: one command per node where a push made two)."""
+    from dataclasses import replace
+
+    from higgsfield.contract.data import MissingRequest
+
+    store = _store(ctx, project)
+    reply = store.status()
+    _emit(replace(reply, missing=store.missing(_request(MissingRequest).shas)) if ask else reply)
 
 
 @data.command()

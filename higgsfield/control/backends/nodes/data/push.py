@@ -40,7 +40,6 @@ from higgsfield.contract.data import (
     IngestReply,
     IngestRequest,
     Manifest,
-    MissingReply,
     MissingRequest,
     PushedEntry,
     PushedNode,
@@ -147,9 +146,14 @@ async def all_current(cfg: Config, group: Group, entries: list[Entry]) -> bool:
     return all(r.ok and r.value for r in await group.run(one))
 
 
-async def node_status(cfg: Config, group: Group) -> dict[str, DataStatusReply]:
+async def node_status(cfg: Config, group: Group, shas: list[str] | None = None) -> dict[str, DataStatusReply]:
+    """Every node's entries and free space; with ``shas``, also which of them it lacks (the same command)."""
+    ask = ["--missing"] if shas is not None else []
+    data = json.dumps(encode(MissingRequest(shas=shas))) if shas is not None else None
+
     async def one(m: Member) -> DataStatusReply:
-        return await invoke_reply(m.transport, cfg, ["data", "status", "--project", cfg.name], DataStatusReply)
+        return await invoke_reply(m.transport, cfg, ["data", "status", "--project", cfg.name, *ask], DataStatusReply,
+                                  input=data)
 
     results = Group.check(await group.run(one), "data status")
     return {r.node: r.value for r in results if r.value is not None}
@@ -190,27 +194,20 @@ async def push_async(cfg: Config, names: Sequence[str] = (), *, secrets: dict[st
             result.entries = [_pushed(e) for e in entries]
             result.seconds = time.monotonic() - t0
             return result
-        status = await node_status(cfg, group)
-        wanted: dict[str, list[Entry]] = {}      # node -> entries not current there
-        for m in group.members:
-            st = status[m.name]
-            wanted[m.name] = [e for e in entries   # a dest is linked again (cheap: the version is there)
-                              if (x := st.entry(e.name)) is None or x.current != e.version or e.dest]
         objects: dict[str, tuple[Entry, DataFile]] = {}
         for e in entries:
             assert e.manifest is not None
             for f in e.manifest.files:
                 objects.setdefault(f.sha256, (e, f))
-
-        async def lacking(m: Member) -> list[str]:
-            shas = list(dict.fromkeys(f.sha256 for e in wanted[m.name] for f in _files(e)))
-            if not shas:
-                return []
-            reply = await invoke_reply(m.transport, cfg, ["data", "missing", "--project", cfg.name], MissingReply,
-                                       input=json.dumps(encode(MissingRequest(shas=shas))))
-            return reply.missing
-
-        missing = {r.node: list(r.value or []) for r in Group.check(await group.run(lacking), "data missing")}
+        # one command per node: its entries, its free space, and which objects it lacks (a node holds every
+        # object of an entry current there, so asking for all of them asks for those of the entries it needs)
+        status = await node_status(cfg, group, list(objects))
+        wanted: dict[str, list[Entry]] = {}      # node -> entries not current there
+        for m in group.members:
+            st = status[m.name]
+            wanted[m.name] = [e for e in entries   # a dest is linked again (cheap: the version is there)
+                              if (x := st.entry(e.name)) is None or x.current != e.version or e.dest]
+        missing = {m.name: list(status[m.name].missing) for m in group.members}
         for m in group.members:
             need = sum(objects[s][1].size for s in missing[m.name])
             p = prog[m.name]
