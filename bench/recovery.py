@@ -2,18 +2,20 @@
 
     .venv/bin/python bench/recovery.py                 # 3 bench hosts, Docker, 5 cuts, ~10M params
     .venv/bin/python bench/recovery.py --rounds 2 --width 512
+    .venv/bin/python bench/recovery.py --cut 0         # node 0 lost: its coordinator taken over by node 1
 
 Three bench hosts (``bench/_bed.py``: hfnode30-32) run an FSDP2 MLP of ``--layers`` x
 ``--width``² (about 10M parameters by default, AdamW) with ``higgsfield run --min-nodes 2
 --detach``: no laptop, no mirror, checkpoints node-local with buddy copies every
-``--every`` steps. Three steps past the second checkpoint, node 2 is cut: its sshd and
+``--every`` steps. Three steps past the second checkpoint, node 2 (``--cut``) is cut: its sshd and
 sessions stop, every process of its user is SIGKILLed, its container killed (what a power
 cut leaves). Each rank prints the UNIX time of its steps, of its load and of its resume;
 the survivors' records give the regroup (the new attempt's ``at``) and the new torchrun's
 start. Per cut, split into:
 
 - **detect + agree**: the cut to the regroup (the coordinator saw the connection drop,
-  stopped the survivors and waited for their last word);
+  stopped the survivors and waited for their last word; with ``--cut 0`` the survivors saw the
+  coordinator's drop, and node 1 took it over on its standby port before they joined it there);
 - **start**: the regroup to the experiment's first line (admission, the container, torch's
   import, the rendezvous);
 - **load**: that line to the resume (the layout, the parts and buddy copies moved and put
@@ -136,22 +138,25 @@ def one_cut(p: Project, args: argparse.Namespace, k: int) -> dict[str, float]:
     past = f"step {2 * args.every + 2} at"   # cut mid-interval: 3 steps past the save are redone
     _wait(lambda: past in _read(logs[0]), 300, past)
     reached = max(int(m) for m in re.findall(r"^step (\d+) at", _read(logs[0]), re.M))
+    heir = 1 if args.cut == 0 else 0   # the survivor that is node 0 of the next attempt (rank 0's log)
+    new_log = p.run_dir(hosts[heir], run) / "logs" / "rank0.log"
+    before = len(re.findall(r"resumes at step", _read(new_log)))
     t0 = time.time()
-    _cut(hosts[2], p.name, run)
+    _cut(hosts[args.cut], p.name, run)
 
     def resumed() -> bool:
-        return len(re.findall(r"resumes at step", _read(logs[0]))) >= 2 and \
-            bool(re.search(r"^step \d+ at", _read(logs[0]).rsplit("resumes at step", 1)[-1], re.M))
+        return len(re.findall(r"resumes at step", _read(new_log))) > before and \
+            bool(re.search(r"^step \d+ at", _read(new_log).rsplit("resumes at step", 1)[-1], re.M))
 
     _wait(resumed, 300, "the survivors' first step after the regroup")
-    rec = _record(p, hosts[0], run)
-    after = _read(logs[0]).rsplit("loading at", 1)[-1]
+    rec = _record(p, hosts[heir], run)
+    after = _read(new_log).rsplit("loading at", 1)[-1]
     loading = float(after.split()[0])
     resume_step, resume_at = re.search(r"resumes at step (\d+) at ([\d.]+)", after).groups()  # type: ignore[union-attr]
     first = float(re.search(r"^step \d+ at ([\d.]+)", after, re.M).group(1))  # type: ignore[union-attr]
     regroup_at = rec["attempts"][-1]["at"]
     p.hf("kill", run, timeout=120, check=False)
-    load_testbed().start_host(hosts[2])
+    load_testbed().start_host(hosts[args.cut])
     return {"detect + agree": regroup_at - t0, "start": loading - regroup_at, "load": float(resume_at) - loading,
             "first step": first - float(resume_at), "cut to first step": first - t0,
             "steps redone": float(reached + 1 - int(resume_step))}
@@ -163,10 +168,12 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=10)
     ap.add_argument("--every", type=int, default=5)
+    ap.add_argument("--cut", type=int, default=2, choices=(0, 1, 2),
+                    help="the node cut (0: node 0, which hosts the coordinator: the next node takes it over)")
     args = ap.parse_args()
     params = args.layers * args.width * (args.width + 1)
     print(f"recovery: 3 nodes x 1 rank (Docker), {params / 1e6:.1f}M params, a checkpoint every {args.every} "
-          f"steps, node 2 cut {args.rounds} times")
+          f"steps, node {args.cut} cut {args.rounds} times")
     with bench_hosts(3) as hosts:
         p = Project("benchrecovery", hosts, sources={"mlp.py": EXPERIMENT})
         try:

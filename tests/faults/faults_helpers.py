@@ -7,10 +7,13 @@ lines are the figures in docs/benchmarks.md ("Faults survived").
 from __future__ import annotations
 
 import contextlib
+import http.server
 import json
 import os
 import pwd
+import socket
 import subprocess
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -66,6 +69,76 @@ def ckpt_steps(params):
     ckpt.wait()
     dist.destroy_process_group()
 '''
+
+
+# An experiment whose ranks on one node (slow_node) take factor x longer per step from slow_from on.
+SLOW_NODE = '''\
+"""Steps of a fixed length; the ranks on slow_node take factor times as long from step slow_from on."""
+import os
+import time
+
+from higgsfield.experiment import experiment, param
+
+
+@experiment("slow_node", seed=0)
+@param("steps", default=40)
+@param("work", default=0.1)
+@param("slow_node", default="")
+@param("slow_from", default=8)
+@param("factor", default=2.0)
+def slow_node(params):
+    import torch
+    import torch.distributed as dist
+
+    from higgsfield.training import init_distributed, progress
+
+    init_distributed()
+    here = os.environ.get("HIGGSFIELD_NODE", "")
+    t = torch.ones(1024)
+    for step in range(1, params.steps + 1):
+        time.sleep(params.work * (params.factor if here == params.slow_node and step >= params.slow_from else 1.0))
+        dist.all_reduce(t)
+        progress(step)
+        print(f"step {step} on {here}", flush=True)
+    dist.destroy_process_group()
+'''
+
+
+class Hooks:
+    """A webhook on loopback that keeps what apprise's ``json://`` posts: (run, event, body) in order."""
+
+    def __init__(self) -> None:
+        self.secret = f"hook-{uuid.uuid4().hex}"
+        self.got: list[tuple[str, str, str]] = []
+        hooks = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                if self.path == f"/{hooks.secret}":
+                    title = body["title"].split()   # "higgsfield: run NAME EVENT"
+                    hooks.got.append((title[2], title[3], body["message"]))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        with socket.socket() as s:   # a port nobody listens on: the dead destination
+            s.bind(("127.0.0.1", 0))
+            self.dead_port = s.getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        return f"json://127.0.0.1:{self.server.server_address[1]}/{self.secret}"
+
+    def events(self, run: str) -> list[str]:
+        return [e for r, e, _ in self.got if r == run]
+
+    def body(self, run: str, event: str) -> str:
+        return next(b for r, e, b in self.got if (r, e) == (run, event))
 
 
 def name(prefix: str) -> str:

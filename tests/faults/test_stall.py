@@ -26,22 +26,18 @@ command line and no process's environment.
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import signal
-import socket
 import subprocess
-import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from faults_helpers import kill_run_quietly, name, report
+from faults_helpers import Hooks, kill_run_quietly, name, report
 from runs_helpers import STATE, Cluster, exe, runs_conftest, wait_for
 from testbed import cpu_torch_requirements
 
@@ -134,43 +130,6 @@ def _git(d: Path, *args: str) -> None:
     subprocess.run([exe("git"), *args], cwd=d, check=True, capture_output=True,
                    env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
                         "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"})
-
-
-class Hooks:
-    """A webhook on loopback that keeps what apprise's ``json://`` posts: (run, event, body) in order."""
-
-    def __init__(self) -> None:
-        self.secret = f"hook-{uuid.uuid4().hex}"
-        self.got: list[tuple[str, str, str]] = []
-        hooks = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-                if self.path == f"/{hooks.secret}":
-                    title = body["title"].split()   # "higgsfield: run NAME EVENT"
-                    hooks.got.append((title[2], title[3], body["message"]))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        with socket.socket() as s:   # a port nobody listens on: the dead destination
-            s.bind(("127.0.0.1", 0))
-            self.dead_port = s.getsockname()[1]
-
-    @property
-    def url(self) -> str:
-        return f"json://127.0.0.1:{self.server.server_address[1]}/{self.secret}"
-
-    def events(self, run: str) -> list[str]:
-        return [e for r, e, _ in self.got if r == run]
-
-    def body(self, run: str, event: str) -> str:
-        return next(b for r, e, b in self.got if (r, e) == (run, event))
 
 
 def _configure(c: StallCluster, runtime: str) -> None:
