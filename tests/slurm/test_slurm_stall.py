@@ -9,9 +9,10 @@ the login node); after it, rank 1 sleeps in ``time.sleep`` while the others wait
 stall within ``stall_timeout + 10 s`` of the last progress, take and save every rank's
 stack, and fail the job with ``stalled: <summary>`` naming the frozen rank ``node/1`` and
 its line, the others in ``all_reduce``; ``higgsfield stacks RUN --json`` (the real CLI, against
-the bed's login node) names every rank while it runs. Two more jobs: ``on_stall: wait``
-(``stalled``, then ``running`` again once the rank goes on) and ``on_stall: restart``
-(requeued from the checkpoint, then failed once no requeue is left).
+the bed's login node) names every rank while it runs. One more job: ``on_stall: wait``
+(``stalled``, then ``running`` again once the rank goes on). ``on_stall: restart`` (requeued from
+the checkpoint, then failed once no requeue is left) shares its job with a lost node's recovery:
+test_slurm_recovery.py.
 
     flock /tmp/hf-testbed.lock .venv/bin/pytest tests/slurm/test_slurm_stall.py -x -q
 """
@@ -216,25 +217,3 @@ def test_on_stall_wait_shows_stalled_then_running_again(cluster: Cluster, workdi
     assert record and record["state"] == "running" and record["stall"]["odd"], record   # the diagnosis stays
     cluster(eng.cancel(spec.project, spec.run))
     assert state().state == "killed"
-
-
-@pytest.mark.timeout(150)
-def test_on_stall_restart_requeues_from_the_checkpoint_then_fails(cluster: Cluster, workdir: Path) -> None:
-    spec, run_dir = _submit(cluster, workdir, "restarted", on_stall="restart", max_restarts=1)
-    eng = cluster.engine
-    _wait("every rank's progress", lambda: len(list((run_dir / "progress").glob("rank*"))) == 4, 90)
-    (run_dir / "freeze").touch()   # rank 1 freezes at once, and again after the requeue
-    seen: list[tuple[str, str]] = []
-
-    def ended() -> Any:
-        st = cluster(eng.status(spec.project, spec.run))
-        seen.append((st.state, st.reason or ""))
-        return not st.active and st
-
-    st = _wait("the end", ended, 90, every=0.5)
-    assert st.state == "failed" and (st.reason or "").startswith("stalled: "), (st.state, st.reason,
-                                                                                 launcher(cluster, spec))
-    assert any(state == "queued" and reason.startswith("requeued after: stalled: ") for state, reason in seen), seen
-    rank0 = (run_dir / "logs" / "rank0.log").read_text()
-    resumed = [int(line.split()[-1]) for line in rank0.splitlines() if line.startswith("resumed at step")]
-    assert len(resumed) == 2 and resumed[0] == 0 < resumed[1], rank0[-2000:]   # requeued once, from its checkpoint
