@@ -22,6 +22,7 @@ import yaml
 from helpers_project import cli_env
 
 SECRET = "slurm-s3cret-4e1d9c"
+DATA_SAYS = "hello from the laptop's corpus"
 
 OFFLINE_CONFIG = """\
 name: lab
@@ -73,6 +74,8 @@ def probe(params):
     assert t.item() == world * (world + 1) / 2, t.item()
     print(f"all_reduce ok sum={t.item():.0f}", flush=True)
     print(f"mirror={os.environ.get('HIGGSFIELD_CHECKPOINT_MIRROR', '')}", flush=True)
+    data = os.environ.get("HIGGSFIELD_DATA_CORPUS", "")
+    print(f"data={data} says={(Path(data) / 'hello.txt').read_text().strip() if data else ''}", flush=True)
     if params.fail_rank == rank:
         time.sleep(0.5)
         raise RuntimeError(f"boom on rank {rank}")
@@ -196,11 +199,13 @@ def make_project(login: Any, root: Path, label: str) -> Iterator[tuple[User, Pat
     (proj / "requirements.txt").write_text("torch==2.13.0\n")   # the CPU wheel on this machine's disk
     (proj / ".gitignore").write_text("env\n.higgsfield/logs/\n.higgsfield/cache/\n")
     (proj / "env").write_text(f"HF_SLURM_SECRET={SECRET}\n")
+    (proj / "corpus").mkdir()
+    (proj / "corpus" / "hello.txt").write_text(f"{DATA_SAYS}\n")   # a data: entry, sent once to the workdir
     config = {"name": "lab", "secrets": ["HF_SLURM_SECRET"], "nproc_per_node": 2,
               "ssh": {"identity_file": str(bed.client_key), "known_hosts": ".higgsfield/known_hosts"},
               "slurm": {"login": {"host": h.address, "user": h.user, "port": h.port}, "workdir": str(workdir),
                         "partition": "debug", "account": "testlab", "nodes": 2, "time": "5"},
-              "checkpoint": {"mirror": f"{workdir}/mirror"}}
+              "checkpoint": {"mirror": f"{workdir}/mirror"}, "data": {"corpus": "./corpus"}}
     (proj / "higgsfield.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     env = cli_env(root / "home", PYTHONUNBUFFERED="1", COLUMNS="200", GIT_AUTHOR_NAME="u",
                   GIT_AUTHOR_EMAIL="u@example.com", GIT_COMMITTER_NAME="u", GIT_COMMITTER_EMAIL="u@example.com")

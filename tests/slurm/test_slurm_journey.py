@@ -8,7 +8,9 @@ its home (which the bed's compute nodes n1..n3 see)::
                                               # the invoker in <workdir>/venv; a re-run changes nothing
     higgsfield deploy                         # the release + the project environment (torch) in the workdir
     higgsfield doctor --json                  # partitions, idle nodes, the account, the environment
-    higgsfield run probe ...             # 2 nodes x 2 gloo ranks, followed: merged node/rank logs, succeeded
+    higgsfield run probe ...             # 2 nodes x 2 gloo ranks, followed: merged node/rank logs, succeeded;
+                                              # its data: entry, sent once to the workdir, read by every rank;
+                                              # a stale copy refused
     higgsfield run ... --max-restarts 1       # a rank crashes: Slurm requeues the job, it resumes from its checkpoint
     higgsfield run ... --detach; logs -f      # a long run followed live
     higgsfield ci run probe                   # as a workflow does: queued behind it, Slurm's reason shown
@@ -36,7 +38,16 @@ from typing import Any
 
 import pytest
 import yaml
-from slurm_helpers import SECRET, SharedProject, User, by_rank, make_project, print_timings, squeue_names
+from slurm_helpers import (
+    DATA_SAYS,
+    SECRET,
+    SharedProject,
+    User,
+    by_rank,
+    make_project,
+    print_timings,
+    squeue_names,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.sshd]
 
@@ -89,9 +100,16 @@ def test_setup_deploy_run_logs_status_kill_and_ci_on_slurm(cluster_project: tupl
     for node, lines in ranks.values():
         assert "all_reduce ok sum=10" in lines and any(f"node={node} secret_len={len(SECRET)}" in t for t in lines)
         assert f"mirror={workdir}/mirror" in lines, lines   # checkpoint.mirror reaches every rank, as on SSH nodes
+        # the data: entry deploy sent once to the login node's workdir, read by every rank through its path
+        assert any(t.startswith(f"data={workdir}/") and t.endswith(f"says={DATA_SAYS}") for t in lines), lines
     st = user.status()["first"]
     assert (st["state"], st["exit_code"], sorted(st["nodes"])) == ("succeeded", 0, ["n1", "n2"])
     assert by_rank(user("logs", "first").stdout) == ranks
+    (user.cwd / "corpus" / "hello.txt").write_text("changed\n")   # the workdir's copy is stale now: refused
+    stale = user("run", "probe", "--detach", ok=False)
+    assert stale.returncode == 2 and stale.stderr.count("\n") == 1, stale.stderr
+    assert "login: data 'corpus' is stale there" in stale.stderr, stale.stderr
+    (user.cwd / "corpus" / "hello.txt").write_text(f"{DATA_SAYS}\n")   # as deployed: current again
 
     # -- a rank crash with --max-restarts 1: the job is requeued and resumes from its checkpoint ------------
     user("run", "probe", "-p", "steps=6", "-p", "crash_at=3", "--max-restarts", "1", "--run-name", "requeued",
