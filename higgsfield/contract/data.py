@@ -29,6 +29,7 @@ from typing import ClassVar
 
 from higgsfield.contract.codec import rule
 from higgsfield.contract.errors import HiggsfieldError
+from higgsfield.contract.layout import STATE_OWN
 from higgsfield.contract.replies import Reply, Typed, not_negative
 from higgsfield.contract.replies_disk import SHA256_RE
 from higgsfield.contract.text import shown
@@ -70,11 +71,6 @@ def check_rel_path(v: str) -> None:
         raise ValueError(f"{shown(v)} is not a relative path inside the entry")
 
 
-#: The top-level names of a node's state directory that are higgsfield's own: a ``dest:`` never replaces one.
-_STATE_OWN = ("runs", "venv", "wheels", "tmp", "projects", "envs", "trash", "data", "queue.json", "queue.lock",
-              ".lock")
-
-
 def check_data_dest(v: str) -> None:
     """An entry's ``dest:``: a relative path inside the node's state directory, not one of higgsfield's own
     directories there (ValueError saying so: the one line a user sees)."""
@@ -83,7 +79,7 @@ def check_data_dest(v: str) -> None:
             or any(part in ("", ".", "..") for part in v.split("/"))):
         raise ValueError(f"dest {shown(v)} is outside the node's state directory: give a path relative to it, "
                          "without '..' (dest: weights/base)")
-    if p.parts[0] in _STATE_OWN:
+    if p.parts[0] in STATE_OWN:
         raise ValueError(f"dest {shown(v)} is inside higgsfield's own '{p.parts[0]}' directory on the node: "
                          "choose another name (dest: weights/base)")
 

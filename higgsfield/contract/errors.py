@@ -24,7 +24,8 @@ contract, every side may import.
     ├── CheckpointError             a checkpoint could not be saved or loaded (every rank alike)
     ├── UIError                     ``higgsfield ui`` cannot serve (port taken or invalid, extra missing) (exit 2)
     ├── DataError                   (contract.data) a data entry cannot be pushed as asked: a missing path,
-    │                               a file that changed during the push, no space on a node (exit 2)
+    │   │                           a file that changed during the push, no space on a node (exit 2)
+    │   └── Stopped                 (node.data.peer) a waiting peer server's push is gone: the server ends
     └── RunError                    a run is unknown, failed to launch, or failed
         ├── NoSuchRun               no run or experiment has the name given (exit 2: the user's to fix)
         ├── RunNameInUse            a start refused: the name belongs to an active run, left untouched (exit 2)

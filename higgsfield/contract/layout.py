@@ -68,6 +68,9 @@ DATA = "data"                     # data/<project>/: data entries (node.data.sto
 QUEUE = "queue.json"
 QUEUE_LOCK = "queue.lock"
 LOCK = ".lock"                    # a run's start lock (in its directory), an environment build's (in envs/<project>)
+#: The top-level names of a node's state directory that are higgsfield's own: a data entry's ``dest:``
+#: never replaces one.
+STATE_OWN = (RUNS, VENV, WHEELS, TMP, PROJECTS, ENVS, TRASH, DATA, QUEUE, QUEUE_LOCK, LOCK)
 
 CODE = "code"                     # under projects/<project>/
 RELEASES = "releases"
