@@ -316,10 +316,7 @@ class Supervisor:
         self.notifier.event(self._note("recovered", detail=f"recovery {self.recovering}: {nodes}") if self.recovering
                             else self._note("started", detail=nodes))
         self.recovering = 0
-        rc, cause = watch(handle, self.rd, next_msg=self._next, send=lambda m: self.member.send(m),
-                          answers=self.answers, stopping=self._stopping,
-                          stop_grace=self.node_run.placement.stop_grace,
-                          straggling=lambda m: stragglers.noted(m, self.rd, self.notifier, self._note, say))
+        rc, cause = self._watch(handle)
         code = rc if isinstance(rc, int) else None
         if self._stopping() or isinstance(cause, Killed):
             self.member.send(Killed())
@@ -344,6 +341,12 @@ class Supervisor:
         if not isinstance(cause, Abort) or code in (None, 0):
             return None
         return failure.before(self.rd, self.node, code, since, cause.verdict.failure)
+
+    def _watch(self, handle: Any) -> tuple[int | str, Abort | Lost | Killed | None]:
+        """Watch torchrun (or its container) to its end: :func:`~higgsfield.node.runs.watch.watch`."""
+        return watch(handle, self.rd, next_msg=self._next, send=lambda m: self.member.send(m),
+                     answers=self.answers, stopping=self._stopping, stop_grace=self.node_run.placement.stop_grace,
+                     straggling=lambda m: stragglers.noted(m, self.rd, self.notifier, self._note, say))
 
     def _own_end(self, outcome: Outcome) -> Outcome:
         """This node's part failed: report it, then take the coordinator's verdict (the run's first failure)."""
