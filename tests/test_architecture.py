@@ -107,6 +107,7 @@ INTERNAL_EXCEPTIONS = {
     "higgsfield.contract.codec._Wrong",
     "higgsfield.node.gang.wire.WireError",
     "higgsfield.control.config.schema.NodeDup",
+    "higgsfield.control.config.fields.Misplaced",
     "higgsfield.control.ui.app.BadBody",
     "higgsfield.control.backends.nodes.fleet._Down",
     "higgsfield.control.cli._ClosedPipe",

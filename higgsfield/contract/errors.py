@@ -65,8 +65,10 @@ raised, or one layer up, and turned into a tree error, a skipped item or a reply
                     raises a DecodeError
     WireError       (node.gang.wire) a peer broke the gang protocol or went away; the coordinator,
                     member and supervisor turn it into a lost node: the run's failure, on record
-    NodeDup         (control.config.schema) a ValueError inside a pydantic validator (a node listed
-                    twice); pydantic wraps it and the loader raises a ConfigError naming the line
+    Misplaced       (control.config.fields) a ValueError inside a pydantic model validator that belongs to
+                    one field (min_nodes past the nodes listed); pydantic wraps it and the loader raises
+                    a ConfigError naming that field's line
+    NodeDup         (control.config.schema) a Misplaced: a node listed twice, at the second entry's line
     BadBody         (control.ui.app) a request body the dashboard does not take; answered as its 4xx
     _Down           (control.backends.nodes.fleet) a node's dashboard feed ended; the feed is tried again
     _ClosedPipe     (control.cli) stdout closed by its reader, carried past click to exit quietly

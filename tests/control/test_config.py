@@ -22,7 +22,7 @@ from higgsfield.control.config import find_config, json_schema, load_config, par
 CLI_CASES = [
     ("unknown-top-key", "name: a\nnodes:\n  - host: h1\nfoo: 1\n",
      "4: foo: unknown key 'foo' (allowed: name, slurm, nodes, ssh, nproc_per_node, runtime, secrets, state_dir, "
-     "docker, install, default_branch, retention, checkpoint, notify, stall_timeout, startup_timeout, on_stall, on_straggler, preflight, data)"),
+     "docker, install, default_branch, retention, checkpoint, notify, stall_timeout, startup_timeout, on_stall, on_straggler, min_nodes, spares, max_recoveries, preflight, data)"),
     ("root-in-ssh", "name: a\nnodes:\n  - host: h1\nssh:\n  user: root\n",
      "5: ssh.user: 'root' is refused: use a non-root user with passwordless sudo"),
     ("root-per-node", "name: a\nnodes:\n  - host: h1\n  - host: h2\n    user: root\n",

@@ -124,9 +124,10 @@ class RunRequest:
     on_stall: str | None = None
     exclude: tuple[str, ...] = ()     # nodes left out (SSH: of higgsfield.yml's; Slurm: sbatch --exclude)
     allow_drift: bool = False         # SSH: run even when the nodes differ (the drift check)
-    min_nodes: int | None = None      # SSH: the fewest nodes the run goes on on after losing some (None: all)
-    max_recoveries: int | None = None  # SSH: lost nodes it goes on after (None: the default, 3)
-    spares: int = 0                   # SSH: nodes after the run's that stand by to take a lost node's place
+    min_nodes: int | None = None      # the fewest nodes the run goes on on after losing some (None: higgsfield.yml's)
+    max_recoveries: int | None = None  # lost nodes it goes on after (None: higgsfield.yml's, by default 3)
+    spares: int | None = None         # SSH: nodes after the run's that stand by to take a lost node's place
+                                      # (None: higgsfield.yml's)
 
     def stall(self, cfg: Config) -> StallPolicy:
         """The watchdog's settings of this run: the request's, else higgsfield.yml's; ConfigError (exit 2) when bad."""

@@ -70,12 +70,15 @@ def _node_list(ctx: click.Context, param: click.Parameter, value: str | None) ->
                    "--nodes counts among the others.")
 @click.option("--min-nodes", type=click.IntRange(min=1), default=None, metavar="N",
               help="Go on without a lost node (dead, frozen, cut off) while at least N nodes are left: the nodes "
-                   "regroup by themselves and resume from the last checkpoint. Default: every node (a loss fails).")
-@click.option("--spares", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+                   "regroup by themselves and resume from the last checkpoint. Default: min_nodes in "
+                   "higgsfield.yml, else every node (a loss fails).")
+@click.option("--spares", type=click.IntRange(min=0), default=None, metavar="N",
               help="Nodes of higgsfield.yml after the run's that stand by, holding their slots: one takes a lost "
-                   "node's place and the run goes on at its size (with --nodes K: the next N healthy ones).")
+                   "node's place and the run goes on at its size (with --nodes K: the next N healthy ones). "
+                   "Default: spares in higgsfield.yml (0).")
 @click.option("--max-recoveries", type=click.IntRange(0, 1000), default=None, metavar="N",
-              help="Lost nodes a run goes on after (with --min-nodes), 0: none; default 3.")
+              help="Lost nodes a run goes on after (with --min-nodes or --spares), 0: none; default: "
+                   "max_recoveries in higgsfield.yml (3).")
 @click.option("--allow-drift", is_flag=True, help="Run even when the nodes differ (driver, CUDA, NCCL, packages, "
               "Python, invoker, environment, GPUs): 'higgsfield doctor' lists the differences.")
 @click.option("--preflight/--no-preflight", default=None, help="Test the fabric first (doctor --fabric); with "
@@ -85,7 +88,8 @@ def _node_list(ctx: click.Context, param: click.Parameter, value: str | None) ->
 def run(ctx: click.Context, experiment: str, params: tuple[str, ...], run_name: str | None, nodes: int | None,
         time_limit: str | None, partition: str | None, max_restarts: int, exclusive: bool,
         stall_timeout: float | None, startup_timeout: float | None, on_stall: str | None,
-        exclude: tuple[str, ...], min_nodes: int | None, spares: int, max_recoveries: int | None, allow_drift: bool,
+        exclude: tuple[str, ...], min_nodes: int | None, spares: int | None, max_recoveries: int | None,
+        allow_drift: bool,
         preflight: bool | None, detach: bool) -> None:
     """Run EXPERIMENT on the nodes and stream its logs until it ends (exit code = the run's).
 

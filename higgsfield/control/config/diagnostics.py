@@ -15,7 +15,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from higgsfield.contract.text import shown
-from higgsfield.control.config.schema import Config, NodeDup
+from higgsfield.control.config.fields import Misplaced
+from higgsfield.control.config.schema import Config
 
 __all__ = ["describe"]
 
@@ -51,8 +52,8 @@ def describe(err: ValidationError, line_of: Callable[[tuple[Any, ...]], int | No
                                                                          "function-after[_positive(), int]")))
     kind = e["type"]
     ctx_err = (e.get("ctx") or {}).get("error")
-    if isinstance(ctx_err, NodeDup):
-        loc = ("nodes", ctx_err.index)
+    if isinstance(ctx_err, Misplaced):   # a model validator's problem: the field it belongs to
+        loc = ctx_err.loc
     given = e.get("input")
     if kind == "extra_forbidden":
         allowed = _allowed_keys(loc[:-1])

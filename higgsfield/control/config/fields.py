@@ -18,7 +18,17 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 from higgsfield.contract.names import check_user
 from higgsfield.contract.stall_policy import ON_STALL_CHOICES, OnStall
 
-__all__ = ["Float", "Int", "Model", "OnStallChoice", "Port", "checked", "no_bool", "refuse_root"]
+__all__ = ["Float", "Int", "Misplaced", "Model", "OnStallChoice", "Port", "checked", "no_bool", "refuse_root"]
+
+
+class Misplaced(ValueError):
+    """A problem a model validator finds (it reads several fields) that belongs to one of them: it carries
+    that field's location, so the one-line message names the field and its line, as a field's own check's
+    would."""
+
+    def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
 
 
 class Model(BaseModel):

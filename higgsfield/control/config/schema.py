@@ -43,6 +43,7 @@ from higgsfield.contract.names import (
     check_secret_name,
     check_text,
 )
+from higgsfield.contract.runspec import DEFAULT_MAX_RECOVERIES
 from higgsfield.contract.stall_policy import DEFAULT_STALL
 from higgsfield.contract.straggler import OnStraggler
 from higgsfield.contract.text import shown
@@ -55,7 +56,7 @@ from higgsfield.control.config.blocks import (
     RetentionConfig,
     check_data,
 )
-from higgsfield.control.config.fields import Float, Int, OnStallChoice, Port
+from higgsfield.control.config.fields import Float, Int, Misplaced, OnStallChoice, Port
 from higgsfield.control.config.fields import Model as _Model
 from higgsfield.control.config.fields import checked as _checked
 from higgsfield.control.config.fields import refuse_root as _refuse_root
@@ -174,6 +175,19 @@ class Config(_Model):
                              "replace (name it, and when a spare stands by, go on without its node from the last "
                              "checkpoint, as if it were lost: run --spares N).")
 
+    # Recovery from a lost node (issue 30): the nodes regroup by themselves, laptop or not. The flags of
+    # run (--min-nodes, --spares, --max-recoveries) win; ci run and the dashboard's runs use these.
+    min_nodes: Int | None = Field(
+        None, ge=1, description="The fewest nodes a run goes on on after losing some (dead, frozen, cut off): "
+                                "the others regroup and resume from the last checkpoint. Default: every node "
+                                "(a loss fails the run). --min-nodes per run.")
+    spares: Int = Field(
+        0, ge=0, description="Nodes listed after the run's that stand by, holding their slots, to take a lost "
+                             "node's place (at most as many as --nodes K leaves). --spares per run.")
+    max_recoveries: Int = Field(
+        DEFAULT_MAX_RECOVERIES, ge=0, le=1000, description="Lost nodes a run goes on after (with min_nodes or "
+                                                           "spares); 0 turns recovery off. --max-recoveries per run.")
+
     preflight: bool = Field(
         False, description="Test the fabric before every run (doctor --fabric): a slow or failing node is "
                            "passed over when --nodes K leaves spares. --preflight per run.")
@@ -232,6 +246,21 @@ class Config(_Model):
         if not v and "slurm" in info.data and info.data["slurm"] is None:
             raise ValueError("list at least one node (or describe a Slurm cluster in a slurm block)")
         return v
+
+    @model_validator(mode="after")
+    def _recovery(self) -> Config:
+        # against the nodes listed; a Slurm run's size is its --nodes, which plan() compares with
+        listed = len(self.nodes)
+        if self.min_nodes is not None and listed and self.min_nodes > listed:
+            raise Misplaced(("min_nodes",), f"{self.min_nodes} is more than the run's {listed} node(s): give 1 to "
+                                            f"{listed}, the fewest a run may go on on after losing some")
+        if self.spares and self.slurm is not None:
+            raise Misplaced(("spares",), "spares are for SSH nodes: on a Slurm cluster the partition's free nodes "
+                                         "stand in for a lost one (min_nodes, max_recoveries); remove it")
+        if self.spares and listed and self.spares >= listed:
+            raise Misplaced(("spares",), f"{self.spares} leaves no node of the {listed} listed to run on: give 0 "
+                                         f"to {listed - 1}")
+        return self
 
     @model_validator(mode="after")
     def _unique_nodes(self) -> Config:
@@ -343,12 +372,11 @@ class Config(_Model):
         return at[0] if at else None
 
 
-class NodeDup(ValueError):
+class NodeDup(Misplaced):
     """A node listed twice: carries the index of the second entry, so the message names its line."""
 
     def __init__(self, index: int, message: str) -> None:
-        super().__init__(message)
-        self.index = index
+        super().__init__(("nodes", index), message)
 
 
 def json_schema() -> dict[str, Any]:

@@ -104,11 +104,14 @@ def plan_run(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: 
              nodes: int | None = None, max_restarts: int = 0, exclusive: bool = False,
              stall: StallPolicy | None = None, exclude: tuple[str, ...] = (),
              allow_drift: bool = False, min_nodes: int | None = None,
-             max_recoveries: int | None = None, spares: int = 0) -> RunPlan:
+             max_recoveries: int | None = None, spares: int | None = None) -> RunPlan:
     """Find ``experiment``, validate its params, the run name and the node count; raise before any I/O.
 
     ``stall`` None: higgsfield.yml's watchdog settings. ``exclude``: node names left out (an
-    unknown one: ConfigError, exit 2); ``nodes`` then counts among the others."""
+    unknown one: ConfigError, exit 2); ``nodes`` then counts among the others. ``min_nodes``,
+    ``max_recoveries`` and ``spares`` None: higgsfield.yml's. A flag that does not fit is refused;
+    higgsfield.yml's ``spares`` are at most what ``nodes`` leaves, and its ``min_nodes`` at or above the
+    run's size means every node (a project's standing policy, not this run's request)."""
     exp = find_experiment(cfg.project_dir / "src", experiment)
     values = resolve(exp.params, params, experiment)
     if run_name is not None:
@@ -119,6 +122,8 @@ def plan_run(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: 
     if nodes is not None and not 1 <= nodes <= len(candidates):
         left = f" ({len(candidates)} left after --exclude)" if exclude else ""
         raise RunError(f"--nodes {nodes}: the project has {len(cfg.nodes)} node(s) in {cfg.path}{left}")
+    if spares is None:
+        spares = min(cfg.spares, len(candidates) - 1 if nodes is None else len(candidates) - nodes)
     if spares:
         if nodes is None:
             nodes = len(candidates) - spares
@@ -126,7 +131,9 @@ def plan_run(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: 
             raise RunError(f"--spares {spares}: the run's {nodes} node(s) and its spares are more than the "
                            f"{len(candidates)} node(s) of {cfg.path}" + (" left after --exclude" if exclude else ""))
     size = nodes or len(candidates)
-    if min_nodes is not None and not 1 <= min_nodes <= size:
+    if min_nodes is None:
+        min_nodes = cfg.min_nodes
+    elif not 1 <= min_nodes <= size:
         raise RunError(f"--min-nodes {min_nodes}: the run has {size} node(s); give 1 to {size} (the fewest it may "
                        "go on on after losing some)")
     return RunPlan(experiment=experiment, module=exp.module, params=values,
@@ -134,7 +141,7 @@ def plan_run(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: 
                    max_restarts=max_restarts, exclusive=exclusive, stall=stall or stall_settings(cfg),
                    candidates=candidates, count=nodes, allow_drift=allow_drift,
                    min_nodes=0 if min_nodes is None or min_nodes >= size else min_nodes,
-                   max_recoveries=DEFAULT_MAX_RECOVERIES if max_recoveries is None else max_recoveries,
+                   max_recoveries=cfg.max_recoveries if max_recoveries is None else max_recoveries,
                    spares=spares)
 
 
