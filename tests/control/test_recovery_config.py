@@ -50,9 +50,9 @@ def test_the_projects_policy_reaches_a_plan_and_the_flags_win(tmp_path: Path) ->
 
 def test_the_flags_that_do_not_fit_are_still_refused(tmp_path: Path) -> None:
     backend = _backend(tmp_path, "spares: 1\n")
-    with pytest.raises(Exception, match=r"^--spares 1: the run's 4 node\(s\) and its spares are more than"):
+    with pytest.raises(ConfigError, match=r"^--spares 1: the run's 4 node\(s\) and its spares are more than"):
         backend.plan(RunRequest("probe", nodes=4, spares=1))
-    with pytest.raises(Exception, match=r"^--min-nodes 4: the run has 3 node\(s\)"):
+    with pytest.raises(ConfigError, match=r"^--min-nodes 4: the run has 3 node\(s\)"):
         backend.plan(RunRequest("probe", min_nodes=4))
 
 
@@ -100,3 +100,16 @@ def test_the_scaffolds_commented_policy_parses_when_uncommented(tmp_path: Path) 
     data["nodes"] = [{"host": f"10.0.0.{i}"} for i in range(1, 4)]   # the scaffold lists one node
     cfg = parse_config(yaml.safe_dump(data), path)
     assert (cfg.min_nodes, cfg.spares, cfg.max_recoveries) == (2, 1, 3)
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--nodes", "5"], "--nodes 5: the project has 4 node(s) in "),
+    (["--spares", "4"], "--spares 4 leaves none of the 4 node(s) of "),
+    (["--nodes", "4", "--spares", "1"], "--spares 1: the run's 4 node(s) and its spares are more than the 4 "),
+    (["--min-nodes", "5"], "--min-nodes 5: the run has 4 node(s); give 1 to 4"),
+])
+def test_a_recovery_flag_that_does_not_fit_is_one_line_exit_2(tmp_path: Path, flags: list[str], said: str) -> None:
+    _backend(tmp_path)
+    proc = run_cli(tmp_path, "run", "probe", *flags)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: {said}"), (proc.returncode, proc.stderr)
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr

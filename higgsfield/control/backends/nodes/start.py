@@ -44,7 +44,7 @@ from typing import Any, NoReturn
 
 from higgsfield.contract.codec import decode, encode
 from higgsfield.contract.decode import DecodeError
-from higgsfield.contract.errors import CommandError, RunError, RunNameInUse
+from higgsfield.contract.errors import CommandError, ConfigError, RunError, RunNameInUse
 from higgsfield.contract.layout import code_dir
 from higgsfield.contract.noderuns import NodeRunView
 from higgsfield.contract.notify import Notify
@@ -116,26 +116,30 @@ def plan_run(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: 
     values = resolve(exp.params, params, experiment)
     if run_name is not None:
         check_run_name(run_name)
+    # a flag that does not fit is the user's to fix, like a bad --exclude: ConfigError, exit 2
     if max_restarts < 0:
-        raise RunError("--max-restarts must be >= 0")
+        raise ConfigError("--max-restarts must be >= 0")
     candidates = _candidates(cfg, exclude)
+    left = " left after --exclude" if exclude else ""
     if nodes is not None and not 1 <= nodes <= len(candidates):
-        left = f" ({len(candidates)} left after --exclude)" if exclude else ""
-        raise RunError(f"--nodes {nodes}: the project has {len(cfg.nodes)} node(s) in {cfg.path}{left}")
+        raise ConfigError(f"--nodes {nodes}: the project has {len(cfg.nodes)} node(s) in {cfg.path}"
+                          + (f" ({len(candidates)}{left})" if exclude else ""))
     if spares is None:
         spares = min(cfg.spares, len(candidates) - 1 if nodes is None else len(candidates) - nodes)
+    if spares and nodes is None and spares >= len(candidates):
+        raise ConfigError(f"--spares {spares} leaves none of the {len(candidates)} node(s) of {cfg.path}{left} to "
+                          f"run on: give 0 to {len(candidates) - 1}")
     if spares:
-        if nodes is None:
-            nodes = len(candidates) - spares
-        if nodes < 1 or nodes + spares > len(candidates):
-            raise RunError(f"--spares {spares}: the run's {nodes} node(s) and its spares are more than the "
-                           f"{len(candidates)} node(s) of {cfg.path}" + (" left after --exclude" if exclude else ""))
+        nodes = len(candidates) - spares if nodes is None else nodes
+        if nodes + spares > len(candidates):
+            raise ConfigError(f"--spares {spares}: the run's {nodes} node(s) and its spares are more than the "
+                              f"{len(candidates)} node(s) of {cfg.path}{left}")
     size = nodes or len(candidates)
     if min_nodes is None:
         min_nodes = cfg.min_nodes
     elif not 1 <= min_nodes <= size:
-        raise RunError(f"--min-nodes {min_nodes}: the run has {size} node(s); give 1 to {size} (the fewest it may "
-                       "go on on after losing some)")
+        raise ConfigError(f"--min-nodes {min_nodes}: the run has {size} node(s); give 1 to {size} (the fewest it "
+                          "may go on on after losing some)")
     return RunPlan(experiment=experiment, module=exp.module, params=values,
                    run=run_name or new_run_name(experiment), nodes=candidates[:nodes],
                    max_restarts=max_restarts, exclusive=exclusive, stall=stall or stall_settings(cfg),
