@@ -28,9 +28,10 @@ def spec(cluster: Cluster, workdir: Path, name: str, **params: Any) -> Any:
     from higgsfield.control.backends.slurm import template_spec
 
     restarts = int(params.pop("max_restarts", 0))
+    recoveries = {"max_recoveries": int(params.pop("max_recoveries"))} if "max_recoveries" in params else {}
     return template_spec(project="slurmproj", experiment="probe", run=f"{name}-{os.getpid()}-{next(_seq)}",
                          module="slurmprobe", code_dir=str(workdir / "code"), params=params, nproc=2,
-                         max_restarts=restarts)
+                         max_restarts=restarts, **recoveries)
 
 
 def wait_state(cluster: Cluster, s: Any, states: set[str], timeout: float = 120) -> Any:
@@ -125,7 +126,9 @@ def test_two_nodes_all_reduce_logs_and_success(cluster: Cluster, workdir: Path) 
 
 @pytest.mark.timeout(300)
 def test_pending_while_nodes_held_then_cancel_both(cluster: Cluster, workdir: Path) -> None:
-    first = spec(cluster, workdir, "holder", gate="release")
+    # a job that cannot recover from a lost node: Slurm never starts it again by itself, so the batch step
+    # deletes its secrets carrier for good (one that can keeps it, 0600, for that start: test_slurm_recovery)
+    first = spec(cluster, workdir, "holder", gate="release", max_recoveries=0)
     a = cluster(cluster.engine.submit(first, {"HF_SLURM_SECRET": SECRET}))
     st = wait_state(cluster, first, {"running"})
     wait_file(Path(a.paths.dir) / "logs" / "rank3.log")
