@@ -113,7 +113,8 @@ def test_a_lost_node_is_requeued_without_then_a_stall_restarts_then_it_fails(clu
         st = _wait("the end", lambda: not (s := status()).active and s, 120, every=0.5)
         assert st.state == "failed" and (st.reason or "").startswith("stalled: "), (st.state, st.reason,
                                                                                      launcher(cluster, spec))
-        assert any(s == "queued" and r.startswith("requeued after: stalled: ") for s, r in seen), seen
+        # the requeue after the stall is queued for a moment only (its nodes are free): a poll may miss that
+        # state, so the restart is read from the attempts and the resumed steps, which cannot be missed
         resumed = _resumed(run_dir)
         assert len(resumed) == 3 and resumed[0] == 0 < resumed[1] <= resumed[2], resumed
         whys = [a["why"] for a in status_json(st)["attempts"]]
