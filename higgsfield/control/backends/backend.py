@@ -153,6 +153,16 @@ def stall_settings(cfg: Config, stall_timeout: float | None = None, startup_time
     return StallPolicy(stall, startup, OnStall(choice))
 
 
+def recovery_settings(cfg: Config, size: int, min_nodes: int | None = None,
+                      max_recoveries: int | None = None) -> tuple[int, int]:
+    """``(min_nodes, max_recoveries)`` of one run on ``size`` nodes, as its spec carries them: the flags
+    given, else higgsfield.yml's. A ``min_nodes`` at or above ``size`` is every node, 0 (a loss is no
+    recovery on the survivors alone); each backend checks the flag's own range with its own words first."""
+    floor = cfg.min_nodes if min_nodes is None else min_nodes
+    return (0 if floor is None or floor >= size else floor,
+            cfg.max_recoveries if max_recoveries is None else max_recoveries)
+
+
 class NoStacks(RunError):
     """``stacks`` of a run that has none to show (not active, and none saved at a stall): one line, exit 2."""
 

@@ -54,7 +54,7 @@ from higgsfield.contract.runspec import DEFAULT_MAX_RECOVERIES, Coordinator, Run
 from higgsfield.contract.stall_policy import StallPolicy
 from higgsfield.contract.states import ACTIVE
 from higgsfield.control.backends import pick
-from higgsfield.control.backends.backend import RunHandle, stall_settings
+from higgsfield.control.backends.backend import RunHandle, recovery_settings, stall_settings
 from higgsfield.control.backends.nodes.kill import stop_run
 from higgsfield.control.backends.nodes.output import UPGRADE_HINT, invoke_reply
 from higgsfield.control.backends.timeouts import START_S, step_timeout
@@ -135,18 +135,15 @@ def plan_run(cfg: Config, experiment: str, params: dict[str, Any], *, run_name: 
             raise ConfigError(f"--spares {spares}: the run's {nodes} node(s) and its spares are more than the "
                               f"{len(candidates)} node(s) of {cfg.path}{left}")
     size = nodes or len(candidates)
-    if min_nodes is None:
-        min_nodes = cfg.min_nodes
-    elif not 1 <= min_nodes <= size:
+    if min_nodes is not None and not 1 <= min_nodes <= size:
         raise ConfigError(f"--min-nodes {min_nodes}: the run has {size} node(s); give 1 to {size} (the fewest it "
                           "may go on on after losing some)")
+    floor, recoveries = recovery_settings(cfg, size, min_nodes, max_recoveries)
     return RunPlan(experiment=experiment, module=exp.module, params=values,
                    run=run_name or new_run_name(experiment), nodes=candidates[:nodes],
                    max_restarts=max_restarts, exclusive=exclusive, stall=stall or stall_settings(cfg),
                    candidates=candidates, count=nodes, allow_drift=allow_drift,
-                   min_nodes=0 if min_nodes is None or min_nodes >= size else min_nodes,
-                   max_recoveries=cfg.max_recoveries if max_recoveries is None else max_recoveries,
-                   spares=spares)
+                   min_nodes=floor, max_recoveries=recoveries, spares=spares)
 
 
 def _candidates(cfg: Config, exclude: tuple[str, ...]) -> list[NodeConfig]:

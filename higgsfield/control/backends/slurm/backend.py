@@ -30,7 +30,7 @@ from typing import Any
 
 from higgsfield.contract.errors import ConfigError, RunError
 from higgsfield.contract.params import check_run_name, resolve
-from higgsfield.control.backends.backend import Changed, Fleet, Plan, RunRequest
+from higgsfield.control.backends.backend import Changed, Fleet, Plan, RunRequest, recovery_settings
 from higgsfield.control.backends.nodes.deploy import DeployResult, deploy
 from higgsfield.control.backends.nodes.start import RunHandle, new_run_name
 from higgsfield.control.backends.slurm.fleet import ClusterFleet
@@ -66,8 +66,7 @@ class SlurmBackend:
         if request.min_nodes is not None and not 1 <= request.min_nodes <= settings.nodes:
             raise ConfigError(f"--min-nodes {request.min_nodes}: the run asks for {settings.nodes} node(s); give 1 to "
                               f"{settings.nodes} (the fewest it may go on on after losing some)")
-        # the flags win; higgsfield.yml's min_nodes at or above the run's size means every node
-        min_nodes = self.cfg.min_nodes if request.min_nodes is None else request.min_nodes
+        floor, recoveries = recovery_settings(self.cfg, settings.nodes, request.min_nodes, request.max_recoveries)
         if request.exclusive:
             settings = settings.model_copy(update={"exclusive": True})
         if request.exclude:
@@ -76,9 +75,7 @@ class SlurmBackend:
                          run=request.run_name or new_run_name(request.experiment),
                          max_restarts=request.max_restarts, settings=settings, stall=request.stall(self.cfg),
                          allow_drift=request.allow_drift,
-                         min_nodes=0 if min_nodes is None or min_nodes >= settings.nodes else min_nodes,
-                         max_recoveries=self.cfg.max_recoveries if request.max_recoveries is None
-                         else request.max_recoveries)
+                         min_nodes=floor, max_recoveries=recoveries)
 
     @asynccontextmanager
     async def session(self, plan: Plan | None = None) -> AsyncIterator[SlurmSession]:
