@@ -1,5 +1,6 @@
-"""Fixtures of the data push tests: hosts hfnode30..32 of the test bed (127.0.0.32-34), so a push never
-disturbs the other multi-node tests, and one project ``hfdata`` on them (``make_cluster`` of tests/runs:
+"""Fixtures of the data push tests: hosts hfnode27..29 of the test bed (127.0.0.29-31), so a push never
+disturbs the other multi-node tests (30 and up are the benches', which tests/provision and tests/test_testbed_delay.py
+use too), and one project ``hfdata`` on them (``make_cluster`` of tests/runs:
 Docker runtime, the invoker linked from the bed's shared venv), deployed once and shared by every test."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ sys.path.insert(0, str(HERE.parent / "runs"))  # runs_helpers (tests/ has no pac
 
 from runs_helpers import Cluster, bed_for, runs_conftest  # noqa: E402
 
-INDICES = (30, 31, 32)
+INDICES = (27, 28, 29)
 
 
 @pytest.fixture(scope="session")

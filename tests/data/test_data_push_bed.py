@@ -1,4 +1,4 @@
-"""``higgsfield data push`` on three real sshd nodes (hfnode30..32), end to end.
+"""``higgsfield data push`` on three real sshd nodes (hfnode27..29), end to end.
 
 One project, one tree (smaller than the issue's 200 MB / 1,000 files, for the suite's time budget;
 bench/data_push.py uses the issue's sizes): the push lands the same bytes on every node; a re-push
@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 from runs_helpers import Cluster, wait_for
+
+INDICES = (27, 28, 29)   # the hosts of ``data_cluster`` (conftest.py)
 
 pytestmark = [pytest.mark.slow, pytest.mark.sshd, pytest.mark.docker]
 
@@ -73,7 +75,7 @@ def _push(c: Cluster, *args: str, timeout: float = 120) -> dict:  # type: ignore
 @pytest.fixture(scope="module")
 def project(data_cluster: Cluster) -> Cluster:
     c = data_cluster
-    for i in (30, 31, 32):   # the nodes keep data between sessions: each session starts from none
+    for i in INDICES:   # the nodes keep data between sessions: each session starts from none
         shutil.rmtree(Path(f"/home/hfnode{i}") / STATE / "data" / "hfdata", ignore_errors=True)
     corpus = c.dir / "corpus"
     for i in range(FILES):
@@ -97,9 +99,9 @@ def test_push_repush_change_and_a_killed_push(project: Cluster) -> None:
     first = _push(c)
     assert first["uplink_bytes"] == FILES * SIZE            # each byte over the uplink once...
     vias = {n["node"]: n["via"] for n in first["nodes"]}
-    assert vias == {"hfnode30": "laptop", "hfnode31": "hfnode30", "hfnode32": "hfnode31"}  # ...the nodes copy
+    assert vias == {"hfnode27": "laptop", "hfnode28": "hfnode27", "hfnode29": "hfnode28"}  # ...the nodes copy
     want = _tree_digest(corpus)
-    for i in (30, 31, 32):
+    for i in INDICES:
         assert _tree_digest(_node_entry(i)) == want
 
     again = _push(c)
@@ -110,29 +112,29 @@ def test_push_repush_change_and_a_killed_push(project: Cluster) -> None:
     changed = _push(c)
     assert changed["uplink_bytes"] == 700
     assert all(n["bytes"] == 700 for n in changed["nodes"])
-    for i in (30, 31, 32):
+    for i in INDICES:
         assert (_node_entry(i) / "f0000.bin").read_bytes() == new
 
     # a push cut by SIGKILL: the old version stays whole and current; the next push completes
-    before = {i: os.readlink(_node_entry(i)) for i in (30, 31, 32)}
+    before = {i: os.readlink(_node_entry(i)) for i in INDICES}
     big = corpus / "big"
     big.mkdir()
     for k in range(12):
         (big / f"b{k}.bin").write_bytes(os.urandom(4 << 20))
-    objects = Path("/home/hfnode30") / STATE / "data" / "hfdata" / "objects"
+    objects = Path("/home/hfnode27") / STATE / "data" / "hfdata" / "objects"
     count0 = sum(1 for _ in objects.glob("??/*"))
     proc = c.popen("data", "push")
     wait_for(lambda: sum(1 for _ in objects.glob("??/*")) > count0 or proc.poll() is not None, 90,
-             "the first objects of the push on hfnode30")
+             "the first objects of the push on hfnode27")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
-    for i in (30, 31, 32):
+    for i in INDICES:
         assert os.readlink(_node_entry(i)) == before[i]          # still the old version, whole
         assert not (_node_entry(i) / "big").exists()
     resumed = _push(c, timeout=180)
     assert 0 < resumed["uplink_bytes"] < 12 * (4 << 20)        # only what the cut push had not stored
     want = _tree_digest(corpus)
-    for i in (30, 31, 32):
+    for i in INDICES:
         assert _tree_digest(_node_entry(i)) == want
 
 
@@ -150,5 +152,5 @@ def test_a_run_reads_its_entry_and_a_stale_copy_is_refused(project: Cluster) -> 
     (c.dir / "corpus" / "f0002.bin").write_bytes(b"new")      # changed here, not pushed
     r = c.hf("run", "readdata", timeout=120)
     assert r.returncode == 2, (r.stdout + r.stderr)[-2000:]
-    assert "stale" in r.stderr and "hfnode30" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "stale" in r.stderr and "hfnode27" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert _push(c)["uplink_bytes"] == 3    # pushed, the run is admitted again
