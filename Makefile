@@ -63,20 +63,22 @@ testbed-down:
 	$(PYTHON) scripts/testbed/testbed.py down
 
 # The lint (mypy: half a minute on a fresh clone) runs while the beds start. Then two pytests side by
-# side: the test bed's end-to-end tests, and BESIDE them tests/slurm (its own login node hfnode20 and
-# cluster; most of its time is Slurm scheduling and polling) and tests/data (data push on its own hosts
-# hfnode30-32; most of its time is SSH and Docker). No more: with tests/training and tests/test_install.py
-# beside too, the side half still ran when tests/provision measured the fabric (about 12 minutes into
-# the main half), and the contention made doctor --fabric name a healthy node slow. The side half's
-# report follows the main one; the target fails if either half does (none of its tests selected is not
-# a failure). PYTEST_ARGS are options given to both halves.
-BESIDE := tests/slurm tests/data
+# side, as two lanes: most tests keep one of the 2 cores busy (SSH, Docker and Slurm waits, one
+# pytest process), so a second lane nearly halves the wall time. BESIDE is the second lane's share,
+# about half of the time, and uses hosts nobody in the first lane does: tests/slurm (hfnode20-21 and
+# slurmd), tests/data (hfnode27-29), tests/faults (hfnode8-10), tests/ui (hfnode15-17 and Chromium),
+# the localhost installs, the GPU suite's dry run and the checkpoint mirror's tests. Tests that
+# measure the machine (doctor --fabric's bandwidths, a straggler's step times) are marked quiet and
+# run with the other lane waiting (tests/lanes.py). The second lane's report follows the first's; the target fails if either
+# does (none of its tests selected is not a failure). PYTEST_ARGS are options given to both.
+BESIDE := tests/slurm tests/data tests/faults tests/ui tests/test_install.py tests/test_gpu_suite.py \
+          tests/training/test_checkpoint_mirror.py
 BESIDE_LOG := .beside-tests.log
 test: install tools
 	$(MAKE) --no-print-directory -j2 lint beds
-	@$(BIN)/python -m pytest $(BESIDE) -p no:cacheprovider --durations=15 $(PYTEST_ARGS) \
+	@$(BIN)/python -m pytest $(BESIDE) -p no:cacheprovider --durations=25 $(PYTEST_ARGS) \
 	    > $(BESIDE_LOG) 2>&1 & beside=$$!; \
-	$(BIN)/python -m pytest $(addprefix --ignore=,$(BESIDE)) --durations=40 $(PYTEST_ARGS); main=$$?; \
+	$(BIN)/python -m pytest $(addprefix --ignore=,$(BESIDE)) --durations=25 $(PYTEST_ARGS); main=$$?; \
 	wait $$beside; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; \
 	echo "==== $(BESIDE), run beside the rest (exit $$rc) ===="; cat $(BESIDE_LOG); \
 	test $$main -eq 0 -a $$rc -eq 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
+import lanes
 import pytest
 
 try:
@@ -35,6 +36,13 @@ def _keep_the_umask() -> Iterator[None]:
     os.umask(mask)
     yield
     os.umask(mask)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)   # outside pytest-timeout's timer: waiting is not the test's time
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A quiet test runs with the other lane waiting; every other test beside it (tests/lanes.py)."""
+    with lanes.alone() if item.get_closest_marker("quiet") else lanes.shared():
+        yield
 
 
 @pytest.hookimpl(trylast=True)  # after -k/-m deselection

@@ -41,7 +41,7 @@ sys.path.insert(0, str(HERE.parent / "runs"))  # runs_helpers (tests/ has no pac
 
 from runs_helpers import Cluster, exe  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.sshd]
+pytestmark = [pytest.mark.slow, pytest.mark.sshd, pytest.mark.quiet]   # it measures the machine's links
 
 INDICES = (24, 25, 26)   # the hosts of ``fabric_cluster`` (conftest.py)
 
