@@ -38,10 +38,24 @@ def _keep_the_umask() -> Iterator[None]:
     os.umask(mask)
 
 
+_LANE = pytest.StashKey[lanes.Held]()
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)   # outside pytest-timeout's timer: waiting is not the test's time
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """A quiet test runs with the other lane waiting; every other test beside it (tests/lanes.py)."""
-    with lanes.alone() if item.get_closest_marker("quiet") else lanes.shared():
+    """Every test runs beside the other lane's, but never beside a quiet test's call (tests/lanes.py)."""
+    with lanes.shared() as held:
+        item.stash[_LANE] = held
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """A quiet test's call has the machine to itself: the other lane waits (tests/lanes.py)."""
+    if item.get_closest_marker("quiet") is None or _LANE not in item.stash:
+        yield
+        return
+    with lanes.alone(item.stash[_LANE]):
         yield
 
 

@@ -1,53 +1,80 @@
 """Two test lanes on one machine, and the tests that need it to themselves.
 
-``make test`` runs the suite as two pytest processes side by side (the Makefile's ``LANE_B``):
+``make test`` runs the suite as two pytest processes side by side (the Makefile's ``BESIDE``):
 most tests keep about one of the machine's 2 cores busy, so two lanes nearly halve the wall time.
 A few tests measure the machine itself: ``doctor --fabric`` compares the bandwidth of the test
 bed's "nodes", which are users of this one machine, and a busy second lane makes a healthy
-node look slow. Those tests are marked ``@pytest.mark.quiet``; while one runs, the other lane
-waits between its tests.
+node look slow. Those tests are marked ``@pytest.mark.quiet``; while one's body runs, the other
+lane waits between its tests. Its fixtures (a deploy, say) are set up beside the other lane.
 
-The rule is a readers-writer lock on two files (``flock``): every test holds ``LANE`` shared
-for its whole run; a quiet test holds it exclusively for its whole run. A quiet test first takes
-``TURNSTILE`` exclusively, and every other test passes through ``TURNSTILE`` (shared, at once
-released) before it takes ``LANE``, so the waiting quiet test is not starved by a lane whose
-next test always starts before the kernel wakes the waiter. One lane, or a test run alone, never
-waits: nobody else holds the lock.
+The rule is a readers-writer lock on a file (``flock``): every test holds ``lane.lock`` shared
+for its whole run, and a quiet test's call turns its hold exclusive. A quiet test first takes
+``lane.turnstile`` exclusively, and every test passes through the turnstile (shared, at once
+released) before it takes ``lane.lock``, so a waiting quiet test is not starved by a lane whose
+next test always starts before the kernel wakes the waiter. A quiet test lets go of its shared
+hold before it queues at the turnstile, so two quiet tests, one in each lane, take turns instead
+of waiting for each other. One lane, or a test run alone, never waits: nobody else holds the lock.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 DIR = Path(__file__).resolve().parents[1] / ".testbed"   # per checkout; git ignores it
 
 
-@contextmanager
-def _flock(path: Path, how: int) -> Iterator[None]:
+@dataclass(frozen=True)
+class Held:
+    """One test's hold on ``lane.lock``: the open file its lock lives on, and where the lock files are."""
+
+    fd: int
+    where: Path
+
+
+def _open(path: Path) -> int:
     path.parent.mkdir(exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+
+
+@contextmanager
+def shared(where: Path = DIR) -> Iterator[Held]:
+    """A test's whole run: beside the other lane's test, never beside a quiet test's call."""
+    gate = _open(where / "lane.turnstile")
     try:
-        fcntl.flock(fd, how)
-        yield
+        fcntl.flock(gate, fcntl.LOCK_SH)
+    finally:
+        os.close(gate)
+    fd = _open(where / "lane.lock")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield Held(fd, where)
     finally:
         os.close(fd)   # closing the description drops its lock
 
 
 @contextmanager
-def shared(where: Path = DIR) -> Iterator[None]:
-    """An ordinary test's whole run: beside the other lane's, never beside a quiet test."""
-    with _flock(where / "lane.turnstile", fcntl.LOCK_SH):
-        pass
-    with _flock(where / "lane.lock", fcntl.LOCK_SH):
-        yield
+def alone(held: Held) -> Iterator[None]:
+    """A quiet test's call: the other lane's current test ends, and its next waits for this one.
 
-
-@contextmanager
-def alone(where: Path = DIR) -> Iterator[None]:
-    """A quiet test's whole run: the other lane's current test ends, and its next waits for this one."""
-    with _flock(where / "lane.turnstile", fcntl.LOCK_EX), _flock(where / "lane.lock", fcntl.LOCK_EX):
-        yield
+    pytest-timeout's alarm (its signal method) is paused while this waits: the other lane's test
+    may take minutes, and that wait is not the quiet test's time."""
+    left, _ = signal.setitimer(signal.ITIMER_REAL, 0)
+    fcntl.flock(held.fd, fcntl.LOCK_UN)
+    gate = _open(held.where / "lane.turnstile")
+    try:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(held.fd, fcntl.LOCK_EX)
+        if left:
+            signal.setitimer(signal.ITIMER_REAL, left)
+        try:
+            yield
+        finally:
+            fcntl.flock(held.fd, fcntl.LOCK_SH)   # at once: while this holds the turnstile, no one else can be exclusive
+    finally:
+        os.close(gate)

@@ -13,11 +13,11 @@ import lanes
 import pytest
 
 HOLD = """
-import sys, time
+import contextlib, sys, time
 from pathlib import Path
 sys.path.insert(0, {tests!r})
 import lanes
-with getattr(lanes, {how!r})(Path({where!r})):
+with lanes.shared(Path({where!r})) as held, (lanes.alone(held) if {quiet!r} else contextlib.nullcontext()):
     print(time.time(), flush=True)
     time.sleep({hold})
     print(time.time(), flush=True)
@@ -25,9 +25,10 @@ with getattr(lanes, {how!r})(Path({where!r})):
 
 
 def _holder(where: Path, how: str, hold: float) -> subprocess.Popen[str]:
-    """A process in ``how`` (shared or alone) for ``hold`` s, with its locks in ``where``: not this
-    suite's own, which this test's own run holds."""
-    code = HOLD.format(tests=str(Path(lanes.__file__).parent), where=str(where), how=how, hold=hold)
+    """A process that holds the lock as an ordinary test (``how`` "shared") or a quiet test's call
+    ("alone") does, for ``hold`` s, with its locks in ``where``: not this suite's own, which this
+    test's own run holds."""
+    code = HOLD.format(tests=str(Path(lanes.__file__).parent), where=str(where), quiet=how == "alone", hold=hold)
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
 
 
@@ -38,9 +39,12 @@ def _got(p: subprocess.Popen[str]) -> float:
 
 
 def _held(p: subprocess.Popen[str], got: float) -> tuple[float, float]:
-    out, _ = p.communicate(timeout=30)
-    assert p.returncode == 0
-    return got, float(out)
+    """When ``p`` got the lock and when it let go (it says so before it does)."""
+    assert p.stdout is not None
+    let_go = float(p.stdout.readline())
+    assert p.wait(timeout=30) == 0
+    p.stdout.close()
+    return got, let_go
 
 
 @pytest.mark.timeout(60)
@@ -57,3 +61,37 @@ def test_ordinary_tests_share_and_a_quiet_one_waits_for_them_then_holds_the_othe
     assert b0 < a1 and a0 < b1, "two ordinary tests ran one after the other"
     assert q0 >= max(a1, b1), "the quiet test began while an ordinary one still ran"
     assert late0 >= q1, "an ordinary test began during the quiet one"
+
+
+@pytest.mark.timeout(60)
+def test_two_quiet_tests_one_in_each_lane_take_turns(tmp_path: Path) -> None:
+    first, second = _holder(tmp_path, "alone", 1.0), _holder(tmp_path, "alone", 1.0)
+    (f0, f1), (s0, s1) = _held(first, _got(first)), _held(second, _got(second))
+    assert f1 <= s0 or s1 <= f0, "two quiet tests ran at once"
+
+
+ALARMED = """
+import signal, sys, time
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+import lanes
+fired = []
+signal.signal(signal.SIGALRM, lambda *_: fired.append(time.time()))
+with lanes.shared(Path({where!r})) as held:
+    signal.setitimer(signal.ITIMER_REAL, 1.0)   # a test's timeout, as pytest-timeout arms it
+    with lanes.alone(held):
+        got = time.time()
+        time.sleep(1.5)
+print(got, fired[0] if fired else 0.0, flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_quiet_tests_timeout_does_not_count_its_wait_for_the_other_lane(tmp_path: Path) -> None:
+    other = _holder(tmp_path, "shared", 3.0)
+    _got(other)
+    code = ALARMED.format(tests=str(Path(lanes.__file__).parent), where=str(tmp_path))
+    quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
+    got, fired = map(float, quiet.stdout.split())
+    assert fired > got, "the alarm went off while the quiet test waited for the other lane, or never"
+    assert other.wait(timeout=10) == 0
