@@ -83,8 +83,10 @@ test: install tools
 	echo "==== $(BESIDE), run beside the rest (exit $$rc) ===="; cat $(BESIDE_LOG); \
 	test $$main -eq 0 -a $$rc -eq 0
 
+# The fast tests on both cores (pytest-xdist), a test file to a worker: a file's module fixtures
+# (the dashboard tests' browser) are set up once.
 test-fast: lint tools
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" -n 2 --dist loadfile $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python bench/cli_start.py

@@ -33,6 +33,7 @@ def _log(project: Path, rank: int) -> str:
     return p.read_text(errors="replace") if p.exists() else ""
 
 
+@pytest.mark.slow   # a real torchrun of 2 ranks: make test runs it, make test-fast does not
 @pytest.mark.timeout(120)
 def test_a_live_run_is_profiled_and_goes_on(tmp_path: Path) -> None:
     proj = local_project(tmp_path, "profproj", {"steps.py": STEPS}, nproc=2)

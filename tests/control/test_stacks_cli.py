@@ -195,6 +195,7 @@ def live(project: Path) -> Iterator[str]:
     hf(project, "kill", "hang-live")
 
 
+@pytest.mark.slow   # a real torchrun of 2 ranks: make test runs it, make test-fast does not
 def test_stacks_of_a_live_run_name_every_rank(project: Path, live: str) -> None:
     spec = json.loads((project.parent / "state" / "runs" / "stackproj" / live / "spec.json").read_text())
     assert (spec["stall_timeout"], spec["startup_timeout"], spec["on_stall"]) == (0.0, 100.0, "wait")
