@@ -63,16 +63,17 @@ testbed-down:
 	$(PYTHON) scripts/testbed/testbed.py down
 
 # The lint (mypy: half a minute on a fresh clone) runs while the beds start. Then two pytests side by
-# side, as two lanes: most tests keep one of the 2 cores busy (SSH, Docker and Slurm waits, one
-# pytest process), so a second lane nearly halves the wall time. BESIDE is the second lane's share,
-# about half of the time, and uses hosts nobody in the first lane does: tests/slurm (hfnode20-21 and
-# slurmd), tests/data (hfnode27-29), tests/faults (hfnode8-10), tests/ui (hfnode15-17 and Chromium),
-# the localhost installs, the GPU suite's dry run and the checkpoint mirror's tests. Tests that
-# measure the machine (doctor --fabric's bandwidths, a straggler's step times) are marked quiet and
-# run with the other lane waiting (tests/lanes.py). The second lane's report follows the first's; the target fails if either
-# does (none of its tests selected is not a failure). PYTEST_ARGS are options given to both.
+# side, as two lanes. One pytest kept 1.3 of the 2 cores busy on average (SSH, Docker and Slurm
+# waits); two lanes fill the rest, and took make test from about 57 to 48 minutes (docs/benchmarks.md,
+# "The developer loop"). BESIDE is the second lane's share, about half of the time, on hosts nobody
+# in the first lane uses: tests/slurm (hfnode20-21 and slurmd), tests/data (hfnode27-29), tests/faults
+# (hfnode8-10), tests/ui (hfnode15-17 and Chromium), and localhost work: the installs, the GPU suite's
+# dry run, the checkpoint mirror's and hybrid sharding's torchruns. Tests that measure the machine
+# (doctor --fabric's bandwidths, a straggler's step times) are marked quiet: the other lane waits
+# while their body runs (tests/lanes.py). The second lane's report follows the first's; the target
+# fails if either does (none of its tests selected is not a failure). PYTEST_ARGS go to both.
 BESIDE := tests/slurm tests/data tests/faults tests/ui tests/test_install.py tests/test_gpu_suite.py \
-          tests/training/test_checkpoint_mirror.py
+          tests/training/test_checkpoint_mirror.py tests/training/test_hybrid_sharding.py
 BESIDE_LOG := .beside-tests.log
 test: install tools
 	$(MAKE) --no-print-directory -j2 lint beds
