@@ -26,7 +26,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-DIR = Path(__file__).resolve().parents[1] / ".testbed"   # per checkout; git ignores it
+#: Beside the test bed's state (scripts/testbed: $TESTBED_DIR, else the checkout's .testbed, which git
+#: ignores): two checkouts that share one bed share its lanes too.
+DIR = Path(os.environ.get("TESTBED_DIR") or Path(__file__).resolve().parents[1] / ".testbed")
 
 
 @dataclass(frozen=True)
