@@ -64,7 +64,7 @@ testbed-down:
 
 # The lint (mypy: half a minute on a fresh clone) runs while the beds start. Then two pytests side by
 # side, as two lanes. One pytest kept 1.3 of the 2 cores busy on average (SSH, Docker and Slurm
-# waits); two lanes fill the rest, and took make test from about 57 to 48 minutes (docs/benchmarks.md,
+# waits); two lanes fill the rest, and took make test from about 57 to 46 minutes (docs/benchmarks.md,
 # "The developer loop"). BESIDE is the second lane's share, about half of the time, on hosts nobody
 # in the first lane uses: tests/slurm (hfnode20-21 and slurmd), tests/data (hfnode27-29), tests/faults
 # (hfnode8-10), tests/ui (hfnode15-17 and Chromium), and localhost work: the installs, the GPU suite's
