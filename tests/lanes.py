@@ -1,7 +1,8 @@
 """Two test lanes on one machine, and the tests that need it to themselves.
 
 ``make test`` runs the suite as two pytest processes side by side (the Makefile's ``BESIDE``):
-most tests keep about one of the machine's 2 cores busy, so two lanes nearly halve the wall time.
+one pytest kept 1.3 of the machine's 2 cores busy, and a second lane uses the rest (make test went
+from 57 to 46 minutes; docs/benchmarks.md, "The developer loop").
 A few tests measure the machine itself: ``doctor --fabric`` compares the bandwidth of the test
 bed's "nodes", which are users of this one machine, and a busy second lane makes a healthy
 node look slow. Those tests are marked ``@pytest.mark.quiet``; while one's body runs, the other
