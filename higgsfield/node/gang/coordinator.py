@@ -77,11 +77,11 @@ from higgsfield.node.gang.recovery import Decision, losses_line, next_step, repl
 from higgsfield.node.gang.server import Conn, GangServer
 from higgsfield.node.gang.stall import StallWatch
 
-#: After the first failure, how long later reports may still name an earlier one. Longer than a node's
-#: stop after an abort (watch.ABORT_GRACE_S, 2 s, then SIGKILL): a node whose failing rank lingers reports
-#: only once it stopped, and on a loaded machine that came after a 1 s window, so a peer's "connection
-#: closed" was named the run's cause. No one waits for it when every member has given its final word.
-SETTLE_S = 4.0
+#: After the first failure, how long later reports may still name an earlier one: past a member's stop
+#: after an abort (:data:`wire.ABORT_GRACE_S`, then SIGKILL), since a node whose failing rank lingers
+#: reports only once it stopped (a 1 s window missed it on a loaded machine, and a peer's "connection
+#: closed" was named the run's cause). No one waits for it when every member has given its final word.
+SETTLE_S = wire.ABORT_GRACE_S + 2.0
 JOIN_S = 120.0      # every node's supervisor must have joined by then
 
 

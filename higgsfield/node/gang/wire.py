@@ -45,6 +45,7 @@ MAX_HELLO = 1 << 16         # before the handshake: a stranger's line is never l
 HEARTBEAT_S = 1.0           # both sides send at least this often
 LOST_S = 5.0                # silence after which the other side counts as lost
 HANDSHAKE_S = 10.0          # a connection that has not authenticated by then is dropped
+ABORT_GRACE_S = 2.0         # a member told to abort: SIGTERM to SIGKILL of its ranks (nothing to save)
 
 
 class WireError(Exception):

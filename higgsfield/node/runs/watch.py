@@ -24,6 +24,7 @@ from typing import Any
 from higgsfield.contract.errors import RunError
 from higgsfield.contract.gang import Abort, Killed, Message, Progress, Progressing, Restart, Stall, Stalled
 from higgsfield.node.gang.member import Lost
+from higgsfield.node.gang.wire import ABORT_GRACE_S
 from higgsfield.node.runs import progress
 from higgsfield.node.runs.outcome import say
 from higgsfield.node.runs.stall_answer import StallAnswers
@@ -31,7 +32,6 @@ from higgsfield.node.state.records import RunDir
 
 __all__ = ["ABORT_GRACE_S", "PROGRESS_EVERY_S", "watch"]
 
-ABORT_GRACE_S = 2.0     # SIGTERM to SIGKILL when another node failed (nothing to save)
 PROGRESS_EVERY_S = 1.0  # how often the run's progress on this node is read (and sent when it advanced)
 
 Received = Message | Lost | None
