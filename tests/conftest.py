@@ -52,7 +52,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     """A quiet test's call has the machine to itself: the other lane waits (tests/lanes.py)."""
-    if item.get_closest_marker("quiet") is None or _LANE not in item.stash:
+    if item.get_closest_marker("quiet") is None:
         yield
         return
     with lanes.alone(item.stash[_LANE]):

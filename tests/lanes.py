@@ -27,9 +27,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-#: Beside the test bed's state (scripts/testbed: $TESTBED_DIR, else the checkout's .testbed, which git
-#: ignores): two checkouts that share one bed share its lanes too.
-DIR = Path(os.environ.get("TESTBED_DIR") or Path(__file__).resolve().parents[1] / ".testbed")
+from testbed import impl as bed_impl  # tests/ is on sys.path, as for the conftest
+
+#: In the test bed's state directory: two checkouts that share one bed share its lanes too.
+DIR = bed_impl.state_dir()
 
 
 @dataclass(frozen=True)
