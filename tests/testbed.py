@@ -281,6 +281,13 @@ def describe(hosts: int | None = None, docker: bool = True, image: bool = True) 
     )
 
 
+#: Beside the invoker's own dependencies: what a process-runtime run needs from its interpreter. A bed project
+#: that never built its environment (most do not: a build costs minutes of the suite) runs in the invoker's
+#: interpreter, so it holds what ``deploy`` would put in that environment: torch, and numpy, which the training
+#: library needs (``env_key.LIBRARY_NEEDS``: torch.distributed's object collectives).
+NODE_VENV_EXTRA = ("torch==2.13.0", "numpy")
+
+
 def shared_node_venv(state_dir: Path, system_python: str = "/usr/bin/python3") -> Path:
     """The bed's one venv for every node user (tests/runs and tests/slurm): editable higgsfield, its deps, torch.
 
@@ -304,7 +311,8 @@ def _build_node_venv(venv: Path, system_python: str) -> None:
     import shutil
 
     stamp = venv / ".ready"
-    want = hashlib.sha256((REPO_ROOT / "pyproject.toml").read_bytes() + str(REPO_ROOT).encode()).hexdigest()
+    want = hashlib.sha256((REPO_ROOT / "pyproject.toml").read_bytes() + str(REPO_ROOT).encode()
+                          + " ".join(NODE_VENV_EXTRA).encode()).hexdigest()
     if stamp.exists() and stamp.read_text().strip() == want and (venv / "bin" / "higgsfield").exists():
         return
     shutil.rmtree(venv, ignore_errors=True)
@@ -313,7 +321,7 @@ def _build_node_venv(venv: Path, system_python: str) -> None:
     # downloaded when the image is built, and a cached image leaves a fresh checkout without them.
     pip = [str(venv / "bin" / "pip"), "install", "--quiet"]
     subprocess.run([*pip, "--upgrade", "setuptools>=64", "wheel"], check=True)  # PEP 660 editable installs
-    subprocess.run([*pip, "--no-build-isolation", "-e", str(REPO_ROOT), "torch==2.13.0"], check=True)
+    subprocess.run([*pip, "--no-build-isolation", "-e", str(REPO_ROOT), *NODE_VENV_EXTRA], check=True)
     stamp.write_text(want + "\n")
     for p in [venv, *venv.rglob("*")]:
         if p.is_dir():

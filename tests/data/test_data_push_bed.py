@@ -4,7 +4,8 @@ One project, one tree (smaller than the issue's 200 MB / 1,000 files, for the su
 bench/data_push.py uses the issue's sizes): the push lands the same bytes on every node; a re-push
 sends 0 bytes; a changed file is the only one sent; a laptop SIGKILLed mid-push leaves the old
 version whole and current, and the next push completes; a run reads its entry through
-``params.data`` and ``HIGGSFIELD_DATA_CORPUS`` (Docker, mounted read-only); a node with a stale copy
+``params.data`` and ``HIGGSFIELD_DATA_CORPUS``, in Docker (mounted read-only) and in the process runtime
+(its node path, read-only by its modes); a node with a stale copy
 is refused by ``run`` (exit 2); an ``s3://`` entry comes from moto's server, fetched on node 0.
 """
 
@@ -50,7 +51,7 @@ def readdata(params):
         writable = "yes"
     except OSError:
         writable = "no"
-    print(f"rank={params.rank} data={h.hexdigest()} writable={writable}", flush=True)
+    print(f"rank={params.rank} data={h.hexdigest()} writable={writable} path={root}", flush=True)
 '''
 
 
@@ -148,6 +149,22 @@ def test_a_run_reads_its_entry_and_a_stale_copy_is_refused(project: Cluster) -> 
     want = _tree_digest(c.dir / "corpus")
     lines = [ln for ln in r.stdout.splitlines() if "data=" in ln]
     assert len(lines) == 3 and all(f"data={want}" in ln and "writable=no" in ln for ln in lines), r.stdout[-2000:]
+
+    # The process runtime (the bed's node interpreter: no project venv to build): the same bytes at the node's own
+    # path, read-only there too (files 0444, directories 0555), not only through Docker's read-only mount.
+    yml = c.dir / "higgsfield.yml"
+    old = yml.read_text()
+    yml.write_text(old.replace("runtime: docker", "runtime: process"))
+    try:
+        r = c.hf("run", "readdata", timeout=180)
+    finally:
+        yml.write_text(old)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    lines = [ln for ln in r.stdout.splitlines() if "data=" in ln]
+    assert len(lines) == 3 and all(f"data={want}" in ln and "writable=no" in ln for ln in lines), r.stdout[-2000:]
+    for i in INDICES:
+        entry = _node_entry(i).resolve()
+        assert any(f"path={entry}" in ln and f"hfnode{i}" in ln for ln in lines), (entry, lines)
 
     (c.dir / "corpus" / "f0002.bin").write_bytes(b"new")      # changed here, not pushed
     r = c.hf("run", "readdata", timeout=120)
