@@ -67,12 +67,13 @@ testbed-down:
 # waits); two lanes fill the rest, and took make test from about 57 to 46 minutes (docs/benchmarks.md,
 # "The developer loop"). BESIDE is the second lane's share, about half of the time, on hosts nobody
 # in the first lane uses: tests/slurm (hfnode20-21 and slurmd), tests/data (hfnode27-29), tests/faults
-# (hfnode8-10), tests/ui (hfnode15-17 and Chromium), and localhost work: the installs, the GPU suite's
-# dry run, the checkpoint mirror's and hybrid sharding's torchruns. Tests that measure the machine
-# (doctor --fabric's bandwidths, a straggler's step times) are marked quiet: the other lane waits
-# while their body runs (tests/lanes.py). The second lane's report follows the first's; the target
-# fails if either does (none of its tests selected is not a failure). PYTEST_ARGS go to both.
-BESIDE := tests/slurm tests/data tests/faults tests/ui tests/test_install.py tests/test_gpu_suite.py \
+# (hfnode8-10), tests/ui (hfnode15-17 and Chromium), and localhost work: the GPU suite's dry run, the
+# checkpoint mirror's and hybrid sharding's torchruns. Tests that measure the machine (doctor --fabric's
+# bandwidths, a straggler's step times) are marked quiet: the other lane waits while their body runs
+# (tests/lanes.py), and they run last in the first lane, once the second, the lighter one, is done or
+# nearly. The second lane's report follows the first's; the target fails if either does (none of its
+# tests selected is not a failure). PYTEST_ARGS go to both.
+BESIDE := tests/slurm tests/data tests/faults tests/ui tests/test_gpu_suite.py \
           tests/training/test_checkpoint_mirror.py tests/training/test_hybrid_sharding.py
 BESIDE_LOG := .beside-tests.log
 test: install tools

@@ -49,6 +49,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         yield
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """What the quiet tests cost this lane (docs/benchmarks.md, "The developer loop")."""
+    if lanes.QUIET.tests:
+        terminalreporter.write_line(lanes.QUIET.line())
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     """A quiet test's call has the machine to itself: the other lane waits (tests/lanes.py)."""
@@ -61,6 +67,8 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 @pytest.hookimpl(trylast=True)  # after -k/-m deselection
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items[:] = lanes.quiet_last(items, lambda i: i.get_closest_marker("quiet") is not None,
+                                lambda i: i.nodeid.split("::")[0])
     if not config.pluginmanager.hasplugin("timeout"):
         return
     pending = {"testbed", "testbed_sshd"}  # testbed_faults uses testbed_sshd

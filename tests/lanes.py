@@ -15,6 +15,10 @@ released) before it takes ``lane.lock``, so a waiting quiet test is not starved 
 next test always starts before the kernel wakes the waiter. A quiet test lets go of its shared
 hold before it queues at the turnstile, so two quiet tests, one in each lane, take turns instead
 of waiting for each other. One lane, or a test run alone, never waits: nobody else holds the lock.
+
+A quiet test waits for the other lane's current test, setup included, which can take minutes. So the
+modules that hold one run last in their lane (:func:`quiet_last`), when the other, lighter lane is done
+or nearly, and each lane's report ends with what its quiet tests waited and held (:data:`QUIET`).
 """
 
 from __future__ import annotations
@@ -22,15 +26,19 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from testbed import impl as bed_impl  # tests/ is on sys.path, as for the conftest
 
 #: In the test bed's state directory: two checkouts that share one bed share its lanes too.
 DIR = bed_impl.state_dir()
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,23 @@ def shared(where: Path = DIR) -> Iterator[Held]:
         os.close(fd)   # closing the description drops its lock
 
 
+@dataclass
+class Quiet:
+    """What the quiet tests of this pytest cost: seconds waited for the other lane, and held alone."""
+
+    tests: int = 0
+    waited_s: float = 0.0
+    held_s: float = 0.0
+
+    def line(self) -> str:
+        return (f"quiet tests: {self.tests}, waited {self.waited_s:.0f}s for the other lane's current test, "
+                f"held the machine {self.held_s:.0f}s")
+
+
+#: This process's quiet tests (the conftest prints it at the end of the session).
+QUIET = Quiet()
+
+
 @contextmanager
 def alone(held: Held) -> Iterator[None]:
     """A quiet test's call: the other lane's current test ends, and its next waits for this one.
@@ -71,14 +96,27 @@ def alone(held: Held) -> Iterator[None]:
     left, _ = signal.setitimer(signal.ITIMER_REAL, 0)
     fcntl.flock(held.fd, fcntl.LOCK_UN)
     gate = _open(held.where / "lane.turnstile")
+    t0 = time.monotonic()
     try:
         fcntl.flock(gate, fcntl.LOCK_EX)
         fcntl.flock(held.fd, fcntl.LOCK_EX)
+        t1 = time.monotonic()
         if left:
             signal.setitimer(signal.ITIMER_REAL, left)
         try:
             yield
         finally:
             fcntl.flock(held.fd, fcntl.LOCK_SH)   # at once: while this holds the turnstile, no one else can be exclusive
+            QUIET.tests += 1
+            QUIET.waited_s += t1 - t0
+            QUIET.held_s += time.monotonic() - t1
     finally:
         os.close(gate)
+
+
+def quiet_last(items: list[T], is_quiet: Callable[[T], bool], module: Callable[[T], object]) -> list[T]:
+    """``items`` with every module that holds a quiet test moved to the end, each module's tests kept together
+    and in order. At the end of the lane that holds them, the quiet tests find the other lane finished, or
+    nearly: they wait for no test of it, and stop none (the Makefile's BESIDE is the lighter lane for that)."""
+    loud = {module(i) for i in items if is_quiet(i)}
+    return [i for i in items if module(i) not in loud] + [i for i in items if module(i) in loud]

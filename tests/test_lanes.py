@@ -82,7 +82,7 @@ with lanes.shared(Path({where!r})) as held:
     with lanes.alone(held):
         got = time.time()
         time.sleep(1.5)
-print(got, fired[0] if fired else 0.0, flush=True)
+print(got, fired[0] if fired else 0.0, lanes.QUIET.tests, lanes.QUIET.waited_s, lanes.QUIET.held_s, flush=True)
 """
 
 
@@ -92,6 +92,16 @@ def test_a_quiet_tests_timeout_does_not_count_its_wait_for_the_other_lane(tmp_pa
     _got(other)
     code = ALARMED.format(tests=str(Path(lanes.__file__).parent), where=str(tmp_path))
     quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
-    got, fired = map(float, quiet.stdout.split())
+    got, fired, tests, waited, held = map(float, quiet.stdout.split())
     assert fired > got, "the alarm went off while the quiet test waited for the other lane, or never"
     assert other.wait(timeout=10) == 0
+    # what the lane's report says of it: one quiet test, its wait for the other lane, its time alone
+    assert tests == 1 and 0.5 < waited < 3.5 and 1.5 <= held < 5, (tests, waited, held)
+
+
+@pytest.mark.timeout(10)
+def test_modules_with_a_quiet_test_go_last_whole_and_in_order() -> None:
+    items = ["a::1", "f::1", "f::2q", "f::3", "b::1", "s::1q", "c::1"]
+    got = lanes.quiet_last(items, lambda i: i.endswith("q"), lambda i: i.split("::")[0])
+    assert got == ["a::1", "b::1", "c::1", "f::1", "f::2q", "f::3", "s::1q"]
+    assert lanes.quiet_last(items[:1], lambda i: False, lambda i: i) == items[:1]
