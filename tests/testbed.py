@@ -289,7 +289,7 @@ NODE_VENV_EXTRA = ("torch==2.13.0", "numpy")
 
 
 def shared_node_venv(state_dir: Path, system_python: str = "/usr/bin/python3") -> Path:
-    """The bed's one venv for every node user (tests/runs and tests/slurm): editable higgsfield, its deps, torch.
+    """The bed's one venv for every node user (tests/runs and tests/slurm): editable higgsfield, its deps, torch, numpy.
 
     Kept between sessions on a machine that keeps the bed; rebuilt when pyproject.toml changes or the
     checkout moves (the stamp holds both), so an added dependency reaches the nodes' invoker as `setup`
