@@ -5,7 +5,8 @@ disturbs the other multi-node tests (which use hfnode0..2 at the same time).
   up, with their own keys and no command delay; skipped when the bed is not up or not root.
 - ``faults``: the project ``hffault`` on those three hosts (``make_cluster`` of tests/runs, so
   the same layout as the multi-node tests: Docker runtime, the invoker linked from one shared
-  venv), plus ``src/ckpt_steps.py`` and ``src/slow_node.py``, deployed once.
+  venv), plus ``src/ckpt_steps.py``, ``src/slow_node.py`` and ``src/slowrank.py`` (bench/straggler.py's),
+  deployed once.
 
 Every test puts back what it broke (hosts started, keys restored, delays cleared, tmpfs
 unmounted) in ``finally``; the session teardown checks the hosts once more.
@@ -25,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 RUNS = HERE.parent / "runs"
 sys.path.insert(0, str(RUNS))  # runs_helpers (tests/ has no packages)
 
-from faults_helpers import CKPT_STEPS, INDICES, SLOW_NODE, FaultCluster  # noqa: E402
+from faults_helpers import CKPT_STEPS, INDICES, SLOW_NODE, SLOW_RANK, FaultCluster  # noqa: E402
 from runs_helpers import bed_for, exe, runs_conftest  # noqa: E402
 from runs_helpers import restore_hosts as _restore_hosts  # noqa: E402
 
@@ -57,6 +58,7 @@ def faults(fault_bed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Faul
     c = FaultCluster(base.dir, base.bed, base.nodes, indices=INDICES)
     (c.dir / "src" / "ckpt_steps.py").write_text(CKPT_STEPS)
     (c.dir / "src" / "slow_node.py").write_text(SLOW_NODE)
+    (c.dir / "src" / "slowrank.py").write_text(SLOW_RANK)
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
     subprocess.run([exe("git"), "add", "-A"], cwd=c.dir, check=True, env=env)

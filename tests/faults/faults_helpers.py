@@ -71,6 +71,23 @@ def ckpt_steps(params):
 '''
 
 
+def bench(name: str) -> Any:
+    """A script of bench/ as a module (bench/ is no package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", Path(__file__).resolve().parents[2] / "bench"
+                                                  / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+#: bench/straggler.py's experiment: fixed work per step (matmuls, then a sleep); one rank does factor x as much from
+#: slow_from on; rank 0 writes its step timeline to its run directory.
+SLOW_RANK: str = bench("straggler").JOB
+
+
 # An experiment whose ranks on one node (slow_node) take factor x longer per step from slow_from on.
 SLOW_NODE = '''\
 """Steps of a fixed length; the ranks on slow_node take factor times as long from step slow_from on."""
