@@ -70,9 +70,9 @@ testbed-down:
 # (hfnode8-10), tests/ui (hfnode15-17 and Chromium), and localhost work: the GPU suite's dry run, the
 # checkpoint mirror's and hybrid sharding's torchruns. Tests that measure the machine (doctor --fabric's
 # bandwidths, a straggler's step times) are marked quiet: the other lane waits while their body runs
-# (tests/lanes.py), and they run last in the first lane, once the second, the lighter one, is done or
-# nearly. The second lane's report follows the first's; the target fails if either does (none of its
-# tests selected is not a failure). PYTEST_ARGS go to both.
+# (tests/lanes.py), and they run last in their lane: in the first, the heavier one, the second is then
+# done or nearly. The second lane's report follows the first's; the target fails if either does (none
+# of its tests selected is not a failure). PYTEST_ARGS go to both.
 BESIDE := tests/slurm tests/data tests/faults tests/ui tests/test_gpu_suite.py \
           tests/training/test_checkpoint_mirror.py tests/training/test_hybrid_sharding.py
 BESIDE_LOG := .beside-tests.log

@@ -17,8 +17,8 @@ hold before it queues at the turnstile, so two quiet tests, one in each lane, ta
 of waiting for each other. One lane, or a test run alone, never waits: nobody else holds the lock.
 
 A quiet test waits for the other lane's current test, setup included, which can take minutes. So the
-modules that hold one run last in their lane (:func:`quiet_last`), when the other, lighter lane is done
-or nearly, and each lane's report ends with what its quiet tests waited and held (:data:`QUIET`).
+modules that hold one run last in their lane (:func:`quiet_last`): in the heavier lane, the other one is
+then done or nearly. Each lane's report ends with what its quiet tests waited and held (:data:`QUIET`).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def alone(held: Held) -> Iterator[None]:
 
 def quiet_last(items: list[T], is_quiet: Callable[[T], bool], module: Callable[[T], object]) -> list[T]:
     """``items`` with every module that holds a quiet test moved to the end, each module's tests kept together
-    and in order. At the end of the lane that holds them, the quiet tests find the other lane finished, or
-    nearly: they wait for no test of it, and stop none (the Makefile's BESIDE is the lighter lane for that)."""
-    loud = {module(i) for i in items if is_quiet(i)}
-    return [i for i in items if module(i) not in loud] + [i for i in items if module(i) in loud]
+    and in order. At the end of the heavier lane, the quiet tests find the other lane finished, or nearly, and
+    wait for none of its tests; at the end of the lighter one, they stop only the other's last minutes."""
+    with_quiet = {module(i) for i in items if is_quiet(i)}
+    return [i for i in items if module(i) not in with_quiet] + [i for i in items if module(i) in with_quiet]
