@@ -32,6 +32,21 @@ def test_key_login_to_every_host_with_pinned_host_keys(testbed_sshd: tbmod.Testb
 
 
 @pytest.mark.sshd
+def test_every_host_picks_rendezvous_ports_no_other_host_picks(testbed_sshd: tbmod.Testbed) -> None:
+    """The hosts share this machine's ports, where real nodes never do: each names a range of its own to the
+    invoker (``HIGGSFIELD_RENDEZVOUS_PORTS``, sshd's SetEnv), below the ephemeral ports."""
+    ranges = []
+    for h in testbed_sshd.hosts:
+        p = testbed_sshd.ssh(h, "echo $HIGGSFIELD_RENDEZVOUS_PORTS")
+        assert p.returncode == 0, p.stderr
+        lo, hi = map(int, p.stdout.strip().split("-"))
+        assert lo <= hi < 32768, (h.user, lo, hi)
+        ranges.append(range(lo, hi + 1))
+    ports = [port for r in ranges for port in r]
+    assert len(ports) == len(set(ports)), ranges
+
+
+@pytest.mark.sshd
 def test_passwordless_sudo_on_every_host(testbed_sshd: tbmod.Testbed) -> None:
     for h in testbed_sshd.hosts:
         p = testbed_sshd.ssh(h, "sudo -n true && sudo -n id -u")

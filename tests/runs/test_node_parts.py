@@ -22,7 +22,7 @@ from runs_helpers import exe
 from higgsfield.contract.codec import encode
 from higgsfield.contract.errors import RunError
 from higgsfield.contract.gang import Killed
-from higgsfield.contract.ports import RENDEZVOUS_PORTS, free_port
+from higgsfield.contract.ports import PORTS_VAR, RENDEZVOUS_PORTS, free_port, rendezvous_ports
 from higgsfield.contract.runspec import Coordinator, RunSpec, StartRequest
 from higgsfield.control.backends.nodes.deploy import make_archive
 from higgsfield.node.code.deploy import deployed, unpack
@@ -398,6 +398,22 @@ def test_logs_are_read_in_bounded_chunks(tmp_path: Path, monkeypatch: pytest.Mon
     got = [text for _, text in logs.read_lines(rd)]
     assert got == lines
     assert sizes and all(0 < n <= logs.READ_CHUNK for n in sizes), sizes[:5]
+
+
+def test_a_node_names_its_own_rendezvous_range_and_a_bad_one_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node's firewall may open another range than 29500-29599 (the test bed gives each host its own)."""
+    assert rendezvous_ports({}) == RENDEZVOUS_PORTS
+    assert rendezvous_ports({PORTS_VAR: " 30010-30019 "}) == (30010, 30019)
+    for bad in ("30010", "a-b", "30019-30010", "80-90", "30000-70000", "-"):
+        with pytest.raises(RunError, match=rf"^{PORTS_VAR}='.*' on this node is no port range: give it as LOW-HIGH"):
+            rendezvous_ports({PORTS_VAR: bad})
+    monkeypatch.setenv(PORTS_VAR, "30010-30019")
+    assert {free_port() for _ in range(20)} <= set(range(30010, 30020))   # torchrun's port
+    sock = listener.listen()                                                # the coordinator's
+    try:
+        assert 30010 <= sock.getsockname()[1] <= 30019
+    finally:
+        sock.close()
 
 
 def test_free_port_is_in_the_rendezvous_range_and_skips_reserved_and_bound(tmp_path: Path) -> None:

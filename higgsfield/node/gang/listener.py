@@ -16,13 +16,13 @@ __all__ = ["listen"]
 def listen(reserved: Iterable[int] = ()) -> socket.socket:
     """A listening socket for a run's coordinator, on a free port of the rendezvous range.
 
-    The same range as torchrun's rendezvous (:data:`higgsfield.contract.ports.RENDEZVOUS_PORTS`),
+    The same range as torchrun's rendezvous (:func:`higgsfield.contract.ports.rendezvous_ports`),
     so one firewall rule between the nodes covers both; an ephemeral port when the
     range is full. Bound here and kept: no other run can be handed this port.
     """
-    from higgsfield.contract.ports import RENDEZVOUS_PORTS
+    from higgsfield.contract.ports import rendezvous_ports
 
-    lo, hi = RENDEZVOUS_PORTS
+    lo, hi = rendezvous_ports()
     taken = set(reserved)
     for port in [*random.sample(range(lo, hi + 1), hi - lo + 1), 0]:
         if port in taken:

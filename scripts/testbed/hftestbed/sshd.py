@@ -32,10 +32,25 @@ from .users import ensure_client_key, ensure_user, remove_from_docker_group, res
 SSHD_WAIT_S = 20
 
 
+#: Each host's own rendezvous ports (``HIGGSFIELD_RENDEZVOUS_PORTS``, contract/ports.py): 10 from 30000 + 10 x its
+#: index, below the ephemeral range (32768) for every index the bed allows (0-250). The bed's "nodes" share this
+#: machine's ports, and torchrun's store listens on every address: two runs whose node 0s were two hosts (the two
+#: lanes of make test) picked one port of the shared range within the seconds before torchrun binds it, and one
+#: run's agents joined the other's store. A host whose 10 are taken falls back to an ephemeral port.
+PORTS_BASE, PORTS_PER_HOST = 30000, 10
+
+
+def rendezvous_ports(index: int) -> tuple[int, int]:
+    lo = PORTS_BASE + PORTS_PER_HOST * index
+    return lo, lo + PORTS_PER_HOST - 1
+
+
 def sshd_config_text(host: Host) -> str:
+    lo, hi = rendezvous_ports(host.index)
     return f"""\
 # higgsfield test bed: node {host.index} ({host.user}); generated, do not edit
 ListenAddress {host.address}:{host.port}
+SetEnv HIGGSFIELD_RENDEZVOUS_PORTS={lo}-{hi}
 HostKey {host.host_key}
 PidFile {host.pidfile}
 AllowUsers {host.user}
