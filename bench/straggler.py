@@ -119,12 +119,17 @@ def one_run(proj: Path, state: Path, run: str, params: dict[str, object], record
     if r.returncode != 0:
         raise SystemExit(f"run {run} exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
     record_json = json.loads((rd / "run.json").read_text())
-    timeline = [(int(s), float(t)) for s, t in (ln.split() for ln in (rd / "timeline.txt").read_text().splitlines())]
+    timeline = read_timeline(rd)
     if record is not None:
         record.mkdir(parents=True, exist_ok=True)
         (record / f"{run}.json").write_text(json.dumps({"params": params, "series": series,
                                                         "stragglers": record_json.get("stragglers", [])}))
     return {"record": record_json, "timeline": timeline, "series": series}
+
+
+def read_timeline(rd: Path) -> list[tuple[int, float]]:
+    """Rank 0's ``timeline.txt`` in the run directory: (step, wall time it closed)."""
+    return [(int(s), float(t)) for s, t in (ln.split() for ln in (rd / "timeline.txt").read_text().splitlines())]
 
 
 def step_at(timeline: list[tuple[int, float]], at: float) -> int:

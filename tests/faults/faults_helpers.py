@@ -7,6 +7,7 @@ lines are the figures in docs/benchmarks.md ("Faults survived").
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.server
 import json
 import os
@@ -71,8 +72,9 @@ def ckpt_steps(params):
 '''
 
 
+@functools.cache
 def bench(name: str) -> Any:
-    """A script of bench/ as a module (bench/ is no package)."""
+    """A script of bench/ as a module (bench/ is no package), loaded once."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(f"bench_{name}", Path(__file__).resolve().parents[2] / "bench"

@@ -40,9 +40,8 @@ def test_a_rank_13x_slower_on_two_nodes_is_named_within_20_steps_and_no_healthy_
         assert rec["nnodes"] == 2 and rec["node_rank"] == 0, rec
         (s,) = rec["stragglers"]
         rd = c.run_dir(8, run)
-        timeline = [(int(a), float(b)) for a, b in (ln.split() for ln in (rd / "timeline.txt").read_text().split("\n")
-                                                    if ln)]
-        named_at_step = bench("straggler").step_at(timeline, s["at"])
+        straggler = bench("straggler")
+        named_at_step = straggler.step_at(straggler.read_timeline(rd), s["at"])
         assert (s["node"], s["rank"]) == ("hfnode9", SLOW_RANK) and 1.2 <= s["ratio"] <= 1.4, s
         assert SLOW_FROM <= named_at_step <= SLOW_FROM + 20 and abs(s["since_step"] - SLOW_FROM) <= 3, \
             (named_at_step, s)
