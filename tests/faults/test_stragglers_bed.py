@@ -43,8 +43,11 @@ def test_a_rank_13x_slower_on_two_nodes_is_named_within_20_steps_and_no_healthy_
         straggler = bench("straggler")
         named_at_step = straggler.step_at(straggler.read_timeline(rd), s["at"])
         assert (s["node"], s["rank"]) == ("hfnode9", SLOW_RANK) and 1.2 <= s["ratio"] <= 1.4, s
-        assert SLOW_FROM <= named_at_step <= SLOW_FROM + 20 and abs(s["since_step"] - SLOW_FROM) <= 3, \
-            (named_at_step, s)
+        # "since" is the first step of the report in which the rank's ratio rose: a report is a mean over about
+        # half a second (3-4 steps here), and under load the one straddling the slowdown may stay below the
+        # line, so the next one's first step is named (29 for 25 in one CI run): two reports' worth either way
+        assert SLOW_FROM <= named_at_step <= SLOW_FROM + 20, (named_at_step, s)
+        assert SLOW_FROM - 4 <= s["since_step"] <= min(SLOW_FROM + 8, named_at_step), (named_at_step, s)
         log = (rd / "logs" / "launcher.log").read_text()
         named = [ln for ln in log.splitlines() if "straggler:" in ln]
         assert named and named == [ln for ln in named if f"straggler: rank {SLOW_RANK} on hfnode9 is 1." in ln], \
