@@ -15,8 +15,13 @@ prunes the project's other environments (:mod:`higgsfield.node.code.environment`
   a cluster's mirror, a wheel directory, constraints), which is how shared clusters
   point at their packages; uv reads none of it. pip is also already there (the
   invoker's venv has it), so nothing more is shipped. It runs as the invoker's pip
-  aimed at the new venv (``pip --python``), without compiling; ``compileall`` then
-  uses every core.
+  aimed at the new venv (``pip --python``).
+- **No byte-compiling of the whole venv** (``pip --no-compile``, and no ``compileall``):
+  that is every file of torch, most of which no run imports, about 20 CPU-seconds a
+  build. The import check that completes the environment (:func:`_verify`) compiles
+  what a run's start imports (torch, ``torch.distributed``, the entry point); anything
+  else is compiled once, by the first import of it (Python writes each ``.pyc``
+  atomically, so ranks importing at once are safe).
 """
 
 from __future__ import annotations
@@ -181,12 +186,6 @@ def _create(env_dir: Path, code: Path, requirements: str, log_file: Path, progre
                      + (f" + {' '.join(extra)} (not in requirements.txt)" if extra else ""))
             _run_logged([*pip, "install", "--no-compile", "--no-input", *reqs, *extra],
                         log, progress, deadline=deadline, what="pip install of the project environment")
-            progress("compiling")
-            # best effort, as pip's own compile step: some packages ship files for other Pythons
-            with contextlib.suppress(RunError):
-                _run_logged([str(env_python(env_dir)), "-m", "compileall", "-q", "-j", "0",
-                             str(site_packages(env_dir))], log, lambda _m: None, deadline=deadline,
-                            what="compiling the project environment")
     except BaseException:
         shutil.rmtree(env_dir, ignore_errors=True)
         raise
@@ -206,10 +205,13 @@ class Probe:
 def _verify(env_dir: Path, progress: Progress) -> Probe:
     """Import torch and higgsfield with the new python: the environment is complete only if both load."""
     link_invoker(env_dir)
-    probe = ("import json, torch, higgsfield.node.entrypoint as e; "
+    probe = ("import json, torch, torch.distributed, higgsfield.node.entrypoint as e; "
              "print(json.dumps({'torch': torch.__version__, 'higgsfield': e.__file__}))")
+    # it writes the .pyc files of what it imports (see the module doc), even where the node sets
+    # PYTHONDONTWRITEBYTECODE (a run's environment does not keep it: node/runtime/env.py)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     r = subprocess.run([str(env_python(env_dir)), "-c", probe], capture_output=True, text=True,  # noqa: S603
-                       timeout=300, cwd=env_dir)
+                       timeout=300, cwd=env_dir, env=env)
     if r.returncode != 0:
         tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
         shutil.rmtree(env_dir, ignore_errors=True)
