@@ -190,8 +190,8 @@ def test_detach_status_follow_and_kill_stops_every_process(project: Path) -> Non
         time.sleep(0.05)
     gone = time.time()
     assert not [p for p in workers if _alive(p)], "processes outlived the kill"
-    # How soon is measured, not asserted: under the suite's load a timed bound failed a CI run (the journey's
-    # kills of 3-node runs, 0.9-1.9 s, are in docs/benchmarks.md); the node's own time, the CLI's start excluded
+    # How soon is printed, not asserted: a timed bound fails by chance on a loaded machine (the kill's times are
+    # measured in docs/benchmarks.md: 0.9-1.9 s for the journey's 3-node runs); the node's own time, from the kill
     print(f"\nkill: every process gone {gone - (rd / 'kill').stat().st_mtime:.1f} s after the node was asked")
     out, _ = follower.communicate(timeout=30)          # follow mode ends by itself when the run ends
     assert follower.returncode == 0

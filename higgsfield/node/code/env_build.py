@@ -17,7 +17,7 @@ prunes the project's other environments (:mod:`higgsfield.node.code.environment`
   invoker's venv has it), so nothing more is shipped. It runs as the invoker's pip
   aimed at the new venv (``pip --python``).
 - **No byte-compiling of the whole venv** (``pip --no-compile``, and no ``compileall``):
-  that is every file of torch, most of which no run imports, about 20 CPU-seconds a
+  that is every file of torch, most of which no run imports, about 30 CPU-seconds a
   build. The import check that completes the environment (:func:`_verify`) compiles
   what a run's start imports (torch, ``torch.distributed``, the entry point); anything
   else is compiled once, by the first import of it (Python writes each ``.pyc``
