@@ -58,6 +58,7 @@ from higgsfield.node.code.environment import (
     reply_of,
     site_packages,
 )
+from higgsfield.node.runtime.env import kept_basics
 from higgsfield.node.state.home import NodeState
 from higgsfield.node.state.locks import exclusive
 from higgsfield.node.state.records import write_json
@@ -207,11 +208,10 @@ def _verify(env_dir: Path, progress: Progress) -> Probe:
     link_invoker(env_dir)
     probe = ("import json, torch, torch.distributed, higgsfield.node.entrypoint as e; "
              "print(json.dumps({'torch': torch.__version__, 'higgsfield': e.__file__}))")
-    # it writes the .pyc files of what it imports (see the module doc), even where the node sets
-    # PYTHONDONTWRITEBYTECODE (a run's environment does not keep it: node/runtime/env.py)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    # in the environment a run's processes get (its kept basics), so it writes the .pyc files of what it imports
+    # (see the module doc) where a run would, even on a node that sets PYTHONDONTWRITEBYTECODE
     r = subprocess.run([str(env_python(env_dir)), "-c", probe], capture_output=True, text=True,  # noqa: S603
-                       timeout=300, cwd=env_dir, env=env)
+                       timeout=300, cwd=env_dir, env=kept_basics(os.environ))
     if r.returncode != 0:
         tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
         shutil.rmtree(env_dir, ignore_errors=True)
