@@ -4,7 +4,7 @@ It behaves like SSH does: commands start in the user's home directory, relative
 paths are relative to it, and the process gets stdin when ``input`` is given.
 A command is bounded by ``timeout=`` or else the transport's ``command_timeout``
 (``ssh.command_timeout`` through :func:`~higgsfield.control.remote.fanout.transport_for`);
-a timed-out or cancelled command is killed.
+a timed-out or cancelled command is killed, and always reaped (:func:`_end`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import tempfile
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -46,10 +47,10 @@ class LocalTransport(Transport):
         try:
             out, err = await asyncio.wait_for(proc.communicate(data), limit)
         except asyncio.TimeoutError:
-            await _kill(proc)
+            await _end(proc)
             raise CommandError(self.node, f"'{argv[0]}' timed out after {limit:g}s", None) from None
         except asyncio.CancelledError:
-            await _kill(proc)
+            await _end(proc)
             raise
         result = CommandResult(self.node, tuple(argv), proc.returncode or 0,
                                out.decode(errors="replace"), err.decode(errors="replace"))
@@ -73,8 +74,7 @@ class LocalTransport(Transport):
             await proc.wait()
         finally:
             if proc.returncode is None:
-                proc.terminate()
-                await proc.wait()
+                await _end(proc, signal.SIGTERM)
         if proc.returncode:
             err = (await proc.stderr.read()).decode(errors="replace") if proc.stderr else ""
             tail = err.strip().splitlines()[-1:] or ["no output"]
@@ -93,7 +93,7 @@ class LocalTransport(Transport):
             yield _LocalSession(self.node, tuple(argv), proc)
         finally:
             if proc.returncode is None:
-                await _kill(proc)
+                await _end(proc)
 
     async def put_bytes(self, data: bytes, path: str, *, mode: int = 0o600) -> None:
         target = self._path(path)
@@ -138,11 +138,37 @@ class _LocalSession(Session):
                              err.decode(errors="replace"))
 
 
-async def _kill(proc: asyncio.subprocess.Process) -> None:
-    """Kill ``proc`` (if it still runs) and reap it."""
+async def _end(proc: asyncio.subprocess.Process, sig: int = signal.SIGKILL) -> None:
+    """Send ``sig`` to ``proc`` (if it still runs), reap it and close its pipes, even when the task is cancelled
+    again meanwhile.
+
+    The dashboard reads in anyio task groups, and a cancelled anyio scope cancels every await inside it, the
+    clean-up's too. A child left unreaped, or its pipes left open (a grandchild may hold them), outlives the
+    event loop, and when its transport is collected Python prints "Loop ... that handles pid ... is closed"
+    and a traceback ("Event loop is closed") on the dashboard's way out. So a cancellation during the wait
+    kills the child once (no time is left for a graceful end; a second signal would make Popen poll, and
+    reap, the child under the loop's own watcher) and the wait goes on, a few milliseconds after SIGKILL;
+    then the transport is closed while the loop runs, and the cancellation is raised.
+    """
     with contextlib.suppress(ProcessLookupError):
-        proc.kill()
-    await proc.wait()
+        proc.send_signal(sig)
+    cancelled: asyncio.CancelledError | None = None
+    killed = sig == signal.SIGKILL
+    while proc.returncode is None:
+        try:
+            await proc.wait()
+        except asyncio.CancelledError as e:
+            cancelled = e
+            if not killed:
+                killed = True
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+    # asyncio.subprocess.Process has no public close; its transport closes itself only once both pipes end
+    transport = getattr(proc, "_transport", None)
+    if transport is not None:
+        transport.close()
+    if cancelled is not None:
+        raise cancelled
 
 
 def _copy_range(src: Path, dst: Path, offset: int, end: int | None,
