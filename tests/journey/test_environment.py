@@ -116,7 +116,7 @@ def test_build_skip_rebuild_and_the_invokers_higgsfield(tmp_path: Path) -> None:
     assert "torch==2.13.0" in state.env_build_log("p").read_text()
     # byte-compiled: what a run's start imports (by the import check), not every file of torch
     site = envmod.site_packages(Path(first.dir))
-    tag = f"cpython-{sys.version_info.major}{sys.version_info.minor}.pyc"
+    tag = f"{sys.implementation.cache_tag}.pyc"
     assert (site / "torch" / "__pycache__" / f"__init__.{tag}").is_file()
     assert (site / "torch" / "distributed" / "__pycache__" / f"__init__.{tag}").is_file()
     assert not (site / "torch" / "testing" / "_internal" / "__pycache__" / f"common_utils.{tag}").exists()

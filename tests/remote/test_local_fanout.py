@@ -58,7 +58,7 @@ def test_cancelled_run_kills_the_child(tmp_path: Path) -> None:
 # wait given up left it unreaped past the loop's close, and the dashboard printed "Loop ... that handles pid ...
 # is closed" and a traceback ("Event loop is closed") on its way out, in a CI run.
 _CANCELLED_READ = """
-import sys, anyio
+import os, sys, anyio
 from higgsfield.control.remote.local import LocalTransport
 how, home, pidfile = sys.argv[1:]
 argv = ["sh", "-c", f"trap 'sleep 1; exit 0' TERM; echo $$ > {pidfile}; while :; do sleep 0.05; done"]
@@ -75,7 +75,7 @@ async def main():
     async with anyio.create_task_group() as tg:
         tg.start_soon(read)
         with anyio.fail_after(10):
-            while not (open(pidfile).read().strip() if __import__("os").path.exists(pidfile) else ""):
+            while not (os.path.exists(pidfile) and open(pidfile).read().strip()):
                 await anyio.sleep(0.02)
         tg.cancel_scope.cancel()
 
