@@ -27,6 +27,14 @@ def _import_deepspeed() -> Any:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed
 
+    if deepspeed.get_accelerator().device_name() == "cpu":
+        # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce (g++ and torch's headers,
+        # about 30 CPU-s) in every process that finds no copy built under its HOME's torch_extensions:
+        # a fresh container, node user or CI machine pays it at each run's start, and fails without a
+        # compiler. Only ``inference_all_reduce`` uses it; training's collectives go through
+        # torch.distributed (gloo). Marking it incompatible (the probe's dict is kept in the module,
+        # so the mark holds) skips the build; inference falls back to the process group's all-reduce.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     if not deepspeed.comm.is_initialized():  # adopts the process group init_distributed made
         deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
     return deepspeed
