@@ -15,6 +15,11 @@ pip-installed torch would be seen): pip then finds torch already satisfied when 
 the artifact, and each venv checks that its torch is the shared one and that higgsfield is its
 own copy.
 
+The sdist's venv runs ``init`` but not the training run: instead its installed files are proven
+equal to the wheel's, byte for byte (the package, its templates, its entry points and its
+requirements), so the wheel's run is the sdist's too. A run is a torch launch (a project
+environment, torchrun and its ranks): the suite's time goes to launches.
+
 Everything runs with cwd under tmp_path and without PYTHONPATH or the dev venv, so only the
 installed copy of higgsfield can be imported. pip keeps this machine's configuration (HOME
 and its pip.conf, the find-links holding torch's CPU wheel, the pip cache): the second venv's
@@ -24,10 +29,12 @@ state, the deploy key and the caches stay in tmp_path.
 
 from __future__ import annotations
 
+import csv
 import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -98,6 +105,29 @@ def _see_shared_torch(venv: Path, shared: Path) -> None:
     (site[0] / "shared-torch.pth").write_text(f"{shared}\n")
 
 
+def _in_wheel(wheel: Path) -> dict[str, bytes]:
+    """The wheel's files (path -> bytes), its RECORD left out (it lists hashes of the others)."""
+    with zipfile.ZipFile(wheel) as z:
+        return {n: z.read(n) for n in z.namelist() if not n.endswith("/") and not n.endswith(".dist-info/RECORD")}
+
+
+def _installed(venv: Path) -> dict[str, bytes]:
+    """The same view of what pip installed in ``venv``: the files its RECORD lists under site-packages, less
+    pip's own (INSTALLER, REQUESTED, direct_url.json), the bytecode and the scripts outside site-packages."""
+    site = sorted(venv.glob("lib/python3*/site-packages"))[0]
+    info = sorted(site.glob("higgsfield-*.dist-info"))
+    assert len(info) == 1, info
+    pip_own = {"INSTALLER", "REQUESTED", "RECORD", "direct_url.json"}
+    out = {}
+    for row in csv.reader((info[0] / "RECORD").read_text().splitlines()):
+        rel = row[0]
+        if rel.startswith("..") or rel.endswith(".pyc") or (rel.startswith(info[0].name + "/")
+                                                           and rel.split("/", 1)[1] in pip_own):
+            continue
+        out[rel] = (site / rel).read_bytes()
+    return out
+
+
 @pytest.mark.parametrize("kind", ["wheel", "sdist"])
 def test_a_fresh_venv_installs_the_artifact_then_init_and_run_example_train(
         artifacts: dict[str, Path], shared_torch: Path, tmp_path: Path, kind: str) -> None:
@@ -125,6 +155,9 @@ def test_a_fresh_venv_installs_the_artifact_then_init_and_run_example_train(
     init = _run([higgsfield, "init", "demo"], cwd=work, env=cli_env, timeout=120)
     assert "Created project 'demo' in ./demo" in init.stdout
     assert (work / "demo" / "src" / "example.py").is_file()
+    if kind == "sdist":   # what pip built from the sdist and installed is the wheel, file for file
+        assert _installed(venv) == _in_wheel(artifacts["wheel"])
+        return
 
     run = _run([higgsfield, "run", "example", "-p", "steps=30"], cwd=work / "demo", env=cli_env, timeout=300)
     # rank 0 prints "localhost/0 | step   10  loss 3.263998" at steps 1, 10, 20, 30
