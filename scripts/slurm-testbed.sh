@@ -234,7 +234,10 @@ MpiDefault=none
 SwitchType=switch/none
 ReturnToService=2
 SlurmctldTimeout=30
-SlurmdTimeout=60
+# A cut node's job stays COMPLETING until slurmctld declares the node down: this long, plus up to a third
+# of it to the next ping. 300 s is Slurm's default; 30 s keeps a recovery test's wait short, and a slurmd
+# answers a ping in milliseconds even on a loaded bed.
+SlurmdTimeout=30
 InactiveLimit=0
 KillWait=5
 MinJobAge=600
