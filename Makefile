@@ -20,13 +20,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # torch first, pinned, so pip takes the CPU wheel already on this kind of machine
-# (the package itself asks for a range). Re-run when pyproject.toml changes. --no-compile: pip would
-# byte-compile every file of torch, transformers and DeepSpeed (17 of torch's 26 s here), most of which
-# nothing imports; Python writes the .pyc of what is imported, once, at its first import.
+# (the package itself asks for a range). Re-run when pyproject.toml changes.
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet --no-compile "torch==2.13.0"
-	$(BIN)/pip install --quiet --no-compile -e ".[train,dev,ui]"
+	$(BIN)/pip install --quiet "torch==2.13.0"
+	$(BIN)/pip install --quiet -e ".[train,dev,ui]"
 	touch $(STAMP)
 
 install: $(STAMP)
