@@ -81,8 +81,13 @@ BESIDE := tests/slurm tests/data tests/faults tests/ui tests/test_gpu_suite.py \
 # lane the longer by about 4 minutes at 5e31478)
 BESIDE_TESTS := tests/training/test_checkpoint_node_local.py::test_deepspeed_zero3_node_local_resumes_from_each_nodes_own_files
 BESIDE_LOG := .beside-tests.log
+# Before the lanes, the checkout's own modules are byte-compiled once: CI's machine sets
+# PYTHONDONTWRITEBYTECODE, so no process would cache them, and the bed's node users, whose invokers and
+# ranks import this checkout, could not write its __pycache__ anyway. Else every CLI, invoker and rank
+# compiles what it imports from source (0.06-0.3 CPU-s a process, thousands of processes).
 test: install tools
 	$(MAKE) --no-print-directory -j2 lint beds
+	$(BIN)/python -m compileall -q -j0 higgsfield tests scripts > /dev/null
 	@HIGGSFIELD_RENDEZVOUS_PORTS=29600-29699 $(BIN)/python -m pytest $(BESIDE) $(BESIDE_TESTS) -p no:cacheprovider --durations=25 $(PYTEST_ARGS) \
 	    > $(BESIDE_LOG) 2>&1 & beside=$$!; \
 	$(BIN)/python -m pytest $(addprefix --ignore=,$(BESIDE)) $(addprefix --deselect=,$(BESIDE_TESTS)) --durations=25 $(PYTEST_ARGS); main=$$?; \
