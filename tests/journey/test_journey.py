@@ -205,10 +205,11 @@ def _status(user: User) -> dict[str, dict[str, Any]]:
 def _wait(pred: Any, timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        t0 = time.monotonic()
         v = pred()
         if v:
             return v
-        time.sleep(0.5)
+        time.sleep(max(0.5, time.monotonic() - t0))   # a `status` through the CLI: half the wait at most
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 

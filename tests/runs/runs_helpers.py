@@ -51,12 +51,16 @@ class Cluster:
 
 
 def wait_for(pred, timeout: float, what: str, poll: float = 0.3):  # type: ignore[no-untyped-def]
+    """``pred()`` once it is true. Between two calls it sleeps ``poll``, or as long as the call took when that
+    is longer: a predicate that runs the CLI (``status`` on 3 nodes: a CLI, an SSH session and an invoker per
+    node, 1.5 CPU-s measured) then keeps at most half of the wait busy, not the 2 cores the lanes share."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        t0 = time.monotonic()
         v = pred()
         if v:
             return v
-        time.sleep(poll)
+        time.sleep(max(poll, time.monotonic() - t0))
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 

@@ -166,8 +166,11 @@ def test_four_three_node_runs_end_without_an_abort_and_leave_private_files(deplo
     runs = [_name(f"clean{k}") for k in range(4)]
     for run in runs:   # queued two at a time per node (CPU slots); every one regression, 3 steps
         c.hf("run", "regression", "-p", "steps=3", "--run-name", run, "--detach", check=True, timeout=300)
-    wait_for(lambda: all(status(c).get(r, {}).get("state") in ("succeeded", "failed") for r in runs), 600,
-             "the four runs to end", poll=2)
+    def ended() -> bool:   # one `status` (a CLI on 3 nodes) a poll, not one per run
+        st = status(c)
+        return all(st.get(r, {}).get("state") in ("succeeded", "failed") for r in runs)
+
+    wait_for(ended, 600, "the four runs to end", poll=2)
     st = status(c)
     aborts = []
     for run in runs:

@@ -265,12 +265,12 @@ def test_queue_same_slots_wait_fifo_and_disjoint_slots_share(deployed: Cluster) 
     for name in (a, b):
         c.hf("run", "probe", "-p", "gate=go", "--run-name", name, "--nodes", "1", "--detach", check=True,
              timeout=300)
-    wait_for(lambda: {_status(c)[a]["state"], _status(c)[b]["state"]} == {"running"}, 300, "both running at once")
+    wait_for(lambda: {(st := _status(c))[a]["state"], st[b]["state"]} == {"running"}, 300, "both running at once")
     ports = {json.loads((c.run_dir(0, x) / "run.json").read_text())["master_port"] for x in (a, b)}
     assert len(ports) == 2, "two runs at once share a rendezvous port"
     _open_gate(c, a, 1)
     _open_gate(c, b, 1)
-    wait_for(lambda: {_status(c)[a]["state"], _status(c)[b]["state"]} == {"succeeded"}, 300, "both to end")
+    wait_for(lambda: {(st := _status(c))[a]["state"], st[b]["state"]} == {"succeeded"}, 300, "both to end")
 
 
 def test_node_dying_mid_run_fails_the_run_naming_it(deployed: Cluster) -> None:

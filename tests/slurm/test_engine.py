@@ -37,12 +37,13 @@ def spec(cluster: Cluster, workdir: Path, name: str, **params: Any) -> Any:
 def wait_state(cluster: Cluster, s: Any, states: set[str], timeout: float = 120) -> Any:
     deadline = time.monotonic() + timeout
     while True:
+        t0 = time.monotonic()
         st = cluster(cluster.engine.status(s.project, s.run))
         if st.state in states:
             return st
         if time.monotonic() > deadline:
             raise AssertionError(f"run {s.run} is {st.state} ({st.reason}), not {states}\n{launcher(cluster, s)}")
-        time.sleep(0.3)
+        time.sleep(max(0.3, time.monotonic() - t0))   # each status is SSH sessions to the login node
 
 
 def launcher(cluster: Cluster, s: Any) -> str:

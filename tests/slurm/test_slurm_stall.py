@@ -90,13 +90,15 @@ def _install(workdir: Path) -> None:
 
 
 def _wait(what: str, pred: Any, timeout: float, every: float = 0.2) -> Any:
+    """``pred()`` once true; between calls ``every`` s, or as long as a call took (a status over SSH), if longer."""
     deadline = time.monotonic() + timeout
     while True:
+        t0 = time.monotonic()
         got = pred()
         if got:
             return got
         assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
-        time.sleep(every)
+        time.sleep(max(every, time.monotonic() - t0))
 
 
 def _cli_project(root: Path, cluster: Cluster, known_hosts: Path, name: str) -> Path:
