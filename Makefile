@@ -28,7 +28,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet --no-compile "torch==2.13.0"
 	$(BIN)/pip install --quiet --no-compile -e ".[train,dev,ui]"
-	-$(BIN)/python -m compileall -q -j0 $(VENV)/lib > /dev/null
+	$(BIN)/python -m compileall -q -j0 $(VENV)/lib > /dev/null || true
 	touch $(STAMP)
 
 install: $(STAMP)
