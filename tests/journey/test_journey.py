@@ -44,7 +44,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runs"))  # runs_helpers (tests/ has no packages)
-from runs_helpers import lines_by_rank  # noqa: E402
+from runs_helpers import lines_by_rank, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.sshd, pytest.mark.docker]
 
@@ -202,17 +202,6 @@ def _status(user: User) -> dict[str, dict[str, Any]]:
     return {x["run"]: x for x in data["runs"]}
 
 
-def _wait(pred: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        t0 = time.monotonic()
-        v = pred()
-        if v:
-            return v
-        time.sleep(max(0.5, time.monotonic() - t0))   # a `status` through the CLI: half the wait at most
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def _run_record(node: str, run: str) -> dict[str, Any]:
     return json.loads((_home(node) / STATE / "runs" / PROJECT / run / "run.json").read_text())
 
@@ -265,7 +254,7 @@ def _probe_and_kill(user: User, runtime: str, label: str, marker: str = "none") 
         lines = [t for t in out.splitlines() if " | probe rank=" in t]
         return lines if len(lines) == 6 else None
 
-    lines = _wait(reports, 240, f"the 6 ranks of {run} to report")
+    lines = wait_for(reports, 240, f"the 6 ranks of {run} to report", poll=0.5)
     assert all(f"marker={marker} " in ln and "world=6" in ln for ln in lines), lines
     assert _status(user)[run]["state"] == "running"
     t0 = time.monotonic()
@@ -276,7 +265,7 @@ def _probe_and_kill(user: User, runtime: str, label: str, marker: str = "none") 
     assert st["state"] == "killed", st
     for node in NODES:
         assert _run_record(node, run)["runtime"] == runtime
-        _wait(lambda n=node: not _run_pids(n, run), 30, f"no process of {run} left on {node}")
+        wait_for(lambda n=node: not _run_pids(n, run), 30, f"no process of {run} left on {node}", poll=0.5)
     left = subprocess.run([_exe("docker"), "ps", "-aq", "--filter", f"label=org.higgsfield.run={run}"],
                           capture_output=True, text=True, timeout=60).stdout.split()
     assert left == [], f"containers of {run} left: {left}"

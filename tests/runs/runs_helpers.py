@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from polling import pause_after
+
 STATE = ".hfrt"
 SECRET = "s3cr3t-value-hfrt-0042"   # the cluster project's one secret (its git-ignored env file)
 
@@ -51,16 +53,14 @@ class Cluster:
 
 
 def wait_for(pred, timeout: float, what: str, poll: float = 0.3):  # type: ignore[no-untyped-def]
-    """``pred()`` once it is true. Between two calls it sleeps ``poll``, or as long as the call took when that
-    is longer: a predicate that runs the CLI (``status`` on 3 nodes: a CLI, an SSH session and an invoker per
-    node, 1.5 CPU-s measured) then keeps at most half of the wait busy, not the 2 cores the lanes share."""
+    """``pred()`` once it is true, polled at most every ``poll`` s (:func:`polling.pause_after`)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         t0 = time.monotonic()
         v = pred()
         if v:
             return v
-        time.sleep(max(poll, time.monotonic() - t0))
+        pause_after(t0, poll)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 from helpers_project import cli_env
+from polling import pause_after
 
 SECRET = "slurm-s3cret-4e1d9c"
 DATA_SAYS = "hello from the laptop's corpus"
@@ -163,7 +164,7 @@ class User:
             if pred(st):
                 return st
             assert time.monotonic() < deadline, f"{run}: {st}"
-            time.sleep(max(1.0, time.monotonic() - t0))   # a CLI status costs CPU-seconds: half the wait at most
+            pause_after(t0, 1.0)
 
 
 def by_rank(out: str) -> dict[int, tuple[str, list[str]]]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from polling import pause_after
 from slurm_helpers import SECRET, Cluster
 
 from higgsfield.contract.slurmjob import SlurmJob, decode_job, decode_request
@@ -43,7 +44,7 @@ def wait_state(cluster: Cluster, s: Any, states: set[str], timeout: float = 120)
             return st
         if time.monotonic() > deadline:
             raise AssertionError(f"run {s.run} is {st.state} ({st.reason}), not {states}\n{launcher(cluster, s)}")
-        time.sleep(max(0.3, time.monotonic() - t0))   # each status is SSH sessions to the login node
+        pause_after(t0, 0.3)
 
 
 def launcher(cluster: Cluster, s: Any) -> str:
@@ -142,7 +143,7 @@ def test_pending_while_nodes_held_then_cancel_both(cluster: Cluster, workdir: Pa
         if st.state == "queued" and st.reason in ("Resources", "Priority"):
             break
         assert time.monotonic() < deadline, (st.state, st.reason)
-        time.sleep(max(0.3, time.monotonic() - t0))
+        pause_after(t0, 0.3)
     assert cluster(cluster.engine.status(first.project, first.run)).state == "running"
 
     # secrets: in no file of the workdir (but the pending run's own 0600 carrier), not in the script,

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from polling import pause_after
 from slurm_helpers import SECRET, Cluster, offline_backend
 
 from higgsfield.contract.errors import ConfigError
@@ -48,7 +49,7 @@ def test_a_job_submitted_with_exclude_runs_on_the_other_nodes(settings_data: dic
             st = c(c.engine.status(s.project, s.run))
             if st.state in ("succeeded", "failed", "killed") or time.monotonic() - t0 > deadline:
                 break
-            time.sleep(max(0.3, time.monotonic() - t1))   # a status is SSH sessions: half the wait at most
+            pause_after(t1, 0.3)
         assert st.state == "succeeded", (st.state, st.reason, st.error_tail)
         assert sorted(st.nodes) == ["n2", "n3"], st.nodes
     finally:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from polling import pause_after
 from slurm_helpers import SECRET, Cluster, offline_backend
 
 from higgsfield.contract.codec import decode, encode
@@ -171,7 +172,7 @@ def _until_ended(c: Cluster, project: str, run: str, timeout: float = 90) -> Any
         st = c(c.engine.status(project, run))
         if st.state in ("succeeded", "failed", "killed") or time.monotonic() - t0 > timeout:
             return st
-        time.sleep(max(0.3, time.monotonic() - t1))   # a status is SSH sessions: half the wait at most
+        pause_after(t1, 0.3)
 
 
 @pytest.mark.slow

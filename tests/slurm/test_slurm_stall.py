@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 import yaml
 from helpers_project import run_cli
+from polling import pause_after
 from slurm_helpers import Cluster
 from test_engine import launcher, run_processes
 
@@ -90,7 +91,7 @@ def _install(workdir: Path) -> None:
 
 
 def _wait(what: str, pred: Any, timeout: float, every: float = 0.2) -> Any:
-    """``pred()`` once true; between calls ``every`` s, or as long as a call took (a status over SSH), if longer."""
+    """``pred()`` once true, polled at most every ``every`` s (:func:`polling.pause_after`)."""
     deadline = time.monotonic() + timeout
     while True:
         t0 = time.monotonic()
@@ -98,7 +99,7 @@ def _wait(what: str, pred: Any, timeout: float, every: float = 0.2) -> Any:
         if got:
             return got
         assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
-        time.sleep(max(every, time.monotonic() - t0))
+        pause_after(t0, every)
 
 
 def _cli_project(root: Path, cluster: Cluster, known_hosts: Path, name: str) -> Path:
