@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from pytest_cpu import busy_cpu_s  # scripts/ is this script's sys.path[0]
 
 #: (a piece of the command line, the kind): the first that matches names a process.
 _BY_ARGS = (
@@ -53,12 +54,6 @@ def kind(cmdline: list[str], name: str) -> str:
     return "other python" if "python" in exe else f"other: {name}"
 
 
-def _busy_s() -> float:
-    with open("/proc/stat") as f:
-        t = [int(x) for x in f.readline().split()[1:9]]
-    return (sum(t) - t[3] - t[4]) / os.sysconf("SC_CLK_TCK")
-
-
 def _cpu() -> dict[tuple[int, float], tuple[str, float]]:
     out = {}
     for p in psutil.process_iter(["pid", "name", "cmdline", "cpu_times", "create_time"]):
@@ -77,7 +72,7 @@ def main(out: Path) -> None:
 
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
-    busy0, wall0 = _busy_s(), time.monotonic()
+    busy0, wall0 = busy_cpu_s(), time.monotonic()
     before = {key: cpu for key, (_, cpu) in _cpu().items()}   # what running processes had spent already
     last: dict[tuple[int, float], tuple[str, float]] = {}
     while not stop:
@@ -86,7 +81,7 @@ def main(out: Path) -> None:
     by: dict[str, float] = {}
     for key, (k, cpu) in last.items():
         by[k] = by.get(k, 0.0) + cpu - before.get(key, 0.0)
-    busy = _busy_s() - busy0
+    busy = busy_cpu_s() - busy0
     by["(unseen: short-lived)"] = busy - sum(by.values())
     out.write_text(json.dumps({"wall_s": time.monotonic() - wall0, "busy_cpu_s": busy,
                                "by_kind": {k: round(v, 1) for k, v in sorted(by.items(), key=lambda kv: -kv[1]) if v >= 0.05}}, indent=1) + "\n")

@@ -21,7 +21,7 @@ _HZ = os.sysconf("SC_CLK_TCK")
 _OUT = os.environ.get("PYTEST_CPU_OUT", "pytest-cpu.jsonl")
 
 
-def _busy() -> float:
+def busy_cpu_s() -> float:
     """The machine's busy CPU seconds since boot: every state but idle and iowait."""
     with open("/proc/stat") as f:
         ticks = [int(x) for x in f.readline().split()[1:9]]
@@ -30,8 +30,8 @@ def _busy() -> float:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    t0, c0 = time.monotonic(), _busy()
+    t0, c0 = time.monotonic(), busy_cpu_s()
     yield
-    t1, c1 = time.monotonic(), _busy()
+    t1, c1 = time.monotonic(), busy_cpu_s()
     with open(_OUT, "a") as f:
         f.write(json.dumps({"id": item.nodeid, "wall": round(t1 - t0, 2), "cpu": round(c1 - c0, 2)}) + "\n")
