@@ -16,8 +16,8 @@ Why it looks like this:
   ``s // len(loader)`` is a seeded shuffle, and the global batch is a contiguous
   slice of it, split over ranks. A resumed run, or one on another number of
   ranks with the same global batch, sees exactly the same data.
-- Everything is tokenized once at construction (fast tokenizers do ~1M
-  tokens/s); the tokenizer is passed in and nothing is downloaded.
+- Everything is tokenized once at construction, in batch calls (fast
+  tokenizers do ~1M tokens/s); the tokenizer is passed in and nothing is downloaded.
 - ``packing=True`` fills rows of ``max_sequence_length`` with whole examples
   (best-fit decreasing, done once) and gives each example its own positions,
   so attention does not cross examples; rows are then shuffled per epoch.
@@ -40,6 +40,7 @@ from higgsfield.dataset import Example
 __all__ = ["LlamaLoader", "IGNORE_INDEX"]
 
 IGNORE_INDEX = -100
+_BATCH = 10_000   # texts per batch call: bounds the tokenizer's own copies on a large dataset
 
 
 class LlamaLoader:
@@ -68,7 +69,7 @@ class LlamaLoader:
             rank = dist.get_rank() if initialised else 0
             world_size = dist.get_world_size() if initialised else 1
         self.rank, self.world_size = rank, world_size
-        self.examples = [self._tokenize(dataset[i]) for i in range(len(dataset))]
+        self.examples = self._tokenize_all([list(dataset[i]) for i in range(len(dataset))])
         self.rows = _pack(self.examples, max_sequence_length) if packing else [[i] for i in
                                                                                 range(len(self.examples))]
         self.epoch = 0
@@ -84,15 +85,26 @@ class LlamaLoader:
     def __len__(self) -> int:
         return len(self.rows) // self.global_batch_size
 
-    def _tokenize(self, example: Example) -> tuple[list[int], list[int]]:
+    def _tokenize_all(self, examples: list[Example]) -> list[tuple[list[int], list[int]]]:
+        """Every example's (ids, labels), its segments encoded in batches of ``_BATCH`` texts."""
+        texts = [text for example in examples for text, _ in example]
+        ids_of: list[list[int]] = []
+        for i in range(0, len(texts), _BATCH):
+            ids_of += self.tok.encode_many(texts[i:i + _BATCH])
+        out, k = [], 0
+        for example in examples:
+            out.append(self._assemble(example, ids_of[k:k + len(example)]))
+            k += len(example)
+        return out
+
+    def _assemble(self, example: Example, segments: list[list[int]]) -> tuple[list[int], list[int]]:
         ids: list[int] = []
         labels: list[int] = []
         if self.tok.bos_id is not None:
             ids.append(self.tok.bos_id)
             labels.append(IGNORE_INDEX)
         train = False
-        for text, train in example:
-            toks = self.tok.encode(text)
+        for (_, train), toks in zip(example, segments, strict=True):
             ids += toks
             labels += toks if train else [IGNORE_INDEX] * len(toks)
         if self.tok.eos_id is not None:

@@ -2,7 +2,13 @@
 
 ``transformers`` tokenizers (``AutoTokenizer.from_pretrained(...)``) and raw
 ``tokenizers.Tokenizer`` objects differ in how they encode and name special
-tokens; the loader only needs ``encode`` and the BOS/EOS/PAD ids.
+tokens; the loader only needs ``encode_many`` and the BOS/EOS/PAD ids.
+
+``encode_many`` hands a whole list to the tokenizer's batch call: a fast
+``transformers`` tokenizer then encodes it in Rust, on every core, where one
+``encode`` call per text costs about 27 us of Python each (tiny_llama's 20,000
+texts: 0.29 CPU-s batched against 0.55, in every rank). A tokenizer with no
+batch call is asked text by text.
 """
 
 from __future__ import annotations
@@ -19,9 +25,23 @@ class TokenizerView:
     pad_id: int
 
     def encode(self, text: str) -> list[int]:
-        if hasattr(self.tokenizer, "encode_batch") and not hasattr(self.tokenizer, "convert_tokens_to_ids"):
-            return list(self.tokenizer.encode(text, add_special_tokens=False).ids)  # tokenizers.Tokenizer
+        if self._raw():
+            return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def encode_many(self, texts: list[str]) -> list[list[int]]:
+        """Each text's ids, as :meth:`encode` gives them, from one batch call where the tokenizer has one."""
+        if not texts:
+            return []
+        if self._raw():
+            return [list(e.ids) for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+        if getattr(self.tokenizer, "is_fast", False):   # transformers: __call__ on a list is its batch call
+            return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        return [self.encode(t) for t in texts]
+
+    def _raw(self) -> bool:
+        """A ``tokenizers.Tokenizer``: its encodings carry ``.ids``."""
+        return hasattr(self.tokenizer, "encode_batch") and not hasattr(self.tokenizer, "convert_tokens_to_ids")
 
 
 def view(tokenizer: Any) -> TokenizerView:

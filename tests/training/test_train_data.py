@@ -109,6 +109,39 @@ def test_tokenizers_tokenizer_works_too(tok):
     assert loader.batch(0)["input_ids"][0, :4].tolist() == tok("<s>12</s>", add_special_tokens=False)["input_ids"]
 
 
+class _OnlyEncode:
+    """A tokenizer with an ``encode`` and nothing to batch with: the loader asks it text by text."""
+
+    def __init__(self, tok):
+        self.tok, self.bos_token_id, self.eos_token_id, self.pad_token_id = tok, 1, 2, 0
+        self.calls = 0
+
+    def convert_tokens_to_ids(self, token):
+        return self.tok.convert_tokens_to_ids(token)
+
+    def encode(self, text, add_special_tokens=False):
+        self.calls += 1
+        return self.tok.encode(text, add_special_tokens=add_special_tokens)
+
+
+def test_batched_encoding_gives_every_segment_what_encoding_it_alone_gives(tok, monkeypatch):
+    import higgsfield.loaders as loaders
+
+    monkeypatch.setattr(loaders, "_BATCH", 7)   # batches that end inside an example
+    chats = [{"messages": [{"role": "user", "content": f"{i}+{i}="}, {"role": "assistant", "content": str(2 * i)}]}
+             for i in range(23)]
+    ds = ChatDataset(chats, template="{content}")   # 2 segments an example; an empty one is kept in place
+    plain = _OnlyEncode(tok)
+    for t in (tok, tok.backend_tokenizer, plain):
+        loader = LlamaLoader(ds, t, 32, 1, rank=0, world_size=1)
+        for i, (ids, labels) in enumerate(loader.examples):
+            segments = [tok.encode(text, add_special_tokens=False) for text, _ in ds[i]]
+            want = [1] + [x for seg in segments for x in seg] + [2]
+            assert ids == want, (type(t).__name__, i, ids, want)
+            assert labels[-len(segments[-1]) - 1:] == segments[-1] + [2]
+    assert plain.calls == sum(len(ds[i]) for i in range(len(ds)))
+
+
 def test_loader_errors(tok):
     with pytest.raises(ValueError, match="fewer than one global batch"):
         LlamaLoader(TextDataset(["1"]), tok, 8, 2, rank=0, world_size=2)
