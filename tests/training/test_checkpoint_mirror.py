@@ -174,10 +174,13 @@ def test_s3_mirror_on_moto_resumes_a_lost_node(tmp_path, s3):
         assert S3_ENV["AWS_SECRET_ACCESS_KEY"] not in p.stdout + p.stderr
 
 
-def _kill_when(procs: list[subprocess.Popen[str]], seen: Callable[[], bool], limit: float = 300) -> None:
+def _kill_when(procs: list[subprocess.Popen[str]], seen: Callable[[], bool], every: float,
+               limit: float = 300) -> None:
+    """SIGKILL both agents once ``seen()``, asked every ``every`` s. A poll is S3 requests to the moto server
+    in this process: every 10 ms they took 7 CPU-s from the ranks in a 20 s launch."""
     end = time.monotonic() + limit
     while time.monotonic() < end and not seen() and all(p.poll() is None for p in procs):
-        time.sleep(0.01)
+        time.sleep(every)
     kill_sessions(procs)
 
 
@@ -201,7 +204,8 @@ def test_a_kill_mid_upload_never_leaves_a_complete_step_with_a_part_missing(tmp_
             return newest >= old_newest + 2 * params["checkpoint_every"]  # just after two more saves
 
         procs, _ = start_two_nodes(tmp_path, params, "k", env)
-        _kill_when(procs, seen)
+        # an upload lasts tens of ms here: a 50 ms poll lands in one in most runs (both of two tried)
+        _kill_when(procs, seen, every=0.05 if moment == "uploading" else 0.25)
 
     # Two kills (each launch costs ~20 s of the suite's budget). On loopback an upload takes
     # milliseconds, so a kill lands inside one only sometimes: what must hold after every kill is
