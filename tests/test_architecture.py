@@ -104,7 +104,7 @@ def test_the_contract_catches_a_new_violation(tmp_path: Path, contract: str) -> 
 INTERNAL_EXCEPTIONS = {
     "higgsfield.contract.decode.DecodeError",
     "higgsfield.contract.slurmjob.WrongVersion",
-    "higgsfield.contract.codec._Wrong",
+    "higgsfield.contract.values.WrongValue",
     "higgsfield.node.gang.wire.WireError",
     "higgsfield.control.config.schema.NodeDup",
     "higgsfield.control.config.fields.Misplaced",

@@ -61,7 +61,7 @@ raised, or one layer up, and turned into a tree error, a skipped item or a reply
                     reply. A ValueError, as the decoders' callers expect.
     WrongVersion    (contract.slurmjob) a DecodeError: a Slurm file of another version; the Slurm task
                     turns it into a TaskError, the control side into a SlurmError
-    _Wrong          (contract.codec) a value of the wrong type inside the codec; it adds the path and
+    WrongValue      (contract.values) a value of the wrong type inside the codec; it adds the path and
                     raises a DecodeError
     WireError       (node.gang.wire) a peer broke the gang protocol or went away; the coordinator,
                     member and supervisor turn it into a lost node: the run's failure, on record
