@@ -66,38 +66,45 @@ chromium:
 testbed-down:
 	$(PYTHON) scripts/testbed/testbed.py down
 
-# The lint (mypy: half a minute on a fresh clone) runs while the beds start. Then two pytests side by
-# side, as two lanes. One pytest kept 1.3 of the 2 cores busy on average (SSH, Docker and Slurm
-# waits); two lanes fill the rest, and took make test from about 57 to 46 minutes (docs/benchmarks.md,
-# "The developer loop"). BESIDE is the second lane's share, about half of the time, on hosts nobody
-# in the first lane uses: tests/slurm (hfnode20-21 and slurmd), tests/data (hfnode27-29), tests/faults
-# (hfnode8-10), tests/ui (hfnode15-17 and Chromium), and localhost work: the GPU suite's dry run, the
-# checkpoint mirror's and hybrid sharding's torchruns. Tests that measure the machine (doctor --fabric's
-# bandwidths, a straggler's step times) are marked quiet: the other lane waits while their body runs
-# (tests/lanes.py), and they run last in their lane: in the first, the heavier one, the second is then
-# done or nearly. The second lane's report follows the first's; the target fails if either does (none
-# of its tests selected is not a failure). PYTEST_ARGS go to both. Each lane's localhost runs draw their
-# rendezvous ports from a range of their own (the bed's hosts have theirs): from one shared range, two
-# runs launched at once by the two lanes could pick one port, and the later torchrun failed to bind it.
+# Two pytests side by side, as two lanes, and the lint beside them. One pytest kept 1.3 of the 2 cores
+# busy on average (SSH, Docker and Slurm waits); two lanes fill the rest, and took make test from about 57
+# to 46 minutes (docs/benchmarks.md, "The developer loop"). BESIDE is the second lane's share, about half
+# of the time, on hosts nobody in the first lane uses: tests/slurm (hfnode20-21 and slurmd), tests/data
+# (hfnode27-29), tests/faults (hfnode8-10), tests/ui (hfnode15-17 and Chromium), and localhost work: the
+# GPU suite's dry run, the checkpoint mirror's and hybrid sharding's torchruns. Tests that measure the
+# machine (doctor --fabric's bandwidths, a straggler's step times) are marked quiet: the other lane waits
+# while their body runs (tests/lanes.py), and they run last in their lane: in the first, the heavier one,
+# the second is then done or nearly. The second lane's report follows the first's; the target fails if
+# either does (none of its tests selected is not a failure). PYTEST_ARGS go to both. Each lane's localhost
+# runs draw their rendezvous ports from a range of their own (the bed's hosts have theirs): from one
+# shared range, two runs launched at once by the two lanes could pick one port, and the later torchrun
+# failed to bind it.
 BESIDE := tests/slurm tests/data tests/faults tests/ui tests/test_gpu_suite.py \
           tests/training/test_checkpoint_mirror.py tests/training/test_hybrid_sharding.py
 # ... and single tests of files the first lane runs: the ZeRO-3 node-local test (its 134 s made the first
 # lane the longer by about 4 minutes at 5e31478)
 BESIDE_TESTS := tests/training/test_checkpoint_node_local.py::test_deepspeed_zero3_node_local_resumes_from_each_nodes_own_files
 BESIDE_LOG := .beside-tests.log
+LINT_LOG := .lint.log
 # Before the lanes, the checkout's own modules are byte-compiled once: CI's machine sets
 # PYTHONDONTWRITEBYTECODE, so no process would cache them, and the bed's node users, whose invokers and
 # ranks import this checkout, could not write its __pycache__ anyway. Else every CLI, invoker and rank
 # compiles what it imports from source (0.06-0.3 CPU-s a process, thousands of processes).
+#
+# The lint runs beside the lanes, not before them: on a fresh clone it is 50 s on one core (mypy with
+# no cache) while the beds start in seconds, so the lanes began 45 s late with a core idle. Its report
+# comes after the lanes', and the target fails if it does.
 test: install tools
-	$(MAKE) --no-print-directory -j2 lint beds
+	$(MAKE) --no-print-directory beds
 	$(BIN)/python -m compileall -q -j0 higgsfield tests scripts > /dev/null
-	@HIGGSFIELD_RENDEZVOUS_PORTS=29600-29699 $(BIN)/python -m pytest $(BESIDE) $(BESIDE_TESTS) -p no:cacheprovider --durations=25 $(PYTEST_ARGS) \
+	@$(MAKE) --no-print-directory lint > $(LINT_LOG) 2>&1 & lint=$$!; \
+	HIGGSFIELD_RENDEZVOUS_PORTS=29600-29699 $(BIN)/python -m pytest $(BESIDE) $(BESIDE_TESTS) -p no:cacheprovider --durations=25 $(PYTEST_ARGS) \
 	    > $(BESIDE_LOG) 2>&1 & beside=$$!; \
 	$(BIN)/python -m pytest $(addprefix --ignore=,$(BESIDE)) $(addprefix --deselect=,$(BESIDE_TESTS)) --durations=25 $(PYTEST_ARGS); main=$$?; \
 	wait $$beside; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; \
 	echo "==== $(BESIDE), run beside the rest (exit $$rc) ===="; cat $(BESIDE_LOG); \
-	test $$main -eq 0 -a $$rc -eq 0
+	wait $$lint; lint_rc=$$?; echo "==== make lint, run beside the tests (exit $$lint_rc) ===="; cat $(LINT_LOG); \
+	test $$main -eq 0 -a $$rc -eq 0 -a $$lint_rc -eq 0
 
 # The fast tests on both cores (pytest-xdist), a test file to a worker: a file's module fixtures
 # (the dashboard tests' browser) are set up once.
