@@ -7,6 +7,8 @@ import hashlib
 import io
 import json
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -166,3 +168,26 @@ def test_a_waiting_server_sends_objects_as_they_arrive_and_stops_when_told(tmp_p
     t2.join(10)
     f2.join(10)
     assert any("stopped" in str(e) for e in errors) and other.missing([never]) == [never]
+
+
+INVOKER_PROBE = """\
+import sys
+from higgsfield.control.cli import main
+try:
+    main({argv!r})
+except SystemExit:
+    pass
+print("DATA", "higgsfield.contract.data" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(("verb", "loaded"), [(["version"], False), (["data", "--help"], True)])
+def test_the_invokers_data_verbs_are_loaded_only_when_named(tmp_path: Path, verb: list[str], loaded: bool) -> None:
+    """Every SSH command starts an invoker: the data verbs' import is paid by the data verbs alone."""
+    argv = ["invoker", "--state-dir", str(tmp_path), *verb]
+    proc = subprocess.run([sys.executable, "-c", INVOKER_PROBE.format(argv=argv)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    *out, last = proc.stdout.strip().splitlines()
+    assert last == f"DATA {loaded}", proc.stdout
+    assert loaded == any("Data entries on this node" in line for line in out), proc.stdout
