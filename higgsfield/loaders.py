@@ -40,7 +40,7 @@ from higgsfield.dataset import Example
 __all__ = ["LlamaLoader", "IGNORE_INDEX"]
 
 IGNORE_INDEX = -100
-_BATCH = 10_000   # texts per batch call: bounds the tokenizer's own copies on a large dataset
+_BATCH = 4_096   # examples per batch call: a large dataset's texts are never all held at once
 
 
 class LlamaLoader:
@@ -69,7 +69,7 @@ class LlamaLoader:
             rank = dist.get_rank() if initialised else 0
             world_size = dist.get_world_size() if initialised else 1
         self.rank, self.world_size = rank, world_size
-        self.examples = self._tokenize_all([list(dataset[i]) for i in range(len(dataset))])
+        self.examples = self._tokenize_all(dataset)
         self.rows = _pack(self.examples, max_sequence_length) if packing else [[i] for i in
                                                                                 range(len(self.examples))]
         self.epoch = 0
@@ -85,16 +85,16 @@ class LlamaLoader:
     def __len__(self) -> int:
         return len(self.rows) // self.global_batch_size
 
-    def _tokenize_all(self, examples: list[Example]) -> list[tuple[list[int], list[int]]]:
-        """Every example's (ids, labels), its segments encoded in batches of ``_BATCH`` texts."""
-        texts = [text for example in examples for text, _ in example]
-        ids_of: list[list[int]] = []
-        for i in range(0, len(texts), _BATCH):
-            ids_of += self.tok.encode_many(texts[i:i + _BATCH])
-        out, k = [], 0
-        for example in examples:
-            out.append(self._assemble(example, ids_of[k:k + len(example)]))
-            k += len(example)
+    def _tokenize_all(self, dataset: Sequence[Example]) -> list[tuple[list[int], list[int]]]:
+        """Every example's (ids, labels): ``_BATCH`` examples at a time, their segments in one batch call."""
+        out = []
+        for start in range(0, len(dataset), _BATCH):
+            examples = [list(dataset[i]) for i in range(start, min(start + _BATCH, len(dataset)))]
+            ids = self.tok.encode_many([text for example in examples for text, _ in example])
+            k = 0
+            for example in examples:
+                out.append(self._assemble(example, ids[k:k + len(example)]))
+                k += len(example)
         return out
 
     def _assemble(self, example: Example, segments: list[list[int]]) -> tuple[list[int], list[int]]:

@@ -127,10 +127,10 @@ class _OnlyEncode:
 def test_batched_encoding_gives_every_segment_what_encoding_it_alone_gives(tok, monkeypatch):
     import higgsfield.loaders as loaders
 
-    monkeypatch.setattr(loaders, "_BATCH", 7)   # batches that end inside an example
+    monkeypatch.setattr(loaders, "_BATCH", 7)   # 4 batch calls, the last of 2 examples
     chats = [{"messages": [{"role": "user", "content": f"{i}+{i}="}, {"role": "assistant", "content": str(2 * i)}]}
              for i in range(23)]
-    ds = ChatDataset(chats, template="{content}")   # 2 segments an example; an empty one is kept in place
+    ds = ChatDataset(chats, template="{content}")   # 3 segments an example, the middle one empty
     plain = _OnlyEncode(tok)
     for t in (tok, tok.backend_tokenizer, plain):
         loader = LlamaLoader(ds, t, 32, 1, rank=0, world_size=1)
