@@ -24,20 +24,15 @@ class TokenizerView:
     eos_id: int | None
     pad_id: int
 
-    def encode(self, text: str) -> list[int]:
-        if self._raw():
-            return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
     def encode_many(self, texts: list[str]) -> list[list[int]]:
-        """Each text's ids, as :meth:`encode` gives them, from one batch call where the tokenizer has one."""
+        """Each text's ids without special tokens, from one batch call where the tokenizer has one."""
         if not texts:
             return []
         if self._raw():
             return [list(e.ids) for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
         if getattr(self.tokenizer, "is_fast", False):   # transformers: __call__ on a list is its batch call
             return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
-        return [self.encode(t) for t in texts]
+        return [list(self.tokenizer.encode(t, add_special_tokens=False)) for t in texts]
 
     def _raw(self) -> bool:
         """A ``tokenizers.Tokenizer``: its encodings carry ``.ids``."""
