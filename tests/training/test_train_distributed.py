@@ -4,13 +4,16 @@ Each run is tiny_llama (hidden 64, 2 layers, 8 sequences per step, 24 steps,
 a checkpoint every 8) launched through ``launch.py``; rank 0 writes one JSON line
 per step. One uninterrupted 2-process run per engine is the reference the
 others are compared with, so each test launches as few processes as it can
-(process start-up, mostly importing torch and transformers, dominates).
+(process start-up, mostly importing torch and transformers, dominates): the
+resumes start from the reference's own checkpoint after step 15, copied as
+another run's, rather than from a run of their own cut short there.
 """
 
 from __future__ import annotations
 
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 from trainutil import losses, ok, torchrun
@@ -54,22 +57,28 @@ def test_one_process_follows_the_two_process_trajectory(reference):
     _close(full, losses(one), range(EVERY), rtol=2e-4)
 
 
+def _reference_up_to(tmp: Path, step: int, run: str) -> None:
+    """The reference run's checkpoints up to ``step`` (its keep-last-2 left steps 16 and 24), as ``run``'s own."""
+    src = tmp / "ckpt" / "full"
+    assert {p.name for p in src.iterdir() if p.name.startswith("step_")} == {"step_00000016", "step_00000024"}
+    shutil.copytree(src, tmp / "ckpt" / run, ignore=lambda d, names: [
+        n for n in names if Path(d) == src and n.startswith("step_") and int(n[5:]) > step])
+
+
 def test_resume_equals_uninterrupted_and_moves_from_two_processes_to_one(reference):
     engine, tmp, full = reference
-    proc, first = torchrun(2, tmp, {**BASE, "engine": engine, "stop_after": EVERY - 1}, run="cut")
-    ok(proc)
-    assert sorted(losses(first)) == list(range(EVERY))
-    if engine == "fsdp":  # the same checkpoint, resumed by one process (DCP reshards on load)
-        shutil.copytree(tmp / "ckpt" / "cut", tmp / "ckpt" / "moved")
+    resumed_at = 2 * EVERY
+    _reference_up_to(tmp, resumed_at, "cut")
     proc, second = torchrun(2, tmp, {**BASE, "engine": engine}, run="cut")
     ok(proc)
-    assert sorted(losses(second)) == list(range(EVERY, STEPS)), "the second run must start at the checkpoint"
-    _close(full, losses(second), range(EVERY, STEPS), rtol=1e-5)
-    if engine == "fsdp":
+    assert sorted(losses(second)) == list(range(resumed_at, STEPS)), "the run must start at the checkpoint"
+    _close(full, losses(second), range(resumed_at, STEPS), rtol=1e-5)
+    if engine == "fsdp":  # the same checkpoint, resumed by one process (DCP reshards on load)
+        _reference_up_to(tmp, resumed_at, "moved")
         proc, moved = torchrun(1, tmp, {**BASE, "engine": engine}, run="moved")
         ok(proc)
-        assert sorted(losses(moved)) == list(range(EVERY, STEPS))
-        _close(full, losses(moved), range(EVERY, STEPS), rtol=2e-4)
+        assert sorted(losses(moved)) == list(range(resumed_at, STEPS))
+        _close(full, losses(moved), range(resumed_at, STEPS), rtol=2e-4)
 
 
 def test_crash_with_max_restarts_resumes_from_last_checkpoint(reference):
