@@ -25,7 +25,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trainutil import finish_two_nodes, free_port, kill_sessions, losses, ok, start_two_nodes, torchrun
+from trainutil import (
+    SHARED_CUT,
+    SHARED_EVERY,
+    SHARED_STEPS,
+    finish_two_nodes,
+    free_port,
+    kill_sessions,
+    losses,
+    ok,
+    start_two_nodes,
+    torchrun,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -124,31 +135,32 @@ def s3() -> Iterator[dict[str, str]]:
 # -- tests -----------------------------------------------------------------------------------------------
 
 @pytest.mark.timeout(900)
-def test_path_mirror_holds_every_part_resumes_a_lost_node_and_loads_on_another_world_size(tmp_path):
-    mirror = {"HIGGSFIELD_CHECKPOINT_MIRROR": f"file://{tmp_path / 'mirror'}"}
-    _, first = two_nodes(tmp_path, {**BASE, "stop_after": 9}, "cut", mirror)
+def test_path_mirror_holds_every_part_resumes_a_lost_node_and_loads_on_another_world_size(full_2x2):
+    # The shared launch (conftest.py): this test's own schedule, cut after step 9, with a path mirror
+    assert (SHARED_STEPS, SHARED_EVERY, SHARED_CUT) == (STEPS, EVERY, 9)
+    tmp, mirror, first = full_2x2["tmp"], full_2x2["mirror"], full_2x2["losses"]
     ref = first   # uninterrupted up to step 9: what a resume at step 8 must give again
     assert sorted(first) == list(range(10))
-    fs, root = _fs(str(tmp_path / "mirror"), {})
+    fs, root = _fs(str(tmp / "mirror"), {})
     run_root = f"{root}/test/tiny_llama/cut"
     assert _assert_whole(fs, run_root) == [4, 8]
 
     # Another world size (1 node x 2 ranks) on a disk that holds node 0's own part of steps 4 and 8: a
     # part saved by 2 nodes cannot load on 1, so the whole step 8 comes from the mirror; no saves here.
-    shutil.copytree(tmp_path / "node0" / "cut", tmp_path / "ckpt" / "cut",
+    shutil.copytree(tmp / "node0" / "cut", tmp / "ckpt" / "cut",
                     ignore=shutil.ignore_patterns(".replicas"))   # no buddy copy of node 1's part here
-    proc, lines = torchrun(2, tmp_path, {**BASE, "checkpoint_every": 1000}, run="cut", env=mirror)
+    proc, lines = torchrun(2, tmp, {**BASE, "checkpoint_every": 1000}, run="cut", env=mirror)
     ok(proc)
     assert "resuming from step_00000008 on the checkpoint mirror" in proc.stderr
-    assert len(list((tmp_path / "ckpt" / "cut" / "step_00000008").glob("__*.distcp"))) == 4  # every part now
+    assert len(list((tmp / "ckpt" / "cut" / "step_00000008").glob("__*.distcp"))) == 4  # every part now
     assert sorted(losses(lines)) == list(range(8, STEPS))
     _close(ref, losses(lines), range(8, 10), rel=1e-4)
 
     # Node 1 lost its disk, and node 0 its buddy copy (the mirror is for what no buddy holds): node 1 downloads
     # its own part; node 0 loads its own; the loss is the uninterrupted one.
-    shutil.rmtree(tmp_path / "node1")
-    shutil.rmtree(tmp_path / "node0" / "cut" / ".replicas", ignore_errors=True)
-    procs, second = two_nodes(tmp_path, BASE, "cut", mirror)
+    shutil.rmtree(tmp / "node1")
+    shutil.rmtree(tmp / "node0" / "cut" / ".replicas", ignore_errors=True)
+    procs, second = two_nodes(tmp, BASE, "cut", mirror)
     assert sorted(second) == list(range(8, STEPS))
     _close(ref, second, range(8, 10))
     _close(losses(lines), second, range(8, STEPS), rel=1e-4)   # on 2 ranks or 4, the same run

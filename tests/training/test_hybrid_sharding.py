@@ -1,12 +1,13 @@
 """``Llama(sharding=...)``: full, hybrid (HSDP: shard within a node, replicate across) and replicate.
 
-The slow tests run tiny_llama four times (launches are the cost: 11 s each here, DeepSpeed's 30 s):
+The slow tests run tiny_llama three times (launches are the cost: 11 s each here, DeepSpeed's 30 s):
 2 "nodes" x 2 ranks with ``sharding=hybrid``, which must build a (2, 2) mesh (its startup
-line says so, so a silent fall-back to full fails the test); the same with the default
-sharding, which must be full, and whose losses must be the hybrid run's; and 1 node x 4 ranks resuming
-the hybrid run's node-local checkpoint, its parts merged as ``pull`` merges them, under
-full sharding (DCP reshards), with the hybrid run's losses; and DeepSpeed's hybrid (ZeRO++ hpZ)
-resuming its node-local checkpoint after a crash. The fast tests hold the pure
+line says so, so a silent fall-back to full fails the test), its losses those of the same
+with the default sharding, which must be full: that run is conftest.py's ``full_2x2``, the launch
+test_checkpoint_mirror.py starts from, so the hybrid run keeps its schedule (12 steps cut after
+step 9); 1 node x 4 ranks resuming the hybrid run's node-local checkpoint, its parts merged as
+``pull`` merges them, under full sharding (DCP reshards), with the hybrid run's losses; and
+DeepSpeed's hybrid (ZeRO++ hpZ) resuming its node-local checkpoint after a crash. The fast tests hold the pure
 choice (:func:`higgsfield._lib.mesh.plan_mesh`) and its one-line refusals.
 """
 
@@ -19,13 +20,23 @@ from typing import Any
 
 import pytest
 from hf_check import merge_local
-from trainutil import finish_two_nodes, losses, ok, start_two_nodes, torchrun
+from trainutil import (
+    SHARED_CUT,
+    SHARED_EVERY,
+    SHARED_STEPS,
+    finish_two_nodes,
+    losses,
+    ok,
+    start_two_nodes,
+    torchrun,
+)
 
 from higgsfield._lib import mesh
 from higgsfield._lib.deepspeed import make_config
 
-STEPS, EVERY = 10, 5
+STEPS, EVERY, CUT = SHARED_STEPS, SHARED_EVERY, SHARED_CUT   # the shared full run's schedule (conftest.py)
 BASE = {"steps": STEPS, "checkpoint_every": EVERY, "precision": "fp32", "engine": "fsdp"}
+DS_STEPS, DS_EVERY = 10, 5
 
 
 def _close(a: dict[int, float], b: dict[int, float], steps: range, rtol: float = 1e-4) -> None:
@@ -44,10 +55,10 @@ def _two_nodes(tmp: Path, params: dict[str, Any], run: str) -> tuple[str, dict[i
 
 
 @pytest.fixture(scope="module")
-def two_node_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def two_node_runs(tmp_path_factory: pytest.TempPathFactory, full_2x2: dict[str, Any]) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("hybrid")
-    hybrid = _two_nodes(tmp, {**BASE, "sharding": "hybrid"}, "hybrid")
-    full = _two_nodes(tmp, BASE, "full")  # the default: full
+    hybrid = _two_nodes(tmp, {**BASE, "sharding": "hybrid", "stop_after": CUT}, "hybrid")
+    full = full_2x2["stderr"], full_2x2["losses"]  # the default: full (the shared launch, conftest.py)
     return {"tmp": tmp, "hybrid": hybrid, "full": full}
 
 
@@ -58,8 +69,8 @@ def test_hybrid_on_two_nodes_is_a_2x2_mesh_and_trains_as_the_default_full(two_no
     assert "higgsfield: FSDP mesh (2, 2) replicate x shard (hybrid: asked, 2 nodes x 2 ranks)" in hybrid_err, \
         hybrid_err[-3000:]
     assert "higgsfield: FSDP mesh (4,) shard (full: the default)" in full_err, full_err[-3000:]
-    assert sorted(hybrid) == sorted(full) == list(range(STEPS))
-    _close(hybrid, full, range(STEPS))
+    assert sorted(hybrid) == sorted(full) == list(range(CUT + 1))
+    _close(hybrid, full, range(CUT + 1))
 
 
 @pytest.mark.slow
@@ -87,7 +98,7 @@ def test_hybrid_checkpoint_resumes_under_full_on_one_node_of_four(two_node_runs)
     assert "higgsfield: FSDP mesh (4,) shard (full: asked)" in proc.stderr, proc.stderr[-3000:]
     moved = losses(lines)
     assert sorted(moved) == list(range(EVERY, STEPS)), "the resume must start at the hybrid run's checkpoint"
-    _close(hybrid, moved, range(EVERY, STEPS))
+    _close(hybrid, moved, range(EVERY, CUT + 1))
 
 
 @pytest.mark.slow
@@ -98,7 +109,8 @@ def test_deepspeed_hybrid_is_hpz_and_resumes_from_its_checkpoint(tmp_path):
     # that a state restored wrong (the LR schedule's shows from the third step on) changes some.
     began = time.monotonic()
     procs, lines = finish_two_nodes(*start_two_nodes(
-        tmp_path, {**BASE, "engine": "deepspeed", "sharding": "hybrid", "crash_at": 9}, "ds", max_restarts=1))
+        tmp_path, {**BASE, "steps": DS_STEPS, "checkpoint_every": DS_EVERY, "engine": "deepspeed", "sharding": "hybrid",
+                   "crash_at": 9}, "ds", max_restarts=1))
     for p in procs:
         ok(p)
     print(f"launch ds: {time.monotonic() - began:.1f} s")
@@ -106,8 +118,8 @@ def test_deepspeed_hybrid_is_hpz_and_resumes_from_its_checkpoint(tmp_path):
     assert want in procs[0].stderr, procs[0].stderr[-3000:]
     first = {m["step"]: m["loss"] for m in lines if m["attempt"] == 0}
     again = {m["step"]: m["loss"] for m in lines if m["attempt"] == 1}
-    assert sorted(first) == list(range(9)) and sorted(again) == list(range(EVERY, STEPS)), (first, again)
-    _close(first, again, range(EVERY, 9), rtol=1e-5)
+    assert sorted(first) == list(range(9)) and sorted(again) == list(range(DS_EVERY, DS_STEPS)), (first, again)
+    _close(first, again, range(DS_EVERY, 9), rtol=1e-5)
 
 
 # -- the pure choice and its refusals (fast) -------------------------------------------------------------------

@@ -17,6 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = Path(__file__).resolve().parent / "launch.py"
 #: A model and batch small enough for 2 cores shared with other test runs.
 TINY = {"hidden": 64, "layers": 2, "global_batch": 8, "eval_every": 0, "lr": 1e-2}
+#: The schedule of the launch two modules share (conftest.py's ``full_2x2``): 12 steps, a checkpoint every 4,
+#: cut after step 9.
+SHARED_STEPS, SHARED_EVERY, SHARED_CUT = 12, 4, 9
 
 
 def torchrun(nproc: int, tmp: Path, params: dict[str, Any], *, max_restarts: int = 0, run: str = "r",
