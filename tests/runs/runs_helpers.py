@@ -98,6 +98,16 @@ def record(c: Cluster, i: int, run: str) -> dict:  # type: ignore[type-arg]
         return {}
 
 
+def node_states(c: Cluster, run: str) -> list[str]:
+    """The state each node that holds ``run`` records, read from its disk: what a wait polls.
+
+    A poll of ``status`` is a CLI, and an SSH session and an invoker on each node: about 1.4 CPU-s on this
+    machine, which the other lane shares, every second or two of a wait. A test waits on the records,
+    then asks ``status`` what it asserts.
+    """
+    return [s for name in c.nodes if (s := record(c, int(name.removeprefix("hfnode")), run).get("state"))]
+
+
 def containers(run: str) -> list[str]:
     out = subprocess.run([exe("docker"), "ps", "-a", "--format", "{{.Names}}", "--filter",
                           "label=org.higgsfield.run=" + run], capture_output=True, text=True, check=True).stdout

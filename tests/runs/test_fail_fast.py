@@ -21,7 +21,7 @@ import time
 import uuid
 
 import pytest
-from runs_helpers import Cluster, containers, record, run_processes, status, wait_for
+from runs_helpers import Cluster, containers, node_states, record, run_processes, status, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.sshd, pytest.mark.docker]
 
@@ -166,11 +166,10 @@ def test_four_three_node_runs_end_without_an_abort_and_leave_private_files(deplo
     runs = [_name(f"clean{k}") for k in range(4)]
     for run in runs:   # queued two at a time per node (CPU slots); every one regression, 3 steps
         c.hf("run", "regression", "-p", "steps=3", "--run-name", run, "--detach", check=True, timeout=300)
-    def ended() -> bool:   # one `status` (a CLI on 3 nodes) a poll, not one per run
-        st = status(c)
-        return all(st.get(r, {}).get("state") in ("succeeded", "failed") for r in runs)
+    def ended() -> bool:   # the nodes' records, not `status` (a CLI on 3 nodes, runs_helpers.node_states)
+        return all(len(s := node_states(c, r)) == len(NODES) and set(s) <= {"succeeded", "failed"} for r in runs)
 
-    wait_for(ended, 600, "the four runs to end", poll=2)
+    wait_for(ended, 600, "the four runs to end", poll=0.5)
     st = status(c)
     aborts = []
     for run in runs:

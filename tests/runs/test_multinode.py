@@ -22,7 +22,16 @@ import uuid
 from pathlib import Path
 
 import pytest
-from runs_helpers import SECRET, Cluster, exe, lines_by_rank, node_processes, run_processes, wait_for
+from runs_helpers import (
+    SECRET,
+    Cluster,
+    exe,
+    lines_by_rank,
+    node_processes,
+    node_states,
+    run_processes,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.sshd, pytest.mark.docker]
 
@@ -237,7 +246,7 @@ def test_queue_same_slots_wait_fifo_and_disjoint_slots_share(deployed: Cluster) 
          check=True, timeout=300)
     c.hf("run", "probe", "-p", "sleep=1", "--run-name", third, "--nodes", "2", "--exclusive", "--detach",
          check=True, timeout=300)
-    wait_for(lambda: _state(c, first) == "running", 300, f"{first} running")
+    wait_for(lambda: node_states(c, first) == ["running"] * 2, 300, f"{first} running")
     st = _status(c)
     assert st[second]["state"] == "queued" and st[third]["state"] == "queued"
     # a queued run is killed at once and leaves the queue
@@ -253,7 +262,7 @@ def test_queue_same_slots_wait_fifo_and_disjoint_slots_share(deployed: Cluster) 
     assert [e["run"] for e in queue] == [first, second]
     assert queue[0]["committed"] and queue[0]["port"] and queue[1]["slots"] is None
     _open_gate(c, first, 2)
-    wait_for(lambda: _state(c, second) == "succeeded", 400, f"{second} to run after {first}")
+    wait_for(lambda: node_states(c, second) == ["succeeded"] * 2, 400, f"{second} to run after {first}")
     st = _status(c)
     assert st[first]["state"] == "succeeded"
     # gang admission: the second started on no node before the first had ended on every node
@@ -265,12 +274,16 @@ def test_queue_same_slots_wait_fifo_and_disjoint_slots_share(deployed: Cluster) 
     for name in (a, b):
         c.hf("run", "probe", "-p", "gate=go", "--run-name", name, "--nodes", "1", "--detach", check=True,
              timeout=300)
-    wait_for(lambda: {(st := _status(c))[a]["state"], st[b]["state"]} == {"running"}, 300, "both running at once")
+    wait_for(lambda: node_states(c, a) == node_states(c, b) == ["running"], 300, "both running at once")
+    st = _status(c)
+    assert st[a]["state"] == st[b]["state"] == "running", (st[a], st[b])
     ports = {json.loads((c.run_dir(0, x) / "run.json").read_text())["master_port"] for x in (a, b)}
     assert len(ports) == 2, "two runs at once share a rendezvous port"
     _open_gate(c, a, 1)
     _open_gate(c, b, 1)
-    wait_for(lambda: {(st := _status(c))[a]["state"], st[b]["state"]} == {"succeeded"}, 300, "both to end")
+    wait_for(lambda: node_states(c, a) == node_states(c, b) == ["succeeded"], 300, "both to end")
+    st = _status(c)
+    assert st[a]["state"] == st[b]["state"] == "succeeded", (st[a], st[b])
 
 
 def test_node_dying_mid_run_fails_the_run_naming_it(deployed: Cluster) -> None:
@@ -336,7 +349,7 @@ def test_max_restarts_restarts_a_killed_worker(deployed: Cluster) -> None:
 
     pid = wait_for(worker, 30, "the worker process")
     os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: _state(c, run) in ("succeeded", "failed"), 400, "the run to end")
+    wait_for(lambda: node_states(c, run) in (["succeeded"], ["failed"]), 400, "the run to end")
     assert _state(c, run) == "succeeded"
     text = log.read_text()
     assert text.count("step 1 loss") == 2, "the worker was not restarted"
