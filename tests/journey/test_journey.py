@@ -249,12 +249,13 @@ def _probe_and_kill(user: User, runtime: str, label: str, marker: str = "none") 
     run = f"long-{label}-{uuid.uuid4().hex[:4]}"
     user("run", "probe", "-p", "seconds=600", "--run-name", run, "--detach", timeout=300)
 
-    def reports() -> list[str] | None:
-        out = user("logs", run, timeout=120, ok=False).stdout
-        lines = [t for t in out.splitlines() if " | probe rank=" in t]
-        return lines if len(lines) == 6 else None
+    def reported() -> bool:   # the nodes' rank logs on their disks: a `logs` a poll is a CLI and 3 SSH sessions
+        logs = [p for node in NODES for p in (_home(node) / STATE / "runs" / PROJECT / run / "logs").glob("rank*.log")]
+        return sum("probe rank=" in p.read_text(errors="replace") for p in logs) == 6
 
-    lines = wait_for(reports, 240, f"the 6 ranks of {run} to report", poll=0.5)
+    wait_for(reported, 240, f"the 6 ranks of {run} to report", poll=0.5)
+    lines = [t for t in user("logs", run, timeout=120).stdout.splitlines() if " | probe rank=" in t]
+    assert len(lines) == 6, lines
     assert all(f"marker={marker} " in ln and "world=6" in ln for ln in lines), lines
     assert _status(user)[run]["state"] == "running"
     t0 = time.monotonic()
