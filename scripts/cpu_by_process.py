@@ -27,15 +27,16 @@ from pytest_cpu import busy_cpu_s  # scripts/ is this script's sys.path[0]
 
 #: (a piece of the command line, the kind): the first that matches names a process.
 _BY_ARGS = (
+    ("-m pytest", "pytest"),   # first: its arguments name test files; not "pytest", in a state dir's path
     ("torch.distributed.run", "torchrun agent"),
     ("higgsfield.node.entrypoint", "rank (higgsfield.node.entrypoint)"),
     ("tests/training/launch.py", "rank (tests/training/launch.py)"),
-    ("gpu_suite.py", "bench/gpu_suite.py"),
-    ("pytest", "pytest"),
+    ("bench/gpu_suite.py", "bench/gpu_suite.py"),
     (" invoker ", "invoker (on a node)"),
     ("-m higgsfield", "higgsfield CLI"),
     ("bin/higgsfield", "higgsfield CLI"),
     ("pip install", "pip"),
+    ("pip/__pip-runner__.py", "pip"),   # pip run by another interpreter's pip (``pip --python``: a node's env build)
 )
 _BY_NAME = ("sshd", "dockerd", "containerd-shim", "containerd", "runc", "slurmctld", "slurmstepd", "slurmd",
             "slurmdbd", "mariadbd", "chromium", "mypy", "git", "docker", "ssh", "cc1plus", "node")
