@@ -4,7 +4,7 @@ scripts/cpu_by_process.py samples once a second and leaves what lived under a se
 sshd, an invoker command, git) as one remainder. The kernel's BSD process accounting (``accton``,
 Debian's ``acct``) writes a record for every process that ends, however short, with its CPU time, pid,
 parent and start time, but only 15 characters of its name: every Python process is ``python``. So this
-does both. ``watch`` reads /proc every 0.2 s and writes the command line of each process it sees (a
+does both. ``watch`` lists the processes (psutil) every 0.2 s and writes the command line of each process it sees (a
 few % of a core); ``report`` joins each accounting record with the line seen for its pid near its start
 and sums the CPU by kind (:func:`cpu_by_process.kind`). A process no sample saw counts under its name.
 What still runs at the end (dockerd, sshd's listeners, the Slurm daemons) has no record yet.
@@ -14,12 +14,12 @@ What still runs at the end (dockerd, sshd's listeners, the Slurm daemons) has no
     CI=true bash .ci/run; kill $w; accton off
     .venv/bin/python scripts/cpu_by_acct.py report /tmp/pacct /tmp/cmdlines.tsv [FROM TO]
 
-FROM and TO (epoch seconds) keep the processes that started between them. docs/benchmarks.md ("The developer loop") has a CI run's figures.
+FROM and TO (epoch seconds) keep the processes that started between them. docs/benchmarks.md ("The
+developer loop") has a CI run's figures.
 """
 
 from __future__ import annotations
 
-import os
 import struct
 import sys
 import time
@@ -27,6 +27,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 from cpu_by_process import kind  # scripts/ is this script's sys.path[0]
 
 #: ``struct acct_v3`` (linux/acct.h): flag, version, tty, exit code, uid, gid, pid, ppid, start (s), elapsed
@@ -61,21 +62,15 @@ def records(data: bytes) -> list[Record]:
 
 def watch(out: Path, every: float = 0.2) -> None:
     """Append ``time pid cmdline`` (tab-separated) for each process the first time a sample sees it."""
-    seen: set[tuple[str, str]] = set()
+    seen: set[tuple[int, float]] = set()
     with out.open("a", buffering=1) as f:
         while True:
-            for pid in filter(str.isdigit, os.listdir("/proc")):
-                try:
-                    started = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[19].decode()
-                    if (pid, started) in seen:
-                        continue
-                    raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-                    line = " ".join(raw.decode(errors="replace").split())   # NULs, and newlines in a -c script
-                except (OSError, IndexError):
-                    continue
-                if line:
-                    seen.add((pid, started))
-                    f.write(f"{time.time():.2f}\t{pid}\t{line[:300]}\n")
+            for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
+                key = (p.info["pid"], p.info["create_time"])
+                line = " ".join(" ".join(p.info["cmdline"] or []).split())   # newlines in a -c script too
+                if line and key not in seen:
+                    seen.add(key)
+                    f.write(f"{time.time():.2f}\t{key[0]}\t{line[:300]}\n")
             time.sleep(every)
 
 
@@ -85,7 +80,7 @@ def by_kind(recs: list[Record], lines: dict[int, list[tuple[float, str]]]) -> di
     total: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for r in recs:
         line = next((c for t, c in reversed(lines.get(r.pid, [])) if r.start - 3 <= t <= r.start + 3), None)
-        k = kind(line.split(), r.name) if line else kind([], r.name)
+        k = kind(line.split() if line else [], r.name)
         total[k][0] += r.cpu_s
         total[k][1] += 1
     return {k: (v[0], int(v[1])) for k, v in sorted(total.items(), key=lambda kv: -kv[1][0])}
